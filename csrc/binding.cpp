@@ -1,0 +1,167 @@
+// binding.cpp -- the only file that includes torch. It checks the tensors,
+// fills fc_attn_params, calls the C API on the current CUDA stream, and raises
+// a Python exception that names the argument and the fix on any bad input.
+#include <torch/extension.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cmath>
+#include <string>
+
+#include "flashcore.h"
+
+namespace {
+
+[[noreturn]] void value_error(const std::string& msg) { throw pybind11::value_error(msg); }
+[[noreturn]] void type_error(const std::string& msg) { throw pybind11::type_error(msg); }
+
+std::string shape_str(const at::Tensor& t) {
+    std::string s = "(";
+    for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+    return s + ")";
+}
+
+// Every check that can be phrased in terms of the user's arguments lives
+// here, so the message names the argument; fc_attn_fwd_check is the backstop.
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    const at::Tensor* ts[3] = {&q, &k, &v};
+    const char* names[3] = {"q", "k", "v"};
+    for (int i = 0; i < 3; ++i) {
+        const at::Tensor& t = *ts[i];
+        if (t.dim() != 4)
+            value_error(std::string(names[i]) + ": expected a 4-D (B, H, S, D) tensor, got " +
+                        std::to_string(t.dim()) + "-D of shape " + shape_str(t) +
+                        "; add the missing dims with unsqueeze or reshape");
+        if (t.numel() == 0)
+            value_error(std::string(names[i]) + ": empty tensor of shape " + shape_str(t) +
+                        "; B, H, S and D must all be >= 1");
+        if (t.is_cuda()) {
+            if (t.scalar_type() != at::kHalf && t.scalar_type() != at::kBFloat16)
+                type_error(std::string(names[i]) + ": dtype " + std::string(c10::toString(t.scalar_type())) +
+                           " is not supported on CUDA; use torch.float16 or torch.bfloat16");
+        } else if (t.is_cpu()) {
+            if (t.scalar_type() != at::kHalf && t.scalar_type() != at::kBFloat16 &&
+                t.scalar_type() != at::kFloat)
+                type_error(std::string(names[i]) + ": dtype " + std::string(c10::toString(t.scalar_type())) +
+                           " is not supported; use torch.float16, torch.bfloat16 or (CPU only) torch.float32");
+        } else {
+            value_error(std::string(names[i]) + ": device " + t.device().str() +
+                        " is not supported; use a CUDA or CPU tensor");
+        }
+        if (t.stride(3) != 1)
+            value_error(std::string(names[i]) + ": the last dim must be contiguous (stride 1), got stride " +
+                        std::to_string(t.stride(3)) + "; call " + names[i] + ".contiguous()");
+    }
+    for (int i = 1; i < 3; ++i) {
+        if (ts[i]->device() != q.device())
+            value_error(std::string(names[i]) + ": on " + ts[i]->device().str() + " but q is on " +
+                        q.device().str() + "; move q, k and v to the same device");
+        if (ts[i]->scalar_type() != q.scalar_type())
+            type_error(std::string(names[i]) + ": dtype " + std::string(c10::toString(ts[i]->scalar_type())) +
+                       " differs from q's " + std::string(c10::toString(q.scalar_type())) +
+                       "; cast q, k and v to one dtype");
+        if (ts[i]->size(0) != q.size(0))
+            value_error(std::string(names[i]) + ": batch " + std::to_string(ts[i]->size(0)) +
+                        " differs from q's " + std::to_string(q.size(0)) + "; q, k and v need the same B");
+        if (ts[i]->size(3) != q.size(3))
+            value_error(std::string(names[i]) + ": head dim " + std::to_string(ts[i]->size(3)) +
+                        " differs from q's " + std::to_string(q.size(3)) + "; q, k and v need the same D");
+    }
+    if (v.size(1) != k.size(1))
+        value_error("v: " + std::to_string(v.size(1)) + " heads but k has " + std::to_string(k.size(1)) +
+                    "; k and v need the same number of heads");
+    if (v.size(2) != k.size(2))
+        value_error("v: sequence length " + std::to_string(v.size(2)) + " differs from k's " +
+                    std::to_string(k.size(2)) + "; k and v need the same Sk");
+    if (q.size(1) % k.size(1) != 0)
+        value_error("k: " + std::to_string(k.size(1)) + " KV heads do not divide q's " +
+                    std::to_string(q.size(1)) + " heads; use Hkv that divides Hq (GQA) or Hkv == Hq");
+    const int64_t d = q.size(3);
+    if (d % 8 != 0 || d > FC_MAX_HEAD_DIM)
+        value_error("q: head dim D=" + std::to_string(d) +
+                    " is not supported; D must be a multiple of 8 between 8 and 256 (pad the head dim)");
+    for (int i = 0; i < 3; ++i)
+        if (ts[i]->size(0) > INT32_MAX || ts[i]->size(1) > INT32_MAX || ts[i]->size(2) > INT32_MAX)
+            value_error(std::string(names[i]) + ": a dim exceeds 2^31-1; split the call");
+}
+
+fc_dtype to_fc_dtype(at::ScalarType t) {
+    return t == at::kHalf ? FC_DTYPE_FP16 : t == at::kBFloat16 ? FC_DTYPE_BF16 : FC_DTYPE_FP32;
+}
+
+// fwd(q, k, v, scale, causal_mode, kernel, return_lse) -> (out, lse | None)
+std::tuple<at::Tensor, c10::optional<at::Tensor>> fwd(const at::Tensor& q, const at::Tensor& k,
+                                                      const at::Tensor& v, double scale, int causal,
+                                                      int kernel, bool return_lse) {
+    check_inputs(q, k, v);
+    if (!std::isfinite(scale) || scale <= 0.0)
+        value_error("scale: must be finite and > 0, got " + std::to_string(scale) +
+                    "; pass None for 1/sqrt(D)");
+    if (causal < FC_CAUSAL_NONE || causal > FC_CAUSAL_BOTTOM_RIGHT)
+        value_error("causal: unknown mode " + std::to_string(causal));
+    if (kernel < FC_KERNEL_AUTO || kernel > FC_KERNEL_CPU)
+        value_error("kernel: unknown kernel id " + std::to_string(kernel));
+    if (q.is_cpu() && kernel != FC_KERNEL_AUTO && kernel != FC_KERNEL_CPU)
+        value_error("kernel: a GPU kernel was forced but q is on the CPU; move the tensors to CUDA "
+                    "or use kernel='auto'");
+    if (q.is_cuda() && kernel == FC_KERNEL_CPU)
+        value_error("kernel: 'cpu' was forced but q is on " + q.device().str() +
+                    "; move the tensors to the CPU or use kernel='auto'");
+
+    c10::OptionalDeviceGuard guard(q.device());
+    at::Tensor out = at::empty(q.sizes(), q.options());
+    c10::optional<at::Tensor> lse;
+    if (return_lse) lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+
+    fc_attn_params p = {};
+    p.q = q.data_ptr(); p.k = k.data_ptr(); p.v = v.data_ptr(); p.o = out.data_ptr();
+    p.lse = return_lse ? lse->data_ptr<float>() : nullptr;
+    p.q_batch_stride = q.stride(0); p.q_head_stride = q.stride(1); p.q_row_stride = q.stride(2);
+    p.k_batch_stride = k.stride(0); p.k_head_stride = k.stride(1); p.k_row_stride = k.stride(2);
+    p.v_batch_stride = v.stride(0); p.v_head_stride = v.stride(1); p.v_row_stride = v.stride(2);
+    p.o_batch_stride = out.stride(0); p.o_head_stride = out.stride(1); p.o_row_stride = out.stride(2);
+    p.B = (int)q.size(0); p.Hq = (int)q.size(1); p.Hkv = (int)k.size(1);
+    p.Sq = (int)q.size(2); p.Sk = (int)k.size(2); p.D = (int)q.size(3);
+    p.dtype = to_fc_dtype(q.scalar_type());
+    p.scale = (float)scale;
+    p.causal = (fc_causal)causal;
+    p.kernel = q.is_cpu() ? FC_KERNEL_CPU : (fc_kernel)kernel;
+
+    char why[1024];
+    fc_status st = fc_attn_fwd_check(&p, why, sizeof(why));
+    if (st == FC_ERR_CUDA || st == FC_ERR_ARCH) throw std::runtime_error(std::string("flashcore: ") + why);
+    if (st == FC_ERR_UNSUPPORTED_DTYPE) type_error(std::string("flashcore: ") + why);
+    if (st != FC_OK) value_error(std::string("flashcore: ") + why);
+
+    fc_stream_t stream = q.is_cuda() ? (fc_stream_t)c10::cuda::getCurrentCUDAStream().stream() : nullptr;
+    st = fc_attn_fwd(&p, stream);
+    if (st != FC_OK) throw std::runtime_error(std::string("flashcore: kernel failed: ") + fc_status_string(st));
+    return {out, lse};
+}
+
+// Which kernel 'auto' resolves to for these inputs (for tests and benchmarks).
+std::string picked_kernel(const at::Tensor& q, const at::Tensor& k) {
+    if (q.is_cpu()) return "cpu";
+    c10::OptionalDeviceGuard guard(q.device());
+    fc_attn_params p = {};
+    p.B = 1; p.Hq = (int)q.size(1); p.Hkv = (int)k.size(1); p.Sq = (int)q.size(2);
+    p.Sk = (int)k.size(2); p.D = (int)q.size(3); p.dtype = to_fc_dtype(q.scalar_type());
+    switch (fc_attn_fwd_pick(&p)) {
+        case FC_KERNEL_SM80: return "sm80";
+        case FC_KERNEL_SM90: return "sm90";
+        case FC_KERNEL_CPU: return "cpu";
+        default: return "none";
+    }
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+    m.doc() = "flashcore C core binding";
+    m.def("fwd", &fwd, "attention forward (see flashcore.attention)");
+    m.def("picked_kernel", &picked_kernel, "kernel that kernel='auto' runs for (q, k)");
+    m.def("arch_reason", [](int kernel, int cc_major, int cc_minor) {
+        const char* r = fc_arch_reason((fc_kernel)kernel, cc_major, cc_minor);
+        return r ? std::string(r) : std::string();
+    }, "why `kernel` cannot run on compute capability (major, minor); empty if it can");
+}

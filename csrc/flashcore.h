@@ -1,0 +1,114 @@
+/*
+ * flashcore.h -- the whole public C API of flashcore's attention forward.
+ *
+ *   O = softmax(scale * Q K^T + mask) V          per (batch, head)
+ *
+ * Tensors are (B, H, S, D) views described by explicit element strides, so a
+ * transposed (B, S, H, D) tensor is accepted without a copy. The last dim must
+ * be contiguous. Grouped-query attention: Hkv divides Hq, and query head h
+ * reads KV head h / (Hq / Hkv) in place.
+ *
+ * The library never allocates device memory, never exits, never synchronizes
+ * the device, and launches only on the stream it is given. No torch, no C++.
+ */
+#ifndef FLASHCORE_H
+#define FLASHCORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CUstream_st* fc_stream_t;  /* same type as cudaStream_t */
+
+typedef enum {
+    FC_OK = 0,
+    FC_ERR_NULL_POINTER,       /* a required pointer is NULL */
+    FC_ERR_INVALID_SHAPE,      /* B, H, S or D out of range, or inconsistent */
+    FC_ERR_UNSUPPORTED_DTYPE,  /* dtype not supported by the chosen kernel */
+    FC_ERR_UNSUPPORTED_HEAD_DIM, /* D not a multiple of 8, or above 256 */
+    FC_ERR_INVALID_STRIDE,     /* a stride or pointer breaks 16-byte alignment */
+    FC_ERR_INVALID_SCALE,      /* scale is NaN, infinite or <= 0 */
+    FC_ERR_INVALID_ARGUMENT,   /* an enum field holds an unknown value */
+    FC_ERR_ARCH,               /* the GPU (or forced kernel) cannot run this */
+    FC_ERR_CUDA,               /* a CUDA runtime call failed */
+} fc_status;
+
+typedef enum {
+    FC_DTYPE_FP16 = 0,  /* IEEE half */
+    FC_DTYPE_BF16 = 1,  /* bfloat16 */
+    FC_DTYPE_FP32 = 2,  /* float; CPU kernel only */
+} fc_dtype;
+
+typedef enum {
+    FC_CAUSAL_NONE = 0,          /* full attention */
+    FC_CAUSAL_TOP_LEFT = 1,      /* key j visible to query i iff j <= i (SDPA's is_causal) */
+    FC_CAUSAL_BOTTOM_RIGHT = 2,  /* key j visible iff j <= i + Sk - Sq (KV-cache decode) */
+} fc_causal;
+
+typedef enum {
+    FC_KERNEL_AUTO = 0,  /* best kernel for the current CUDA device */
+    FC_KERNEL_SM80 = 1,  /* portable mma.sync kernel, sm80..sm90 */
+    FC_KERNEL_SM90 = 2,  /* Hopper wgmma + TMA kernel, sm90a (not built yet) */
+    FC_KERNEL_CPU = 3,   /* host memory, C reference path; runs synchronously */
+} fc_kernel;
+
+typedef struct {
+    const void* q;    /* (B, Hq, Sq, D) queries */
+    const void* k;    /* (B, Hkv, Sk, D) keys */
+    const void* v;    /* (B, Hkv, Sk, D) values */
+    void* o;          /* (B, Hq, Sq, D) output, same dtype as q */
+    float* lse;       /* (B, Hq, Sq) contiguous fp32 log-sum-exp (natural log), or NULL */
+
+    int64_t q_batch_stride, q_head_stride, q_row_stride;  /* in elements */
+    int64_t k_batch_stride, k_head_stride, k_row_stride;  /* in elements */
+    int64_t v_batch_stride, v_head_stride, v_row_stride;  /* in elements */
+    int64_t o_batch_stride, o_head_stride, o_row_stride;  /* in elements */
+
+    int B;            /* batch size, >= 1 */
+    int Hq;           /* query (and output) heads, >= 1 */
+    int Hkv;          /* key/value heads, >= 1, divides Hq */
+    int Sq;           /* query length, >= 1 */
+    int Sk;           /* key/value length, >= 1 */
+    int D;            /* head dim, multiple of 8, 8..256 */
+
+    fc_dtype dtype;   /* element type of q, k, v and o */
+    float scale;      /* softmax scale, finite and > 0 (usually 1/sqrt(D)) */
+    fc_causal causal; /* mask mode; see fc_causal */
+    fc_kernel kernel; /* which implementation runs; FC_KERNEL_AUTO picks */
+} fc_attn_params;
+
+/* Short English name of a status code. Never NULL. */
+const char* fc_status_string(fc_status s);
+
+/* Largest head dim any kernel supports. */
+#define FC_MAX_HEAD_DIM 256
+
+/*
+ * Says whether fc_attn_fwd would accept p. On failure returns the first
+ * failing status and, when why != NULL, writes every reason found (one per
+ * line, naming the field and the fix) into why[0 .. why_len). GPU kernels are
+ * checked against the current CUDA device.
+ */
+fc_status fc_attn_fwd_check(const fc_attn_params* p, char* why, size_t why_len);
+
+/*
+ * Runs the forward pass on `stream` (ignored for FC_KERNEL_CPU, which runs on
+ * the calling thread). Checks p first and launches nothing if it fails.
+ */
+fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream);
+
+/* Why kernel k cannot run on a GPU of compute capability (major, minor), or
+ * NULL when it can. FC_KERNEL_AUTO asks whether any GPU kernel can. */
+const char* fc_arch_reason(fc_kernel k, int cc_major, int cc_minor);
+
+/* Which kernel FC_KERNEL_AUTO resolves to for p on the current device. */
+fc_kernel fc_attn_fwd_pick(const fc_attn_params* p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHCORE_H */
