@@ -1,0 +1,748 @@
+#!/usr/bin/env python3
+"""Forward-attention benchmark: flashcore against PyTorch's own kernels.
+
+Every shape is run on the same inputs, in the same process, by every
+implementation: flashcore (automatic and forced kernels), SDPA with its
+default choice and with each backend forced, and FlexAttention. Ratios
+between them are what this script is for; absolute numbers move with the
+machine's clocks and neighbours (GUIDE.md, section 4).
+
+    python benchmarks/bench.py                      # grid + seed suites
+    python benchmarks/bench.py --quick --no-plot    # a one-minute smoke run
+    python benchmarks/bench.py --suite decode --impls flashcore,sdpa-default
+
+Timing: triton.testing.do_bench(warmup=25, rep=200, return_mode="median"),
+which flushes L2 and times with CUDA events. Seed shapes also get a host-clock
+loop of back-to-back eager calls (eager_us) and CUDA-graph replay (graph_us).
+FLOPs = 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk.
+
+Results are merged into benchmarks/results/<gpu-slug>.json (rows with the same
+key are replaced, the meta is this run's), with a markdown table (.md) and a
+plot (.png) beside it. Without a CUDA device the script runs a small CPU demo
+instead and exits 0.
+"""
+import argparse
+import contextlib
+import datetime
+import gc
+import glob
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")
+
+# do_bench parameters fixed by the benchmark protocol.
+WARMUP_MS = 25
+REP_MS = 200
+
+# Host-clock and graph loops for the seed shapes.
+EAGER_CALLS = 1000       # back-to-back eager calls timed with perf_counter
+GRAPH_CALLS = 20         # calls captured in one CUDA graph
+GRAPH_REPLAYS = 100      # replays of that graph timed with CUDA events
+
+GRID_TOKENS = 16384      # B * S of the standard grid
+GRID_HIDDEN = 2048       # Hq * D of the standard grid
+GRID_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+GRID_HEAD_DIMS = (64, 128, 256)
+QUICK_SEQLENS = (1024, 4096)
+QUICK_HEAD_DIMS = (64, 128)
+FLEX_HEAD_DIM = 128      # by default flex runs only here (each shape compiles)
+
+SDPA_IMPLS = ("sdpa-default", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient")
+ALL_IMPLS = ("flashcore", "flashcore:sm80", "flashcore:sm90") + SDPA_IMPLS + ("flex",)
+KEY_FIELDS = ("suite", "impl", "B", "Hq", "Hkv", "Sq", "Sk", "D", "causal", "dtype")
+SHAPE_FIELDS = ("suite", "B", "Hq", "Hkv", "Sq", "Sk", "D", "causal", "dtype")
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+# Largest |impl - sdpa-default| accepted before a row is flagged. Forward
+# attention outputs are convex combinations of V entries (|v| ~ 4 at most for
+# randn), so these are a few ulps of the output scale.
+MISMATCH_TOL = {"fp16": 1e-2, "bf16": 5e-2}
+
+
+# ----------------------------------------------------------------------------
+# Shapes
+# ----------------------------------------------------------------------------
+
+def shape(suite, B, Hq, Hkv, Sq, Sk, D, causal, dtype):
+    return dict(suite=suite, B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, causal=causal, dtype=dtype)
+
+
+def grid_shapes(quick):
+    seqlens = QUICK_SEQLENS if quick else GRID_SEQLENS
+    dims = QUICK_HEAD_DIMS if quick else GRID_HEAD_DIMS
+    out = []
+    dtype_dims = [("fp16", dims)] + ([] if quick else [("bf16", (128,))])
+    for dtype, ds in dtype_dims:
+        for D in ds:
+            for S in seqlens:
+                for causal in (False, True):
+                    B, H = GRID_TOKENS // S, GRID_HIDDEN // D
+                    out.append(shape("grid", B, H, H, S, S, D, causal, dtype))
+    return out
+
+
+def seed_shapes():
+    return [shape("seed", B, 8, 8, 512, 512, 64, causal, "fp16")
+            for B in (2, 1) for causal in (False, True)]
+
+
+def decode_shapes():
+    rows = [shape("decode", 8, 32, 8, 1, Sk, 128, False, "fp16") for Sk in (4096, 32768)]
+    rows.append(shape("decode", 1, 32, 8, 1, 131072, 128, False, "fp16"))
+    return rows
+
+
+def flops(s):
+    f = 4.0 * s["B"] * s["Hq"] * s["Sq"] * s["Sk"] * s["D"]
+    return f / 2 if s["causal"] and s["Sq"] == s["Sk"] else f
+
+
+def shape_label(s):
+    kv = f"{s['Hq']}" if s["Hq"] == s["Hkv"] else f"{s['Hq']}/{s['Hkv']}"
+    seq = f"{s['Sq']}" if s["Sq"] == s["Sk"] else f"{s['Sq']}x{s['Sk']}"
+    return (f"{s['suite']} {s['dtype']} B{s['B']} H{kv} S{seq} D{s['D']}"
+            f"{' causal' if s['causal'] else ''}")
+
+
+# ----------------------------------------------------------------------------
+# Implementations: each returns (context manager factory, fn) for given inputs
+# ----------------------------------------------------------------------------
+
+def _sdpa_backend(name):
+    from torch.nn.attention import SDPBackend
+    return {"sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+            "sdpa-flash": SDPBackend.FLASH_ATTENTION,
+            "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION}[name]
+
+
+class FlexRunner:
+    """FlexAttention compiled once per shape; causal through a block mask."""
+
+    def __init__(self):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        self.create_block_mask = create_block_mask
+        self.flex_attention = flex_attention
+        # Every shape recompiles; keep dynamo from giving up (and from falling
+        # back to an unfused eager flex) after its default limit of 8.
+        for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                     "accumulated_cache_size_limit"):
+            if hasattr(torch._dynamo.config, knob):
+                setattr(torch._dynamo.config, knob, 1024)
+        self.compile_s = 0.0
+
+    def make(self, q, k, v, causal):
+        torch._dynamo.reset()
+        block_mask = None
+        if causal:
+            def causal_mask(b, h, q_idx, kv_idx):
+                return q_idx >= kv_idx
+            block_mask = self.create_block_mask(causal_mask, B=None, H=None, Q_LEN=q.shape[2],
+                                                KV_LEN=k.shape[2], device=q.device)
+        fn_c = torch.compile(self.flex_attention, dynamic=False)
+        gqa = q.shape[1] != k.shape[1]
+        return lambda: fn_c(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+
+
+def make_impl(name, q, k, v, causal, fc, flex):
+    """Returns (ctx, fn): run fn() inside ctx() to call the implementation."""
+    gqa = q.shape[1] != k.shape[1]
+    if name.startswith("flashcore"):
+        kernel = name.split(":", 1)[1] if ":" in name else "auto"
+        return contextlib.nullcontext, lambda: fc.attention(q, k, v, causal=causal, kernel=kernel)
+    if name.startswith("sdpa"):
+        kw = {"is_causal": causal}
+        if gqa:
+            kw["enable_gqa"] = True
+        fn = lambda: F.scaled_dot_product_attention(q, k, v, **kw)  # noqa: E731
+        if name == "sdpa-default":
+            return contextlib.nullcontext, fn
+        from torch.nn.attention import sdpa_kernel
+        backend = _sdpa_backend(name)
+        return (lambda: sdpa_kernel(backend)), fn
+    if name == "flex":
+        return contextlib.nullcontext, flex.make(q, k, v, causal)
+    raise ValueError(name)
+
+
+def import_flashcore():
+    """Imports flashcore, preferring an in-place build in this checkout
+    (python setup.py build_ext --inplace) over an installed copy."""
+    if glob.glob(os.path.join(REPO, "flashcore", "_C*")) and REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    import flashcore
+    return flashcore
+
+
+def first_line(e):
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0][:200] if msg else ''}"
+
+
+# ----------------------------------------------------------------------------
+# Timing
+# ----------------------------------------------------------------------------
+
+def bench_us(fn):
+    from triton.testing import do_bench
+    return do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median") * 1e3
+
+
+def eager_us(fn, calls=EAGER_CALLS):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def graph_us(fn, calls=GRAPH_CALLS, replays=GRAPH_REPLAYS):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):   # warm up (lazy init, autotuning) off the capture
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        g.replay()
+    end.record()
+    torch.cuda.synchronize()
+    us = start.elapsed_time(end) * 1e3 / (replays * calls)
+    del g
+    return us
+
+
+def matmul_tflops():
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.float16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.float16)
+    us = bench_us(lambda: torch.matmul(a, b))
+    del a, b
+    return 2.0 * n ** 3 / (us * 1e-6) / 1e12
+
+
+def copy_tbps():
+    nbytes = 1 << 30  # 1 GiB each way, far beyond L2
+    src = torch.empty(nbytes, device="cuda", dtype=torch.uint8).random_()
+    dst = torch.empty_like(src)
+    us = bench_us(lambda: dst.copy_(src))
+    del src, dst
+    return 2.0 * nbytes / (us * 1e-6) / 1e12
+
+
+# ----------------------------------------------------------------------------
+# Running one shape
+# ----------------------------------------------------------------------------
+
+class CudaBroken(RuntimeError):
+    """The CUDA context hit a sticky error; nothing more can run in this process."""
+
+
+def _settle(e):
+    """After an exception, checks the device still works (sticky faults stay)."""
+    try:
+        torch.cuda.synchronize()
+        torch.zeros(1, device="cuda").add_(1).item()
+    except Exception as e2:
+        raise CudaBroken(f"{first_line(e)} / then {first_line(e2)}") from e
+
+
+def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log):
+    dtype = DTYPES[s["dtype"]]
+    q = torch.randn(s["B"], s["Hq"], s["Sq"], s["D"], device="cuda", dtype=dtype)
+    k = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device="cuda", dtype=dtype)
+    v = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device="cuda", dtype=dtype)
+    ref = None
+    try:  # every impl's output is compared with SDPA's choice on the same inputs
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref = make_impl("sdpa-default", q, k, v, s["causal"], fc, flex)[1]().float()
+    except Exception as e:
+        _settle(e)
+        log(f"  (no sdpa-default reference: {first_line(e)})")
+    rows = []
+    for name in impls:
+        if name == "flex" and (flex is None or (flex_budget_s is not None and flex.compile_s > flex_budget_s)):
+            why = "flex unavailable" if flex is None else "flex compile budget spent (--flex-budget)"
+            skipped.append({**s, "impl": name, "reason": why})
+            continue
+        if name.startswith("flashcore") and fc is None:
+            skipped.append({**s, "impl": name, "reason": "flashcore did not import"})
+            continue
+        row = {**s, "impl": name, "us": None, "tflops": None, "eager_us": None, "graph_us": None}
+        row = {f: row[f] for f in KEY_FIELDS + ("us", "tflops", "eager_us", "graph_us")}
+        try:
+            t0 = time.perf_counter()
+            ctx, fn = make_impl(name, q, k, v, s["causal"], fc, flex)
+            with ctx(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out = fn()                       # probe (and compile, for flex)
+                torch.cuda.synchronize()
+                if name == "flex":
+                    flex.compile_s += time.perf_counter() - t0
+                if ref is not None:
+                    err = (out.float() - ref).abs().max().item()
+                    if not math.isfinite(err) or err > MISMATCH_TOL[s["dtype"]]:
+                        mismatches.append({**s, "impl": name, "max_abs_diff_vs_sdpa_default": err})
+                        log(f"  WARNING {name}: max |out - sdpa-default| = {err:.3g}")
+                del out
+                us = bench_us(fn)
+                row["us"] = round(us, 2)
+                row["tflops"] = round(flops(s) / (us * 1e-6) / 1e12, 1)
+                if s["suite"] == "seed":
+                    row["eager_us"] = round(eager_us(fn), 2)
+                    try:
+                        row["graph_us"] = round(graph_us(fn), 2)
+                    except Exception as e:  # some backends cannot be captured
+                        _settle(e)
+                        log(f"  {name}: graph capture failed: {first_line(e)}")
+        except CudaBroken:
+            raise
+        except Exception as e:
+            _settle(e)
+            skipped.append({**s, "impl": name, "reason": first_line(e)})
+            log(f"  {name:16s} skipped: {first_line(e)}")
+            continue
+        extra = ""
+        if row["eager_us"] is not None:
+            g = f"{row['graph_us']:8.2f}" if row["graph_us"] is not None else f"{'-':>8}"
+            extra = f"  eager {row['eager_us']:8.2f} us  graph {g} us"
+        log(f"  {name:16s} {row['us']:10.1f} us {row['tflops']:7.1f} TFLOP/s{extra}")
+        rows.append(row)
+    del q, k, v, ref
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
+# ----------------------------------------------------------------------------
+# Results file, table, plot
+# ----------------------------------------------------------------------------
+
+def gpu_slug(name):
+    if "H100" in name:
+        return "h100"
+    if "H200" in name:
+        return "h200"
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+
+
+def git_commit():
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                             text=True, timeout=10)
+        if sha.returncode != 0:
+            return "unknown", None
+        st = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                             ":!benchmarks/results"], cwd=REPO, capture_output=True, text=True,
+                            timeout=10)
+        return sha.stdout.strip(), bool(st.stdout.strip()) if st.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", None
+
+
+def row_key(r):
+    return tuple(r[f] for f in KEY_FIELDS)
+
+
+def merge_results(path, meta, new_rows, skipped):
+    """Replaces rows of the same key (a skipped key drops its stale row)."""
+    old_rows = []
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                old_rows = json.load(f).get("rows", [])
+        except (OSError, ValueError) as e:
+            print(f"warning: could not read {path} ({e}); writing it anew", file=sys.stderr)
+    replaced = {row_key(r) for r in new_rows} | {row_key(r) for r in skipped}
+    rows = [r for r in old_rows if row_key(r) not in replaced] + new_rows
+    suites = {"grid": 0, "seed": 1, "decode": 2, "bwd": 3}
+    dtypes = {"fp16": 0, "bf16": 1}
+    rows.sort(key=lambda r: (suites.get(r["suite"], 9), dtypes.get(r["dtype"], 9), r["D"],
+                             r["Sq"], r["Sk"], r["causal"], -r["B"], r["Hq"], r["Hkv"],
+                             ALL_IMPLS.index(r["impl"]) if r["impl"] in ALL_IMPLS else 99, r["impl"]))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:   # the meta indented, then one row per line (diffs stay readable)
+        items = []
+        for k, v in meta.items():
+            if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+                v_txt = "[\n" + ",\n".join("    " + json.dumps(x) for x in v) + "\n  ]"
+            else:
+                v_txt = json.dumps(v)
+            items.append(f"  {json.dumps(k)}: {v_txt}")
+        f.write('{"meta": {\n' + ",\n".join(items) + '\n },\n "rows": [\n')
+        f.write(",\n".join("  " + json.dumps(r) for r in rows))
+        f.write("\n ]}\n")
+    os.replace(tmp, path)
+    return rows
+
+
+def _group_by_shape(rows):
+    shapes = {}
+    for r in rows:
+        shapes.setdefault(tuple(r[f] for f in SHAPE_FIELDS), {})[r["impl"]] = r
+    return shapes
+
+
+def _tf(r):
+    return r["tflops"] if r is not None and r.get("tflops") is not None else None
+
+
+def _fmt(x, width, prec=None):
+    """Formats a number; prec None picks 0 decimals from 100 up, else 3 significant digits."""
+    if x is None:
+        return f"{'-':>{width}}"
+    if prec is None:
+        prec = 0 if abs(x) >= 100 else 1 if abs(x) >= 10 else 2
+    return f"{x:{width}.{prec}f}"
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def ratio_table(rows, markdown=False):
+    """One line per shape: TFLOP/s of each side and the ratios that matter."""
+    head = ["shape", "fc", "fc:sm80", "fc:sm90", "best SDPA", "(which)", "flash", "cudnn", "flex",
+            "fc/best", "sm80/flash", "fc/cudnn"]
+    lines = []
+    for key, by in _group_by_shape(rows).items():
+        s = dict(zip(SHAPE_FIELDS, key))
+        sdpa = [(by[n]["tflops"], n) for n in SDPA_IMPLS if _tf(by.get(n)) is not None]
+        best, best_name = max(sdpa) if sdpa else (None, "-")
+        fc, sm80 = _tf(by.get("flashcore")), _tf(by.get("flashcore:sm80"))
+        flash, cudnn = _tf(by.get("sdpa-flash")), _tf(by.get("sdpa-cudnn"))
+        lines.append([shape_label(s), fc, sm80, _tf(by.get("flashcore:sm90")), best,
+                      best_name.replace("sdpa-", ""), flash, cudnn, _tf(by.get("flex")),
+                      _ratio(fc, best), _ratio(sm80, flash), _ratio(fc, cudnn)])
+    if not lines:
+        return "(no rows)"
+    # Leave out numeric columns with no value at all (e.g. fc:sm90 before it exists).
+    keep = [0] + [c for c in range(1, len(head))
+                  if c == 5 or any(ln[c] is not None for ln in lines)]
+    def cell(c, x, w):
+        if isinstance(x, str):
+            return f"{x:>{w}}"
+        return _fmt(x, w, 2 if c >= 9 else None)   # columns 9.. are ratios
+
+    if markdown:
+        out = ["| " + " | ".join(head[c] for c in keep) + " |",
+               "|" + "|".join("---" if c in (0, 5) else "---:" for c in keep) + "|"]
+        for ln in lines:
+            out.append("| " + " | ".join(ln[0] if c == 0 else cell(c, ln[c], 0).strip()
+                                         for c in keep) + " |")
+        return "\n".join(out)
+    lw = max(len(ln[0]) for ln in lines)
+    widths = [lw, 5, 7, 7, 9, 9, 5, 5, 5, 7, 10, 8]
+    out = [f"{head[0]:<{lw}} " + " ".join(f"{head[c]:>{widths[c]}}" for c in keep[1:])]
+    for ln in lines:
+        out.append(f"{ln[0]:<{lw}} " + " ".join(cell(c, ln[c], widths[c]) for c in keep[1:]))
+    return "\n".join(out)
+
+
+def seed_table(rows):
+    seed = [r for r in rows if r["suite"] == "seed"]
+    if not seed:
+        return ""
+    out = [f"{'seed shape':<36} {'impl':<16} {'us':>8} {'eager_us':>9} {'graph_us':>9}"]
+    for r in seed:
+        s = {f: r[f] for f in SHAPE_FIELDS}
+        out.append(f"{shape_label(s):<36} {r['impl']:<16} {_fmt(r['us'], 8, 1)} "
+                   f"{_fmt(r['eager_us'], 9, 1)} {_fmt(r['graph_us'], 9, 1)}")
+    return "\n".join(out)
+
+
+def write_markdown(path, meta, rows):
+    lines = [f"Forward TFLOP/s on {meta['gpu']} (torch {meta['torch']}, cuDNN {meta['cudnn']}, "
+             f"commit {meta['commit'][:12]}, {meta['date']}); matmul ceiling "
+             f"{meta['matmul_fp16_tflops']} TFLOP/s fp16, copy {meta['copy_TBps']} TB/s. "
+             "do_bench median, L2 flushed; causal FLOPs halved. Columns fc = flashcore (auto), "
+             "fc:smXX = forced kernel, best SDPA = fastest of default/cudnn/flash/efficient.", ""]
+    lines.append(ratio_table(rows, markdown=True))
+    seed = [r for r in rows if r["suite"] == "seed"]
+    if seed:
+        lines += ["", "Seed shapes, per-call time in us (do_bench / eager host loop / CUDA-graph replay):",
+                  "", "| shape | impl | us | eager_us | graph_us |", "|---|---|---:|---:|---:|"]
+        for r in seed:
+            s = {f: r[f] for f in SHAPE_FIELDS}
+            lines.append(f"| {shape_label(s)} | {r['impl']} | {_fmt(r['us'], 0, 1).strip()} | "
+                         f"{_fmt(r['eager_us'], 0, 1).strip()} | {_fmt(r['graph_us'], 0, 1).strip()} |")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def write_plot(path, meta, rows):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    grid = [r for r in rows if r["suite"] == "grid" and r["dtype"] == "fp16" and r["tflops"] is not None]
+    if not grid:
+        return False
+    impls = [n for n in ALL_IMPLS if any(r["impl"] == n for r in grid)]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8), sharex=True)
+    for i, causal in enumerate((False, True)):
+        for j, D in enumerate(GRID_HEAD_DIMS):
+            ax = axes[i][j]
+            for name in impls:
+                pts = sorted((r["Sq"], r["tflops"]) for r in grid
+                             if r["impl"] == name and r["D"] == D and r["causal"] == causal)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                            lw=2.5 if name.startswith("flashcore") else 1.2, label=name)
+            ax.set_xscale("log", base=2)
+            ax.set_ylim(bottom=0)
+            ax.set_title(f"D={D}, {'causal' if causal else 'non-causal'}")
+            ax.grid(True, alpha=0.3)
+            if j == 0:
+                ax.set_ylabel("TFLOP/s")
+            if i == 1:
+                ax.set_xlabel("sequence length S (B*S = 16384, H*D = 2048)")
+    handles, labels = axes[0][1].get_legend_handles_labels()
+    for ax in axes.flat:
+        h, lab = ax.get_legend_handles_labels()
+        if len(lab) > len(labels):
+            handles, labels = h, lab
+    fig.suptitle(f"fp16 attention forward, {meta['gpu']}, commit {meta['commit'][:12]} "
+                 "(do_bench median)", y=0.99)
+    fig.legend(handles, labels, loc="upper center", ncol=len(labels), bbox_to_anchor=(0.5, 0.955))
+    fig.tight_layout(rect=(0, 0, 1, 0.91))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# ----------------------------------------------------------------------------
+# CPU demo (no CUDA device)
+# ----------------------------------------------------------------------------
+
+def cpu_demo():
+    try:
+        flashcore = import_flashcore()
+    except Exception as e:
+        print(f"flashcore failed to import ({first_line(e)}); build it first: "
+              "python setup.py build_ext --inplace (or pip install --no-build-isolation .)",
+              file=sys.stderr)
+        return 1
+    torch.manual_seed(0)
+    B, H, S, D = 1, 4, 256, 64
+    print(f"CPU demo: flashcore.attention vs torch SDPA on the CPU, fp32, B={B} H={H} S={S} D={D}")
+    q, k, v = (torch.randn(B, H, S, D) for _ in range(3))
+    ref64 = {}
+    for causal in (False, True):
+        ref64[causal] = F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                       is_causal=causal).float()
+    status = 0
+    for causal in (False, True):
+        times = {}
+        outs = {}
+        for name, fn in (("flashcore", lambda: flashcore.attention(q, k, v, causal=causal)),
+                         ("sdpa", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))):
+            outs[name] = fn()
+            ts = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+            times[name] = sorted(ts)[len(ts) // 2] * 1e3
+        err_fc = (outs["flashcore"] - ref64[causal]).abs().max().item()
+        err_sdpa = (outs["sdpa"] - ref64[causal]).abs().max().item()
+        err_pair = (outs["flashcore"] - outs["sdpa"]).abs().max().item()
+        ok = math.isfinite(err_fc) and err_fc <= 2 * err_sdpa + 1e-5
+        status |= 0 if ok else 1
+        print(f"  causal={causal!s:5}  max|fc - sdpa| = {err_pair:.2e}  "
+              f"max|fc - fp64 ref| = {err_fc:.2e} (sdpa: {err_sdpa:.2e})  "
+              f"time fc {times['flashcore']:.2f} ms, sdpa {times['sdpa']:.2f} ms  "
+              f"{'ok' if ok else 'MISMATCH'}")
+    print("(no CUDA device: GPU benchmarks skipped; run on a GPU machine for the real numbers)")
+    return status
+
+
+# ----------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suite", default="grid,seed",
+                   help="comma list of grid, seed, decode (default grid,seed)")
+    p.add_argument("--quick", action="store_true",
+                   help="grid subset S in {1024,4096}, D in {64,128}, fp16 only")
+    p.add_argument("--out", default=None,
+                   help="results JSON (default benchmarks/results/<gpu-slug>.json); "
+                        ".md and .png are written beside it")
+    p.add_argument("--impls", default=None,
+                   help=f"comma list from {','.join(ALL_IMPLS)} (default all)")
+    p.add_argument("--no-plot", action="store_true", help="do not write the PNG")
+    p.add_argument("--no-flex", action="store_true", help="leave out FlexAttention")
+    p.add_argument("--flex-all", action="store_true",
+                   help=f"run flex on every shape, not only grid shapes with D={FLEX_HEAD_DIM}")
+    p.add_argument("--flex-budget", type=float, default=240.0,
+                   help="seconds of flex compile after which flex is skipped (0: no limit)")
+    p.add_argument("--cpu-demo", action="store_true",
+                   help="run the small CPU demo even when a GPU is present")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    suites = [x.strip() for x in args.suite.split(",") if x.strip()]
+    bad = [x for x in suites if x not in ("grid", "seed", "decode")]
+    if bad:
+        print(f"--suite: unknown suite(s) {bad}; choose from grid, seed, decode", file=sys.stderr)
+        return 2
+    impls = list(ALL_IMPLS)
+    if args.impls:
+        impls = [x.strip() for x in args.impls.split(",") if x.strip()]
+        bad = [x for x in impls if x not in ALL_IMPLS]
+        if bad:
+            print(f"--impls: unknown impl(s) {bad}; choose from {', '.join(ALL_IMPLS)}", file=sys.stderr)
+            return 2
+    if args.no_flex and "flex" in impls:
+        impls.remove("flex")
+
+    if args.cpu_demo or not torch.cuda.is_available():
+        if not args.cpu_demo:
+            print("No CUDA device found: running the CPU demo instead of the GPU benchmark.")
+        return cpu_demo()
+
+    def log(msg):
+        print(msg, flush=True)
+
+    t_start = time.perf_counter()
+    gpu = torch.cuda.get_device_name()
+    slug = gpu_slug(gpu)
+    out_path = args.out or os.path.join(RESULTS_DIR, f"{slug}.json")
+    stem = out_path[:-5] if out_path.endswith(".json") else out_path
+
+    fc = None
+    try:
+        fc = import_flashcore()
+        log(f"flashcore from {os.path.dirname(fc.__file__)}")
+    except Exception as e:
+        log(f"WARNING: flashcore failed to import ({first_line(e)}); measuring the anchors only")
+
+    skipped, mismatches = [], []
+    # The sm90 kernel may not exist yet: include it only if forcing it works.
+    if fc is not None and "flashcore:sm90" in impls:
+        try:
+            t = torch.randn(1, 1, 128, 64, device="cuda", dtype=torch.float16)
+            fc.attention(t, t, t, kernel="sm90")
+            torch.cuda.synchronize()
+        except Exception as e:
+            log(f"flashcore:sm90 left out: {first_line(e)}")
+            impls.remove("flashcore:sm90")
+
+    flex = None
+    if "flex" in impls:
+        try:
+            flex = FlexRunner()
+        except Exception as e:
+            log(f"flex left out: {first_line(e)}")
+            impls.remove("flex")
+
+    shapes = []
+    if "grid" in suites:
+        shapes += grid_shapes(args.quick)
+    if "seed" in suites:
+        shapes += seed_shapes()
+    if "decode" in suites:
+        shapes += decode_shapes()
+
+    commit, dirty = git_commit()
+    log(f"GPU {gpu}  torch {torch.__version__}  cuDNN {torch.backends.cudnn.version()}  "
+        f"commit {commit[:12]}{' (dirty tree)' if dirty else ''}")
+    log(f"impls: {', '.join(impls)}  shapes: {len(shapes)}")
+    mm, cp = matmul_tflops(), copy_tbps()
+    log(f"ceilings: fp16 matmul 8192^3 {mm:.0f} TFLOP/s, device copy {cp:.2f} TB/s")
+
+    meta = {"gpu": gpu, "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+            "commit": commit, "dirty": dirty, "date": datetime.date.today().isoformat(),
+            "matmul_fp16_tflops": round(mm), "copy_TBps": round(cp, 2),
+            "suites": suites, "quick": args.quick, "impls": impls,
+            "note": f"do_bench(warmup={WARMUP_MS}, rep={REP_MS}, median), L2 flushed; "
+                    "FLOPs 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk; "
+                    f"eager_us over {EAGER_CALLS} back-to-back calls, graph_us from "
+                    f"{GRAPH_CALLS} calls per graph x {GRAPH_REPLAYS} replays"}
+
+    new_rows = []
+    broken = None
+    budget = args.flex_budget if args.flex_budget > 0 else None
+    for i, s in enumerate(shapes):
+        shape_impls = [n for n in impls if n != "flex" or args.flex_all
+                       or (s["suite"] == "grid" and s["D"] == FLEX_HEAD_DIM)]
+        log(f"[{i + 1}/{len(shapes)}] {shape_label(s)}  ({flops(s) / 1e9:.1f} GFLOP)")
+        try:
+            new_rows += run_shape(s, shape_impls, fc, flex, budget, skipped, mismatches, log)
+        except CudaBroken as e:
+            # A sticky fault (e.g. an illegal address) poisons the context:
+            # keep what was measured and stop.
+            broken = f"CUDA context broken at {shape_label(s)}: {e}"
+            log("ERROR: " + broken)
+            break
+    meta["error"] = broken
+
+    meta["skipped"] = skipped
+    meta["mismatches"] = mismatches
+    meta["wall_s"] = round(time.perf_counter() - t_start, 1)
+    rows = merge_results(out_path, meta, new_rows, skipped)
+    write_markdown(stem + ".md", meta, rows)
+    plotted = False if args.no_plot else write_plot(stem + ".png", meta, rows)
+
+    # The table goes last: a remote runner may keep only the tail of the output.
+    this_run = {tuple(r[f] for f in SHAPE_FIELDS) for r in new_rows}
+    shown = [r for r in rows if tuple(r[f] for f in SHAPE_FIELDS) in this_run]
+    print()
+    print(f"wrote {out_path} ({len(new_rows)} new rows, {len(rows)} in file), {stem}.md"
+          + (f", {stem}.png" if plotted else ""))
+    if skipped:
+        reasons = {}
+        for sk in skipped:
+            reasons.setdefault((sk["impl"], sk["reason"]), 0)
+            reasons[(sk["impl"], sk["reason"])] += 1
+        print("skipped: " + "; ".join(f"{n} x{c}: {r}" for (n, r), c in reasons.items()))
+    if mismatches:
+        print(f"WARNING: {len(mismatches)} output mismatches vs sdpa-default: "
+              + "; ".join(f"{m['impl']} {shape_label(m)} {m['max_abs_diff_vs_sdpa_default']:.3g}"
+                          for m in mismatches[:8]))
+    print(f"GPU {gpu}, commit {commit[:12]}{' (dirty)' if dirty else ''}, fp16 matmul {mm:.0f} TFLOP/s, "
+          f"copy {cp:.2f} TB/s, run {meta['wall_s']:.0f} s")
+    st = seed_table(shown)
+    if st:
+        print(st)
+    print("TFLOP/s (fc = flashcore auto); ratios fc/best-SDPA, sm80/sdpa-flash, fc/sdpa-cudnn")
+    print(ratio_table(shown))
+    if broken:
+        print("ERROR: " + broken)
+        return 3
+    return 1 if any(m["impl"].startswith("flashcore") for m in mismatches) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+/* attn_cpu.c -- the C reference path: attention forward on host memory.
+ *
+ * Same semantics as the GPU kernels (fc_attn_params, both causal alignments,
+ * GQA, strides, LSE, fully masked rows -> O = 0 and LSE = -inf), computed in
+ * fp32 from fp16/bf16/fp32 inputs with the same online softmax: a block of
+ * QB query rows streams over KC-key chunks, so nothing is allocated and the
+ * stack use is bounded. Parallel over (batch, head, row block) with OpenMP
+ * when built with it. Used by flashcore.attention for CPU tensors and by the
+ * standalone harness as the reference for the GPU kernels.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "../flashcore.h"
+#include "../kernels.h"
+
+#define QB 16  /* query rows per block */
+#define KC 32  /* keys per chunk */
+
+/* ---- element conversion (round to nearest even on the way out) ---- */
+
+static float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else {  /* subnormal: normalize */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400u)) { man <<= 1; --exp; }
+            bits = sign | (exp << 23) | ((man & 0x3ffu) << 13);
+        }
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static uint16_t float_to_half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    const uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u); /* NaN / Inf */
+    if (ax >= 0x477ff000u) return sign | 0x7c00u;                                /* rounds to Inf */
+    if (ax < 0x38800000u) {  /* subnormal or zero in half: scale to integer units of 2^-24 */
+        float af;
+        memcpy(&af, &ax, 4);
+        return sign | (uint16_t)nearbyintf(af * 16777216.0f);
+    }
+    const uint32_t rounded = ax + 0xfffu + ((ax >> 13) & 1u);
+    return sign | (uint16_t)((rounded - ((127u - 15u) << 23)) >> 13);
+}
+
+static float bf16_to_float(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static uint16_t float_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN */
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/* Converts n elements starting at src (element offset off) to fp32. */
+static void load_row(float* dst, const void* base, int64_t off, int n, fc_dtype dt) {
+    if (dt == FC_DTYPE_FP32) {
+        memcpy(dst, (const float*)base + off, (size_t)n * sizeof(float));
+    } else if (dt == FC_DTYPE_FP16) {
+        const uint16_t* s = (const uint16_t*)base + off;
+        for (int i = 0; i < n; ++i) dst[i] = half_to_float(s[i]);
+    } else {
+        const uint16_t* s = (const uint16_t*)base + off;
+        for (int i = 0; i < n; ++i) dst[i] = bf16_to_float(s[i]);
+    }
+}
+
+static void store_row(void* base, int64_t off, const float* src, int n, fc_dtype dt) {
+    if (dt == FC_DTYPE_FP32) {
+        memcpy((float*)base + off, src, (size_t)n * sizeof(float));
+    } else {
+        uint16_t* d = (uint16_t*)base + off;
+        for (int i = 0; i < n; ++i) d[i] = dt == FC_DTYPE_FP16 ? float_to_half(src[i]) : float_to_bf16(src[i]);
+    }
+}
+
+/* ---- one block of up to QB query rows of one (batch, head) ---- */
+
+static void attn_block(const fc_attn_params* p, int b, int h, int r0) {
+    const int D = p->D, hk = h / (p->Hq / p->Hkv);
+    const int rows = p->Sq - r0 < QB ? p->Sq - r0 : QB;
+    const int diag = p->causal == FC_CAUSAL_BOTTOM_RIGHT ? p->Sk - p->Sq : 0;
+    const int64_t qo = (int64_t)b * p->q_batch_stride + (int64_t)h * p->q_head_stride;
+    const int64_t ko = (int64_t)b * p->k_batch_stride + (int64_t)hk * p->k_head_stride;
+    const int64_t vo = (int64_t)b * p->v_batch_stride + (int64_t)hk * p->v_head_stride;
+    const int64_t oo = (int64_t)b * p->o_batch_stride + (int64_t)h * p->o_head_stride;
+
+    float q[QB][FC_MAX_HEAD_DIM], acc[QB][FC_MAX_HEAD_DIM];  /* (rows, D) */
+    float kc[KC][FC_MAX_HEAD_DIM], vc[KC][FC_MAX_HEAD_DIM];  /* (keys, D) */
+    float m[QB], l[QB], s[KC];
+    for (int r = 0; r < rows; ++r) {
+        load_row(q[r], p->q, qo + (int64_t)(r0 + r) * p->q_row_stride, D, p->dtype);
+        memset(acc[r], 0, (size_t)D * sizeof(float));
+        m[r] = -INFINITY;
+        l[r] = 0.f;
+    }
+    /* keys past this block's last visible key are never loaded */
+    int key_end = p->Sk;
+    if (p->causal != FC_CAUSAL_NONE) {
+        const int last = r0 + rows - 1 + diag + 1;
+        key_end = last < 0 ? 0 : (last < key_end ? last : key_end);
+    }
+    for (int c0 = 0; c0 < key_end; c0 += KC) {
+        const int nk = key_end - c0 < KC ? key_end - c0 : KC;
+        for (int j = 0; j < nk; ++j) {
+            load_row(kc[j], p->k, ko + (int64_t)(c0 + j) * p->k_row_stride, D, p->dtype);
+            load_row(vc[j], p->v, vo + (int64_t)(c0 + j) * p->v_row_stride, D, p->dtype);
+        }
+        for (int r = 0; r < rows; ++r) {
+            const int i = r0 + r;
+            float mx = -INFINITY;
+            for (int j = 0; j < nk; ++j) {
+                const int key = c0 + j;
+                if (p->causal != FC_CAUSAL_NONE && key > i + diag) { s[j] = -INFINITY; continue; }
+                float dot = 0.f;
+                for (int d = 0; d < D; ++d) dot += q[r][d] * kc[j][d];
+                s[j] = dot * p->scale;
+                if (s[j] > mx) mx = s[j];
+            }
+            if (mx == -INFINITY) continue;  /* no visible key in this chunk */
+            const float m_new = mx > m[r] ? mx : m[r];
+            const float corr = expf(m[r] - m_new);  /* exp(-inf) = 0 on the first visible chunk */
+            l[r] *= corr;
+            for (int d = 0; d < D; ++d) acc[r][d] *= corr;
+            for (int j = 0; j < nk; ++j) {
+                if (s[j] == -INFINITY) continue;
+                const float pj = expf(s[j] - m_new);
+                l[r] += pj;
+                for (int d = 0; d < D; ++d) acc[r][d] += pj * vc[j][d];
+            }
+            m[r] = m_new;
+        }
+    }
+    for (int r = 0; r < rows; ++r) {
+        const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+        for (int d = 0; d < D; ++d) acc[r][d] *= inv;
+        store_row(p->o, oo + (int64_t)(r0 + r) * p->o_row_stride, acc[r], D, p->dtype);
+        if (p->lse) p->lse[((int64_t)b * p->Hq + h) * p->Sq + r0 + r] = l[r] > 0.f ? m[r] + logf(l[r]) : -INFINITY;
+    }
+}
+
+fc_status fc_cpu_fwd(const fc_attn_params* p) {
+    const int nblk = (p->Sq + QB - 1) / QB;
+    const int64_t total = (int64_t)p->B * p->Hq * nblk;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1)
+#endif
+    for (int64_t t = 0; t < total; ++t) {
+        const int blk = (int)(t % nblk), h = (int)((t / nblk) % p->Hq), b = (int)(t / ((int64_t)nblk * p->Hq));
+        attn_block(p, b, h, blk * QB);
+    }
+    return FC_OK;
+}

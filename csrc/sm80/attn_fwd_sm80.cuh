@@ -1,0 +1,352 @@
+// attn_fwd_sm80.cuh -- portable tensor-core attention forward (sm80, sm86,
+// sm89, sm90), one FlashAttention-2-style pass.
+//
+// Algorithm. One CTA owns BR query rows of one (batch, head); its WARPS warps
+// each own M_TILES x 16 of those rows. The CTA loads its Q tile once, then
+// streams K/V tiles of BC keys through a KV_STAGES-deep cp.async ring. For
+// every tile each warp computes S = Q K^T with mma.sync m16n8k16 (Q and K
+// fragments by ldmatrix from swizzled shared memory), applies the causal/tail
+// mask, updates the running row max m_i and row sum l_i (online softmax in
+// exp2 with log2(e) folded into the scale), rescales its O accumulator, and
+// adds P V with P taken straight from the S accumulator registers (the C
+// fragment of one mma is the A fragment of the next). All accumulation is
+// fp32. The epilogue divides by l_i, writes O through shared memory with
+// 16-byte coalesced stores, and writes LSE = m_i + ln(l_i).
+//
+// Limits. D is any multiple of 8 up to DP (the instantiated padded head dim:
+// 64, 128 or 256); the extra columns are zero-filled on load and never stored.
+// Any Sq, Sk >= 1: tail rows are zero-filled and tail keys masked. Pointers
+// must be 16-byte aligned and row/head/batch strides multiples of 8 elements
+// (checked by dispatch). Rows that see no key give O = 0 and LSE = -inf.
+// Causal CTAs are launched longest-first (reversed block order).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <limits.h>
+#include <math.h>
+
+#include "../common/ptx.cuh"
+#include "../flashcore.h"
+#include "../kernels.h"
+
+// ---------------------------------------------------------------------------
+// Tile table: every tile choice in one place, per padded head dim DP.
+//
+//  DP  | WARPS | M_TILES | BR  | BC | smem (Q + 2 stages of K,V) | why
+//  64  |   4   |    2    | 128 | 64 |  16 + 32 = 48 KB  | 2 m-tiles/warp reuse each K/V fragment twice
+//  128 |   4   |    2    | 128 | 32 |  32 + 32 = 64 KB  | BC = 64 spills (O 128 + S 64 fp32 regs/thread)
+//  256 |   4   |    1    |  64 | 32 |  32 + 64 = 96 KB  | O alone is 128 fp32 regs/thread, so one m-tile/warp
+// Every config fits the 99 KB per-block limit of sm86/sm89.
+template <int DP>
+struct Sm80Tile {
+    static constexpr int WARPS = 4;
+    static constexpr int M_TILES = DP <= 128 ? 2 : 1;  // 16-row mma tiles per warp
+    static constexpr int BR = WARPS * M_TILES * 16;    // query rows per CTA
+    static constexpr int BC = DP <= 64 ? 64 : 32;      // keys per K/V tile
+    static constexpr int KV_STAGES = 2;                // K/V tiles in flight
+    static constexpr int THREADS = WARPS * 32;
+    static constexpr int CHUNKS = DP / 8;              // 16-byte chunks per row
+    static constexpr size_t SMEM_BYTES = (size_t)(BR + 2 * KV_STAGES * BC) * DP * 2;
+};
+
+// ---------------------------------------------------------------------------
+// Device helpers
+
+// Copies rows [0, ROWS) of a (rows, D) tile into swizzled smem; rows >= n_rows
+// and columns >= D are zero-filled so no garbage (or NaN) enters the mma.
+// `g_thr` points at this thread's first element (row tid / CHUNKS, chunk
+// tid % CHUNKS) and `fallback` at any valid address; walking one running
+// pointer keeps the per-row addresses out of the register file.
+template <int DP, int ROWS, int THREADS, typename T>
+__device__ __forceinline__ void load_tile(T* smem, const T* g_thr, const T* fallback, int64_t row_stride,
+                                          int n_rows, int D, int tid) {
+    constexpr int CHUNKS = DP / 8;
+    constexpr int ROW_STEP = THREADS / CHUNKS;  // rows covered by one pass of the CTA
+    static_assert(THREADS % CHUNKS == 0 && ROWS % ROW_STEP == 0, "tile must split evenly over the CTA");
+    const int c = tid % CHUNKS, r0 = tid / CHUNKS;  // this thread's chunk column and first row
+    const bool col_ok = c * 8 < D;
+#pragma unroll
+    for (int i = 0; i < ROWS / ROW_STEP; ++i) {
+        const int r = r0 + i * ROW_STEP;
+        const bool valid = col_ok && r < n_rows;
+        cp_async_16(smem + swz<DP>(r, c), valid ? g_thr : fallback, valid);
+        g_thr += ROW_STEP * row_stride;
+    }
+}
+
+// Byte address of the 16x16 block `step` chunk-pairs to the right of the
+// per-lane ldmatrix address `lane_addr` (taken at chunk 0 or 1 of a swizzled
+// row). Steps 0-3 flip the XOR-ed chunk bits 1-2; bit 3 and up lie outside the
+// 8-chunk swizzle, so step 4+ is a plain add. Only four distinct bases exist
+// per lane, and the adds fold into ldmatrix's immediate offset.
+__device__ __forceinline__ uint32_t chunk_step(uint32_t lane_addr, int step) {
+    return (lane_addr ^ ((step & 3) << 5)) + ((step >> 2) << 7);
+}
+
+// ---------------------------------------------------------------------------
+// Kernel
+
+template <int DP, typename T>
+__global__ void __launch_bounds__(Sm80Tile<DP>::THREADS)
+attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
+    using Tile = Sm80Tile<DP>;
+    constexpr int BR = Tile::BR, BC = Tile::BC, M_TILES = Tile::M_TILES, THREADS = Tile::THREADS;
+    constexpr int STAGES = Tile::KV_STAGES;
+    constexpr int N_TILES = BC / 8;   // 8-key column tiles of S
+    constexpr int D_TILES = DP / 8;   // 8-wide column tiles of O
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    T* sQ = reinterpret_cast<T*>(smem_raw);  // (BR, DP) swizzled
+    T* sK = sQ + BR * DP;                    // (STAGES, BC, DP) swizzled
+    T* sV = sK + STAGES * BC * DP;           // (STAGES, BC, DP) swizzled
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int n_mblocks = gridDim.x;
+    // Causal: the last query blocks see the most keys, so launch them first.
+    const int mblock = p.causal != FC_CAUSAL_NONE ? n_mblocks - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int hk = h / (p.Hq / p.Hkv);
+    const int row0 = mblock * BR;  // first query row of this CTA
+
+    const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + row0 * p.q_row_stride;
+    const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride;
+    const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride;
+    T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + row0 * p.o_row_stride;
+    float* lse = p.lse ? p.lse + ((int64_t)b * p.Hq + h) * p.Sq + row0 : nullptr;
+    const int q_rows = min(BR, p.Sq - row0);
+
+    // Key j is visible to query i iff j <= i + diag (causal) and j < Sk.
+    const bool causal = p.causal != FC_CAUSAL_NONE;
+    const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
+    int n_blocks = (p.Sk + BC - 1) / BC;
+    if (causal) {
+        const int last_key = row0 + q_rows - 1 + diag;
+        n_blocks = last_key < 0 ? 0 : min(n_blocks, last_key / BC + 1);
+    }
+
+    if (n_blocks == 0) {  // every row of this CTA sees no key: O = 0, LSE = -inf
+        for (int idx = tid; idx < q_rows * Tile::CHUNKS; idx += THREADS) {
+            const int r = idx / Tile::CHUNKS, c = idx % Tile::CHUNKS;
+            if (c * 8 < p.D) *reinterpret_cast<uint4*>(o + r * p.o_row_stride + c * 8) = make_uint4(0, 0, 0, 0);
+        }
+        if (lse)
+            for (int r = tid; r < q_rows; r += THREADS) lse[r] = -INFINITY;
+        return;
+    }
+
+    // Prologue: Q and the first STAGES-1 K/V tiles, one commit group per tile
+    // (Q rides in the first group).
+    // This thread's first element of each tile (see load_tile); K/V advance by BC rows per tile.
+    const int64_t thr_col = (tid % Tile::CHUNKS) * 8, thr_row = tid / Tile::CHUNKS;
+    const T* k_thr = k + thr_row * p.k_row_stride + thr_col;
+    const T* v_thr = v + thr_row * p.v_row_stride + thr_col;
+    const int64_t k_tile_stride = BC * p.k_row_stride, v_tile_stride = BC * p.v_row_stride;
+    load_tile<DP, BR, THREADS>(sQ, q + thr_row * p.q_row_stride + thr_col, q, p.q_row_stride, q_rows, p.D, tid);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < n_blocks) {
+            const int keys = min(BC, p.Sk - s * BC);
+            load_tile<DP, BC, THREADS>(sK + s * BC * DP, k_thr + s * k_tile_stride, k, p.k_row_stride, keys, p.D, tid);
+            load_tile<DP, BC, THREADS>(sV + s * BC * DP, v_thr + s * v_tile_stride, v, p.v_row_stride, keys, p.D, tid);
+        }
+        cp_async_commit();
+    }
+
+    const float scale_log2 = p.scale * FC_LOG2E;
+    float acc_o[M_TILES][D_TILES][4];  // O accumulator, C-fragment layout
+    float m_i[M_TILES][2];             // running row max of scale_log2 * S (rows lane/4 and lane/4 + 8)
+    float l_i[M_TILES][2];             // running row sum, this lane's columns only
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt) {
+#pragma unroll
+        for (int dt = 0; dt < D_TILES; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] = 0.f;
+        m_i[mt][0] = m_i[mt][1] = -INFINITY;
+        l_i[mt][0] = l_i[mt][1] = 0.f;
+    }
+    const int wrow = warp * M_TILES * 16;  // first CTA row of this warp
+    // Per-lane ldmatrix byte addresses at chunk step 0 (see swz); later steps XOR an immediate.
+    constexpr int ROW_BYTES = DP * 2;
+    const uint32_t q_lane = smem_u32(sQ + swz<DP>(wrow + lane % 16, lane / 16));
+    const uint32_t k_lane = smem_u32(sK + swz<DP>((lane / 16) * 8 + lane % 8, (lane / 8) % 2));
+    const uint32_t v_lane = smem_u32(sV + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16));
+
+    for (int j = 0; j < n_blocks; ++j) {
+        // Refill the slot that iteration j-1 finished with (the barrier at the
+        // end of j-1 guarantees no warp still reads it).
+        const int jn = j + STAGES - 1;
+        if (jn < n_blocks) {
+            const int slot = jn % STAGES, keys = min(BC, p.Sk - jn * BC);
+            load_tile<DP, BC, THREADS>(sK + slot * BC * DP, k_thr + jn * k_tile_stride, k, p.k_row_stride, keys, p.D, tid);
+            load_tile<DP, BC, THREADS>(sV + slot * BC * DP, v_thr + jn * v_tile_stride, v, p.v_row_stride, keys, p.D, tid);
+        }
+        cp_async_commit();
+        cp_async_wait<STAGES - 1>();  // this thread's copies of tile j (and Q) have landed
+        __syncthreads();              // orders every thread's tile-j copies before any warp reads them
+
+        const uint32_t k_slot = (j % STAGES) * BC * ROW_BYTES;  // byte offset of this tile's K slot
+        const uint32_t v_slot = k_slot;                           // V slots mirror K slots
+
+        // S = Q K^T  (per warp: M_TILES*16 rows x BC keys)
+        float acc_s[M_TILES][N_TILES][4];
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < N_TILES; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < DP / 16; ++kk) {
+            uint32_t a[M_TILES][4];
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt)
+                ldmatrix_x4(a[mt], chunk_step(q_lane, kk) + mt * 16 * ROW_BYTES);
+#pragma unroll
+            for (int nt2 = 0; nt2 < N_TILES / 2; ++nt2) {
+                uint32_t bk[4];  // K rows nt2*16.. : {n 0-7 k 0-7, n 0-7 k 8-15, n 8-15 k 0-7, n 8-15 k 8-15}
+                ldmatrix_x4(bk, chunk_step(k_lane, kk) + k_slot + nt2 * 16 * ROW_BYTES);
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; ++mt) {
+                    mma_16816<T>(acc_s[mt][2 * nt2], a[mt], bk[0], bk[1]);
+                    mma_16816<T>(acc_s[mt][2 * nt2 + 1], a[mt], bk[2], bk[3]);
+                }
+            }
+        }
+
+        // Mask only the tiles that need it: the key tail and the causal diagonal.
+        const int key0 = j * BC;
+        const bool need_mask = key0 + BC > p.Sk || (causal && key0 + BC - 1 > row0 + diag);
+        if (need_mask) {
+            // Column c = nt*8 + (lane%4)*2 + e of this tile is masked iff c >= key_lim
+            // or (causal and c > diag_lim): two compares against compile-time c.
+            const int key_lim = p.Sk - key0 - (lane % 4) * 2;
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    const int row = row0 + wrow + mt * 16 + lane / 4 + hr * 8;
+                    const int diag_lim = causal ? row + diag - key0 - (lane % 4) * 2 : INT_MAX;
+#pragma unroll
+                    for (int nt = 0; nt < N_TILES; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int c = nt * 8 + e;
+                            if (c >= key_lim || c > diag_lim) acc_s[mt][nt][2 * hr + e] = -INFINITY;
+                        }
+                }
+        }
+
+        // Online softmax: new row max, rescale O and l, P = exp2(S*scale_log2 - m).
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int nt = 0; nt < N_TILES; ++nt)
+                    mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * hr], acc_s[mt][nt][2 * hr + 1]));
+                const float m_new = fmaxf(m_i[mt][hr], quad_max(mx) * scale_log2);
+                // A row with no visible key yet keeps m = -inf; use 0 so exp2 gives 0, not NaN.
+                const float m_use = m_new == -INFINITY ? 0.f : m_new;
+                const float corr = fast_exp2(m_i[mt][hr] - m_use);
+                m_i[mt][hr] = m_new;
+                float rs = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < N_TILES; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float pe = fast_exp2(fmaf(acc_s[mt][nt][2 * hr + e], scale_log2, -m_use));
+                        acc_s[mt][nt][2 * hr + e] = pe;
+                        rs += pe;
+                    }
+                l_i[mt][hr] = l_i[mt][hr] * corr + rs;
+#pragma unroll
+                for (int dt = 0; dt < D_TILES; ++dt) {
+                    acc_o[mt][dt][2 * hr] *= corr;
+                    acc_o[mt][dt][2 * hr + 1] *= corr;
+                }
+            }
+
+        // O += P V: the S accumulator of key tiles 2kk, 2kk+1 is the A fragment.
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) {
+            uint32_t a[M_TILES][4];
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt) {
+                a[mt][0] = pack2<T>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+                a[mt][1] = pack2<T>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+                a[mt][2] = pack2<T>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+                a[mt][3] = pack2<T>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+            }
+#pragma unroll
+            for (int dt2 = 0; dt2 < D_TILES / 2; ++dt2) {
+                uint32_t bv[4];  // V keys kk*16.. (transposed): {d 0-7 k 0-7, d 0-7 k 8-15, d 8-15 k 0-7, d 8-15 k 8-15}
+                ldmatrix_x4_trans(bv, chunk_step(v_lane, dt2) + v_slot + kk * 16 * ROW_BYTES);
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; ++mt) {
+                    mma_16816<T>(acc_o[mt][2 * dt2], a[mt], bv[0], bv[1]);
+                    mma_16816<T>(acc_o[mt][2 * dt2 + 1], a[mt], bv[2], bv[3]);
+                }
+            }
+        }
+        __syncthreads();  // every warp is done reading slot j % STAGES before iteration j+1 refills it
+    }
+    cp_async_wait<0>();  // drain the (empty) trailing groups before smem is reused
+
+    // Epilogue: O /= l, staged through this warp's own Q rows (no other warp
+    // reads them), then 16-byte coalesced stores; LSE = (m + log2 l) * ln 2.
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const float l = quad_sum(l_i[mt][hr]);
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const int r = wrow + mt * 16 + lane / 4 + hr * 8;
+#pragma unroll
+            for (int dt = 0; dt < D_TILES; ++dt) {
+                const uint32_t packed = pack2<T>(acc_o[mt][dt][2 * hr] * inv, acc_o[mt][dt][2 * hr + 1] * inv);
+                *reinterpret_cast<uint32_t*>(sQ + swz<DP>(r, dt) + (lane % 4) * 2) = packed;
+            }
+            if (lse && lane % 4 == 0 && r < q_rows)
+                lse[r] = l > 0.f ? (m_i[mt][hr] + log2f(l)) * FC_LN2 : -INFINITY;
+        }
+    __syncwarp();  // this warp's O rows in smem are complete before its lanes read them back
+    // Lane l stores chunk l % CHUNKS of rows l / CHUNKS + i * ROW_STEP (a running pointer).
+    constexpr int ROW_STEP = 32 / Tile::CHUNKS > 0 ? 32 / Tile::CHUNKS : 1;
+    constexpr int LANES_PER_ROW = Tile::CHUNKS < 32 ? Tile::CHUNKS : 32;
+    const int c_first = lane % LANES_PER_ROW, r_first = lane / LANES_PER_ROW;
+    static_assert(Tile::CHUNKS <= 32, "one row must fit in one warp pass");
+    T* o_thr = o + (wrow + r_first) * p.o_row_stride + c_first * 8;
+    const bool col_ok = c_first * 8 < p.D;
+#pragma unroll
+    for (int i = 0; i < M_TILES * 16 / ROW_STEP; ++i) {
+        const int r = wrow + r_first + i * ROW_STEP;
+        if (col_ok && r < q_rows)
+            *reinterpret_cast<uint4*>(o_thr) = *reinterpret_cast<const uint4*>(sQ + swz<DP>(r, c_first));
+        o_thr += ROW_STEP * p.o_row_stride;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Launcher and the C entry points of one padded head dim (see kernels.h)
+
+template <int DP, typename T>
+static fc_status attn_fwd_sm80_launch(const fc_attn_params* p, cudaStream_t stream) {
+    using Tile = Sm80Tile<DP>;
+    const size_t smem = Tile::SMEM_BYTES;
+    if (cudaFuncSetAttribute(attn_fwd_sm80_kernel<DP, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)smem) != cudaSuccess)
+        return FC_ERR_CUDA;
+    const dim3 grid((p->Sq + Tile::BR - 1) / Tile::BR, p->Hq, p->B);
+    attn_fwd_sm80_kernel<DP, T><<<grid, Tile::THREADS, smem, stream>>>(*p);
+    return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
+}
+
+#define FC_SM80_DEFINE(DP)                                                                    \
+    extern "C" fc_status fc_sm80_fwd_d##DP(const fc_attn_params* p, fc_stream_t stream) {    \
+        return p->dtype == FC_DTYPE_BF16                                                      \
+                   ? attn_fwd_sm80_launch<DP, __nv_bfloat16>(p, (cudaStream_t)stream)         \
+                   : attn_fwd_sm80_launch<DP, __half>(p, (cudaStream_t)stream);               \
+    }                                                                                         \
+    extern "C" size_t fc_sm80_smem_d##DP(void) { return Sm80Tile<DP>::SMEM_BYTES; }

@@ -1,0 +1,258 @@
+"""Every input error: the right exception type, a message that names the
+argument, and no crash. The table runs on CPU tensors (so it runs in CI) and
+again on CUDA tensors when a GPU is present; device-specific errors follow.
+"""
+import math
+
+import pytest
+import torch
+
+import flashcore
+
+from conftest import GPU_KERNELS, GPU_OK, HAS_CUDA, requires_cuda
+
+B, H, S, D = 2, 4, 16, 64
+
+DEVICES = [
+    pytest.param("cpu", id="cpu"),
+    pytest.param("cuda", id="cuda", marks=requires_cuda),
+]
+# a valid dtype for each device
+DTYPE = {"cpu": torch.float32, "cuda": torch.float16}
+
+
+def t(*shape, dev, dtype=None):
+    return torch.randn(*shape, device=dev).to(DTYPE[dev] if dtype is None else dtype)
+
+
+def qkv(dev, q=(B, H, S, D), k=(B, H, S, D), v=(B, H, S, D)):
+    return t(*q, dev=dev), t(*k, dev=dev), t(*v, dev=dev)
+
+
+def strided(shape, dev):
+    """last-dim stride 2: every other element of a (B, H, S, 2D) tensor"""
+    b, h, s, d = shape
+    x = t(b, h, s, 2 * d, dev=dev)[..., ::2]
+    assert x.shape == shape and x.stride(-1) == 2
+    return x
+
+
+def _case(name, build, exc, match):
+    return pytest.param(build, exc, match, id=name)
+
+
+def _with(dev, args=None, **kw):
+    q, k, v = qkv(dev) if args is None else args
+    return (q, k, v), kw
+
+
+# Each builder takes the device and returns (args, kwargs) for flashcore.attention.
+CASES = [
+    # --- shapes ---------------------------------------------------------
+    _case("q_ndim3", lambda d: ((t(B, H, S, dev=d), *qkv(d)[1:]), {}), ValueError, r"\bq\b.*4-D"),
+    _case("k_ndim5", lambda d: ((qkv(d)[0], t(1, B, H, S, D, dev=d), qkv(d)[2]), {}), ValueError, r"\bk\b.*4-D"),
+    _case("v_ndim2", lambda d: ((*qkv(d)[:2], t(S, D, dev=d)), {}), ValueError, r"\bv\b.*4-D"),
+    _case("k_batch", lambda d: (qkv(d, k=(B + 1, H, S, D), v=(B + 1, H, S, D)), {}), ValueError, r"\bk\b.*batch"),
+    _case("v_batch", lambda d: (qkv(d, v=(B + 1, H, S, D)), {}), ValueError, r"\bv\b.*batch"),
+    _case("k_headdim", lambda d: (qkv(d, k=(B, H, S, 32)), {}), ValueError, r"\bk\b.*head dim"),
+    _case("v_headdim", lambda d: (qkv(d, v=(B, H, S, 128)), {}), ValueError, r"\bv\b.*head dim"),
+    _case("kv_heads", lambda d: (qkv(d, v=(B, 2, S, D)), {}), ValueError, r"\bv\b.*heads.*\bk\b"),
+    _case("hq_not_div_hkv", lambda d: (qkv(d, q=(B, 8, S, D), k=(B, 3, S, D), v=(B, 3, S, D)), {}),
+          ValueError, r"\bk\b.*divide"),
+    _case("hkv_gt_hq", lambda d: (qkv(d, q=(B, 2, S, D), k=(B, 4, S, D), v=(B, 4, S, D)), {}),
+          ValueError, r"\bk\b.*divide"),
+    _case("kv_seqlen", lambda d: (qkv(d, k=(B, H, S, D), v=(B, H, S + 1, D)), {}), ValueError,
+          r"\bv\b.*sequence length"),
+    _case("headdim_12", lambda d: (qkv(d, *[(B, H, S, 12)] * 3), {}), ValueError, r"head dim.*\b12\b"),
+    _case("headdim_4", lambda d: (qkv(d, *[(B, H, S, 4)] * 3), {}), ValueError, r"head dim.*\b4\b"),
+    _case("headdim_100", lambda d: (qkv(d, *[(B, H, S, 100)] * 3), {}), ValueError, r"head dim.*\b100\b"),
+    _case("headdim_264", lambda d: (qkv(d, *[(B, H, S, 264)] * 3), {}), ValueError, r"head dim.*\b264\b"),
+    _case("headdim_512", lambda d: (qkv(d, *[(B, H, S, 512)] * 3), {}), ValueError, r"head dim.*\b512\b"),
+    # --- strides --------------------------------------------------------
+    _case("q_last_stride", lambda d: ((strided((B, H, S, D), d), *qkv(d)[1:]), {}), ValueError,
+          r"\bq\b.*last dim.*contiguous"),
+    _case("k_last_stride", lambda d: ((qkv(d)[0], strided((B, H, S, D), d), qkv(d)[2]), {}), ValueError,
+          r"\bk\b.*last dim.*contiguous"),
+    _case("v_last_stride", lambda d: ((*qkv(d)[:2], strided((B, H, S, D), d)), {}), ValueError,
+          r"\bv\b.*last dim.*contiguous"),
+    # --- empty ----------------------------------------------------------
+    _case("q_seq0", lambda d: (qkv(d, q=(B, H, 0, D)), {}), ValueError, r"\bq\b.*empty"),
+    _case("k_seq0", lambda d: (qkv(d, k=(B, H, 0, D), v=(B, H, 0, D)), {}), ValueError, r"\bk\b.*empty"),
+    _case("batch0", lambda d: (qkv(d, *[(0, H, S, D)] * 3), {}), ValueError, r"\bq\b.*empty"),
+    _case("heads0", lambda d: (qkv(d, *[(B, 0, S, D)] * 3), {}), ValueError, r"\bq\b.*empty"),
+    _case("headdim0", lambda d: (qkv(d, *[(B, H, S, 0)] * 3), {}), ValueError, r"\bq\b.*empty"),
+    # --- scale ----------------------------------------------------------
+    _case("scale_nan", lambda d: _with(d, scale=float("nan")), ValueError, r"\bscale\b"),
+    _case("scale_zero", lambda d: _with(d, scale=0.0), ValueError, r"\bscale\b"),
+    _case("scale_negative", lambda d: _with(d, scale=-0.125), ValueError, r"\bscale\b"),
+    _case("scale_inf", lambda d: _with(d, scale=math.inf), ValueError, r"\bscale\b"),
+    _case("scale_neg_inf", lambda d: _with(d, scale=-math.inf), ValueError, r"\bscale\b"),
+    # --- unsupported SDPA arguments --------------------------------------
+    _case("attn_mask_bool", lambda d: _with(d, attn_mask=torch.ones(S, S, dtype=torch.bool, device=d)),
+          ValueError, r"\battn_mask\b"),
+    _case("attn_mask_float", lambda d: _with(d, attn_mask=torch.zeros(B, H, S, S, device=d)),
+          ValueError, r"\battn_mask\b"),
+    _case("dropout", lambda d: _with(d, dropout_p=0.1), ValueError, r"\bdropout_p\b"),
+    _case("dropout_one", lambda d: _with(d, dropout_p=1.0), ValueError, r"\bdropout_p\b"),
+    # --- options --------------------------------------------------------
+    _case("kernel_unknown", lambda d: _with(d, kernel="sm100"), ValueError, r"\bkernel\b"),
+    _case("kernel_uppercase", lambda d: _with(d, kernel="CPU"), ValueError, r"\bkernel\b"),
+    _case("kernel_empty", lambda d: _with(d, kernel=""), ValueError, r"\bkernel\b"),
+    _case("alignment_unknown", lambda d: _with(d, causal=True, causal_alignment="bottom-right"),
+          ValueError, r"\bcausal_alignment\b"),
+    _case("alignment_unknown_is_causal", lambda d: _with(d, is_causal=True, causal_alignment="left"),
+          ValueError, r"\bcausal_alignment\b"),
+    _case("causal_disagree", lambda d: _with(d, is_causal=True, causal=False), ValueError, r"causal"),
+    # --- dtypes ---------------------------------------------------------
+    _case("q_float64", lambda d: ((t(B, H, S, D, dev=d, dtype=torch.float64),
+                                   *[x.double() for x in qkv(d)[1:]]), {}), TypeError, r"\bq\b.*dtype"),
+    _case("q_int32", lambda d: ((torch.ones(B, H, S, D, dtype=torch.int32, device=d), *qkv(d)[1:]), {}),
+          TypeError, r"\bq\b.*dtype"),
+    _case("k_dtype_mismatch", lambda d: ((qkv(d)[0], qkv(d)[1].to(torch.bfloat16), qkv(d)[2]), {}),
+          TypeError, r"\bk\b.*dtype"),
+    _case("v_dtype_mismatch", lambda d: ((*qkv(d)[:2], qkv(d)[2].to(torch.bfloat16)), {}),
+          TypeError, r"\bv\b.*dtype"),
+    _case("k_float64", lambda d: ((qkv(d)[0], qkv(d)[1].double(), qkv(d)[2]), {}), TypeError, r"\bk\b.*dtype"),
+    _case("q_not_a_tensor", lambda d: ((None, *qkv(d)[1:]), {}), TypeError, None),
+]
+
+
+def _check_raises(dev, build, exc, match):
+    args, kwargs = build(dev)
+    with pytest.raises(exc, match=match) as info:
+        flashcore.attention(*args, **kwargs)
+    msg = str(info.value)
+    assert len(msg) >= 10, f"message too terse: {msg!r}"
+    # the C++ binding's argument messages carry a hint on how to fix it
+    if dev == "cuda":
+        torch.cuda.synchronize()  # the device is still healthy
+    return msg
+
+
+@pytest.mark.parametrize("build,exc,match", CASES)
+@pytest.mark.parametrize("dev", DEVICES)
+def test_error(dev, build, exc, match):
+    _check_raises(dev, build, exc, match)
+
+
+@pytest.mark.parametrize("kernel", ["sm80", "sm90"])
+def test_gpu_kernel_forced_on_cpu_tensors(kernel):
+    q, k, v = qkv("cpu")
+    with pytest.raises(ValueError, match=r"\bkernel\b.*CPU") as info:
+        flashcore.attention(q, k, v, kernel=kernel)
+    assert "auto" in str(info.value) or "CUDA" in str(info.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_cpu_accepts_all_three_dtypes(dtype):
+    q, k, v = [x.to(dtype) for x in qkv("cpu")]
+    out = flashcore.attention(q, k, v)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+
+
+def test_message_shows_shape():
+    q, k, v = qkv("cpu")
+    with pytest.raises(ValueError, match=r"\(2, 4, 16\)"):
+        flashcore.attention(q[..., 0], k, v)
+
+
+def test_alignment_ignored_without_causal():
+    """causal_alignment is validated only when a causal mask is requested."""
+    q, k, v = qkv("cpu")
+    out = flashcore.attention(q, k, v, causal_alignment="nonsense")
+    assert torch.isfinite(out).all()
+
+
+def test_usable_after_errors():
+    """A bad call leaves nothing broken: a good call right after still works."""
+    q, k, v = qkv("cpu")
+    for bad in ({"scale": -1.0}, {"kernel": "nope"}, {"dropout_p": 0.5}):
+        with pytest.raises(ValueError):
+            flashcore.attention(q, k, v, **bad)
+    out = flashcore.attention(q, k, v)
+    assert torch.isfinite(out).all()
+
+
+# ---------------------------------------------------------------------------
+# CUDA-only errors
+# ---------------------------------------------------------------------------
+
+
+@requires_cuda
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_cuda_float32_is_type_error(which):
+    q, k, v = qkv("cuda")
+    args = {"q": q, "k": k, "v": v}
+    args = {n: (x.float() if n == which or which == "q" else x) for n, x in args.items()}
+    # which == "q": all fp32, so q's own dtype check fires first
+    with pytest.raises(TypeError, match=rf"\b{which}\b.*dtype.*(float16|bfloat16)"):
+        flashcore.attention(args["q"], args["k"], args["v"])
+    torch.cuda.synchronize()
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int8])
+def test_cuda_other_dtypes_are_type_errors(dtype):
+    q, k, v = [x.to(dtype) for x in qkv("cuda")]
+    with pytest.raises(TypeError, match=r"\bq\b.*dtype"):
+        flashcore.attention(q, k, v)
+
+
+@requires_cuda
+@pytest.mark.parametrize("cpu_one", ["k", "v"])
+def test_cuda_cpu_mix_names_tensor(cpu_one):
+    q, k, v = qkv("cuda")
+    if cpu_one == "k":
+        k = k.cpu()
+    else:
+        v = v.cpu()
+    with pytest.raises(ValueError, match=rf"\b{cpu_one}\b.*\bcpu\b") as info:
+        flashcore.attention(q, k, v)
+    assert "cuda" in str(info.value)
+    torch.cuda.synchronize()
+
+
+@requires_cuda
+def test_cuda_q_on_cpu_kv_on_cuda():
+    q, k, v = qkv("cuda")
+    with pytest.raises(ValueError, match=r"\bk\b.*\bcuda"):
+        flashcore.attention(q.cpu(), k, v)
+    torch.cuda.synchronize()
+
+
+@requires_cuda
+def test_cuda_kernel_cpu_forced():
+    q, k, v = qkv("cuda")
+    with pytest.raises(ValueError, match=r"\bkernel\b.*cpu"):
+        flashcore.attention(q, k, v, kernel="cpu")
+    torch.cuda.synchronize()
+
+
+@requires_cuda
+def test_cuda_sm90_forced_off_hopper():
+    """Forcing the Hopper kernel off a Hopper GPU (or before it is built) is a
+    RuntimeError with a reason, never a crash."""
+    cap = torch.cuda.get_device_capability()
+    if cap == (9, 0) and "sm90" in GPU_KERNELS:
+        pytest.skip("the sm90 kernel runs here; covered by test_gpu.py")
+    q, k, v = qkv("cuda")
+    with pytest.raises(RuntimeError, match=r"(?i)sm_?90|9\.0|hopper|built") as info:
+        flashcore.attention(q, k, v, kernel="sm90")
+    assert str(info.value).startswith("flashcore")
+    torch.cuda.synchronize()
+    if GPU_OK:  # the GPU still works afterwards
+        assert torch.isfinite(flashcore.attention(q, k, v)).all()
+
+
+@requires_cuda
+def test_cuda_sm80_forced_on_old_gpu():
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) >= (8, 0):
+        pytest.skip("GPU is sm80 or newer")
+    q, k, v = qkv("cuda")
+    with pytest.raises(RuntimeError, match=r"sm80|8\.0"):
+        flashcore.attention(q, k, v, kernel="sm80")
+
+
+def test_has_cuda_flag_matches_torch():
+    assert HAS_CUDA == torch.cuda.is_available()

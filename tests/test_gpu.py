@@ -1,0 +1,360 @@
+"""GPU kernels against fp64 reference math and torch SDPA (GUIDE section 3).
+
+Every correctness test is parametrized over GPU_KERNELS: ["sm80"], plus
+"sm90" on a compute-capability-9.0 device where forcing it works. The whole
+module skips without a usable CUDA device.
+"""
+import warnings
+
+import pytest
+import torch
+
+import flashcore
+from flashcore import _C
+
+from conftest import (CAUSAL_MODES, GPU_KERNELS, call, check_attention, dtype_id, make_qkv, mode_id,
+                      poison_allocator, ref_attention, requires_gpu, run_poisoned)
+
+pytestmark = requires_gpu
+
+DEV = "cuda"
+DTYPES = [torch.float16, torch.bfloat16]
+KERNELS = GPU_KERNELS
+
+kernel_param = pytest.mark.parametrize("kernel", KERNELS)
+dtype_param = pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+mode_param = pytest.mark.parametrize("mode", CAUSAL_MODES, ids=mode_id)
+
+
+def shape_id(s):
+    return "B{}H{}_q{}k{}".format(*s)
+
+
+# (B, H, Sq, Sk)
+SHAPES = [
+    # seed shapes
+    (2, 8, 512, 512),
+    (1, 8, 512, 512),
+    # odd lengths, Sq == Sk
+    (2, 4, 1, 1),
+    (2, 4, 17, 17),
+    (2, 4, 97, 97),
+    (1, 4, 1000, 1000),
+    (2, 3, 1025, 1025),
+    # Sq != Sk, both ways
+    (2, 4, 113, 203),
+    (2, 4, 203, 113),
+    (1, 4, 1024, 1023),
+    (3, 2, 1, 1000),
+    (2, 4, 17, 4),
+]
+
+
+@dtype_param
+@mode_param
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@kernel_param
+def test_gpu_matches_reference(kernel, shape, D, mode, dtype):
+    B, H, Sq, Sk = shape
+    q, k, v = make_qkv(B, H, H, Sq, Sk, D, dtype, DEV)
+    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
+    check_attention(out, lse, q, k, v, None, mode)
+
+
+@dtype_param
+@mode_param
+@pytest.mark.parametrize("D", [8, 40, 72, 96, 200])
+@pytest.mark.parametrize("shape", [(2, 4, 97, 97), (2, 4, 113, 203), (2, 4, 203, 113), (1, 2, 1025, 1025)],
+                         ids=shape_id)
+@kernel_param
+def test_gpu_odd_head_dims(kernel, shape, D, mode, dtype):
+    B, H, Sq, Sk = shape
+    q, k, v = make_qkv(B, H, H, Sq, Sk, D, dtype, DEV)
+    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
+    check_attention(out, lse, q, k, v, None, mode)
+
+
+@pytest.mark.parametrize("variant", [(torch.float16, "bottom_right"), (torch.bfloat16, None),
+                                     (torch.float16, "top_left")],
+                         ids=["fp16-bottom_right", "bf16-nocausal", "fp16-top_left"])
+@pytest.mark.parametrize("D", list(range(8, 257, 8)))
+@kernel_param
+def test_gpu_every_head_dim(kernel, D, variant):
+    dtype, mode = variant
+    q, k, v = make_qkv(1, 4, 2, 97, 131, D, dtype, DEV)
+    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
+    check_attention(out, lse, q, k, v, None, mode)
+
+
+LAYOUTS = [
+    ("transposed", "transposed", "transposed"),
+    ("sliced", "sliced", "sliced"),
+    ("sliced_hi", "batch_step", "sliced"),
+    ("transposed", "sliced", "contiguous"),
+    ("batch_step", "expanded", "expanded"),
+]
+
+
+@dtype_param
+@mode_param
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("layouts", LAYOUTS, ids=lambda l: "-".join(l))
+@kernel_param
+def test_gpu_strided_inputs(kernel, layouts, D, mode, dtype):
+    q, k, v = make_qkv(2, 4, 4, 113, 203, D, dtype, DEV, layouts=layouts)
+    assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
+    check_attention(out, lse, q, k, v, None, mode)
+    # strides change addressing only: same bits as on contiguous copies
+    out_c, lse_c = call(q.contiguous(), k.contiguous(), v.contiguous(), mode, kernel=kernel)
+    assert torch.equal(out, out_c)
+    assert torch.equal(lse, lse_c)
+
+
+@dtype_param
+@mode_param
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("seq", [(97, 203), (203, 97), (512, 512)], ids=lambda s: f"q{s[0]}k{s[1]}")
+@pytest.mark.parametrize("heads", [(8, 1), (8, 2), (8, 4), (6, 3)], ids=lambda h: f"hq{h[0]}hkv{h[1]}")
+@kernel_param
+def test_gpu_gqa(kernel, heads, seq, D, mode, dtype):
+    Hq, Hkv = heads
+    Sq, Sk = seq
+    q, k, v = make_qkv(2, Hq, Hkv, Sq, Sk, D, dtype, DEV)
+    out, lse = run_poisoned(q, k, v, mode, kernel=kernel, enable_gqa=True)
+    check_attention(out, lse, q, k, v, None, mode)
+
+
+@dtype_param
+@mode_param
+@pytest.mark.parametrize("scale,mult", [(0.05, 1.0), (0.5, 1.0), (2.0, 1.0), (None, 8.0)],
+                         ids=["s0.05", "s0.5", "s2", "big_logits"])
+@kernel_param
+def test_gpu_scale_and_large_logits(kernel, scale, mult, mode, dtype):
+    q, k, v = make_qkv(2, 4, 4, 257, 300, 64, dtype, DEV, mult=mult)
+    out, lse = run_poisoned(q, k, v, mode, kernel=kernel, scale=scale)
+    check_attention(out, lse, q, k, v, scale, mode)
+
+
+@dtype_param
+@mode_param
+@pytest.mark.parametrize("shape", [(1, 2, 1, 8192), (1, 2, 4096, 4096), (1, 1, 2048, 8192), (1, 2, 8192, 1024)],
+                         ids=shape_id)
+@kernel_param
+def test_gpu_long_sequences(kernel, shape, mode, dtype):
+    B, H, Sq, Sk = shape
+    q, k, v = make_qkv(B, H, H, Sq, Sk, 128, dtype, DEV)
+    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
+    check_attention(out, lse, q, k, v, None, mode)
+
+
+@dtype_param
+@pytest.mark.parametrize("shape", [(66000, 1, 1, 16, 16), (1, 66000, 1, 16, 16), (1, 66000, 66000, 16, 16),
+                                   (2, 40000, 8, 3, 5)],
+                         ids=lambda s: "B{}Hq{}Hkv{}_q{}k{}".format(*s))
+@kernel_param
+def test_gpu_large_grid(kernel, shape, dtype):
+    """B or H above the 65535 limit of CUDA's grid y/z dims."""
+    B, Hq, Hkv, Sq, Sk = shape
+    q, k, v = make_qkv(B, Hq, Hkv, Sq, Sk, 64, dtype, DEV)
+    out, lse = run_poisoned(q, k, v, "top_left", kernel=kernel)
+    check_attention(out, lse, q, k, v, None, "top_left")
+
+
+@pytest.mark.parametrize("case", [
+    (2, 8, 512, 512, 64, None, torch.float16),
+    (2, 3, 1025, 1025, 128, "top_left", torch.bfloat16),
+    (1, 4, 17, 4, 256, "bottom_right", torch.float16),
+    (3, 2, 1, 1000, 40, "bottom_right", torch.bfloat16),
+], ids=lambda c: "B{}H{}_q{}k{}_D{}_{}_{}".format(*c[:5], mode_id(c[5]), dtype_id(c[6])))
+@kernel_param
+def test_gpu_poisoned_output_fully_written(kernel, case):
+    """Fill the caching allocator with NaN right before the call: every
+    element of out (and lse) must have been written."""
+    B, H, Sq, Sk, D, mode, dtype = case
+    q, k, v = make_qkv(B, H, H, Sq, Sk, D, dtype, DEV)
+    torch.cuda.synchronize()
+    ptrs = poison_allocator(q)
+    out, lse = call(q, k, v, mode, kernel=kernel)
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any(), "out has NaN: some elements were never written"
+    assert not torch.isnan(lse).any(), "lse has NaN: some elements were never written"
+    if (out.data_ptr(), lse.data_ptr()) != ptrs:
+        warnings.warn("the caching allocator did not hand back the poisoned blocks; "
+                      "the poison check was weaker than intended")
+    check_attention(out, lse, q, k, v, None, mode)
+    # and without lse
+    poison_allocator(q)
+    out2 = call(q, k, v, mode, kernel=kernel, return_lse=False)
+    torch.cuda.synchronize()
+    assert isinstance(out2, torch.Tensor)
+    assert not torch.isnan(out2).any()
+    check_attention(out2, None, q, k, v, None, mode)
+
+
+@pytest.mark.parametrize("case", [
+    (2, 8, 512, 512, 64, "top_left", torch.float16),
+    (1, 4, 1025, 1023, 128, "bottom_right", torch.bfloat16),
+    (2, 8, 97, 203, 256, None, torch.float16),
+], ids=lambda c: "B{}H{}_q{}k{}_D{}_{}_{}".format(*c[:5], mode_id(c[5]), dtype_id(c[6])))
+@kernel_param
+def test_gpu_deterministic(kernel, case):
+    """20 runs on the same inputs give bit-identical out and lse (no races)."""
+    B, H, Sq, Sk, D, mode, dtype = case
+    q, k, v = make_qkv(B, H, H, Sq, Sk, D, dtype, DEV)
+    out0, lse0 = call(q, k, v, mode, kernel=kernel)
+    for i in range(20):
+        out, lse = call(q, k, v, mode, kernel=kernel)
+        assert torch.equal(out, out0), f"run {i + 1} differs from run 0"
+        assert torch.equal(lse, lse0), f"lse of run {i + 1} differs from run 0"
+    check_attention(out0, lse0, q, k, v, None, mode)
+
+
+@dtype_param
+@mode_param
+@pytest.mark.parametrize("shape", [(2, 8, 512, 512, 64), (1, 4, 1, 1000, 128), (2, 4, 203, 113, 256)],
+                         ids=lambda s: "B{}H{}_q{}k{}_D{}".format(*s))
+def test_gpu_auto_kernel(shape, mode, dtype):
+    B, H, Sq, Sk, D = shape
+    q, k, v = make_qkv(B, H, H, Sq, Sk, D, dtype, DEV)
+    picked = _C.picked_kernel(q, k)
+    assert picked in ("sm80", "sm90"), picked
+    if picked == "sm90":
+        assert torch.cuda.get_device_capability() == (9, 0)
+    out, lse = run_poisoned(q, k, v, mode, kernel="auto")
+    check_attention(out, lse, q, k, v, None, mode)
+    # the default kernel is auto
+    out_default = flashcore.attention(q, k, v, causal=mode is not None,
+                                      causal_alignment=mode or "top_left")
+    torch.testing.assert_close(out_default, out, atol=0, rtol=0)
+
+
+@kernel_param
+def test_gpu_sdpa_drop_in(kernel):
+    """The SDPA calling convention works positionally and gives SDPA's answer."""
+    q, k, v = make_qkv(2, 8, 8, 512, 512, 64, torch.float16, DEV)
+    out = flashcore.attention(q, k, v, None, 0.0, True, None, False, kernel=kernel)
+    sd = torch.nn.functional.scaled_dot_product_attention(q, k, v, None, 0.0, True)
+    assert torch.allclose(out, sd, atol=1e-3, rtol=1e-3)
+
+
+@kernel_param
+def test_gpu_non_default_stream(kernel):
+    """The kernel runs on the current stream: on a busy side stream, it must
+    wait for the work queued before it there (it would read NaN otherwise)."""
+    q, k, v = make_qkv(2, 8, 8, 1024, 1024, 128, torch.float16, DEV)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        q2 = torch.full_like(q, float("nan"))
+        a = torch.randn(4096, 4096, device=DEV, dtype=torch.float16)
+        for _ in range(20):  # keep the side stream busy for a while
+            a = (a @ a).clamp_(-1, 1)
+        q2.copy_(q)
+        out, lse = call(q2, k, v, "top_left", kernel=kernel)
+    torch.cuda.current_stream().wait_stream(side)
+    for t in (q2, out, lse):
+        t.record_stream(torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    check_attention(out, lse, q, k, v, None, "top_left")
+
+
+@kernel_param
+def test_gpu_cuda_graph_capture(kernel):
+    """No synchronization or allocation inside the library: the call can be
+    captured in a CUDA graph and replayed on new inputs."""
+    q, k, v = make_qkv(1, 4, 2, 300, 500, 64, torch.bfloat16, DEV)
+    sq, sk, sv = q.clone(), k.clone(), v.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside capture
+        for _ in range(2):
+            call(sq, sk, sv, "bottom_right", kernel=kernel)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        gout, glse = call(sq, sk, sv, "bottom_right", kernel=kernel)
+    q2, k2, v2 = make_qkv(1, 4, 2, 300, 500, 64, torch.bfloat16, DEV)
+    sq.copy_(q2)
+    sk.copy_(k2)
+    sv.copy_(v2)
+    g.replay()
+    torch.cuda.synchronize()
+    check_attention(gout, glse, q2, k2, v2, None, "bottom_right")
+
+
+@kernel_param
+def test_gpu_inputs_not_modified(kernel):
+    q, k, v = make_qkv(2, 4, 2, 203, 113, 128, torch.float16, DEV)
+    qc, kc, vc = q.clone(), k.clone(), v.clone()
+    call(q, k, v, "bottom_right", kernel=kernel)
+    torch.cuda.synchronize()
+    assert torch.equal(q, qc) and torch.equal(k, kc) and torch.equal(v, vc)
+
+
+@kernel_param
+def test_gpu_fully_masked_rows(kernel):
+    """bottom_right with Sq > Sk: the first Sq - Sk rows see no key."""
+    for dtype in DTYPES:
+        q, k, v = make_qkv(2, 4, 2, 300, 100, 64, dtype, DEV)
+        out, lse = run_poisoned(q, k, v, "bottom_right", kernel=kernel)
+        assert (out[:, :, :200] == 0).all()
+        assert torch.isneginf(lse[:, :, :200]).all()
+        assert torch.isfinite(lse[:, :, 200:]).all()
+        # row 200 sees key 0 alone
+        assert torch.equal(out[:, :, 200], v.repeat_interleave(2, 1)[:, :, 0])
+        check_attention(out, lse, q, k, v, None, "bottom_right")
+
+
+@kernel_param
+def test_gpu_misaligned_pointer_is_correct_or_rejected(kernel):
+    """Views that break 16-byte alignment (offset of one element, row stride
+    D+1): either computed correctly or a ValueError, never a crash."""
+    D = 64
+    base = torch.randn(2, 4, 97, D + 1, device=DEV).to(torch.float16)
+    q = base[..., 1:]
+    k, v = make_qkv(2, 4, 4, 97, 97, D, torch.float16, DEV)[1:]
+    try:
+        out, lse = call(q, k, v, "top_left", kernel=kernel)
+        torch.cuda.synchronize()
+    except ValueError as e:
+        assert str(e)
+        torch.cuda.synchronize()
+        return
+    check_attention(out, lse, q, k, v, None, "top_left")
+
+
+@kernel_param
+def test_gpu_non_contiguous_output_shape_and_device(kernel):
+    """Output and lse are fresh tensors on q's device with the right shapes,
+    even for transposed inputs."""
+    q, k, v = make_qkv(2, 4, 4, 33, 65, 64, torch.float16, DEV, layouts=("transposed",) * 3)
+    out, lse = call(q, k, v, None, kernel=kernel)
+    assert out.shape == (2, 4, 33, 64) and out.device == q.device and out.dtype == torch.float16
+    assert lse.shape == (2, 4, 33) and lse.device == q.device and lse.dtype == torch.float32
+
+
+def test_gpu_kernel_list():
+    assert KERNELS[0] == "sm80"
+    if torch.cuda.get_device_capability() != (9, 0):
+        assert KERNELS == ["sm80"]
+    assert _C.arch_reason(flashcore.KERNELS["sm80"], *torch.cuda.get_device_capability()) == ""
+
+
+def test_gpu_reference_is_fp64_exact_enough():
+    """Sanity check of the reference helper on the GPU against SDPA in fp32."""
+    q, k, v = make_qkv(2, 4, 4, 97, 97, 64, torch.float32, DEV)
+    out, _ = ref_attention(q, k, v, None, "top_left")
+    with torch.backends.cuda.sdp_kernel(enable_flash=False, enable_mem_efficient=False, enable_math=True) \
+            if hasattr(torch.backends.cuda, "sdp_kernel") else _nullcontext():
+        sd = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    torch.testing.assert_close(out, sd)
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
