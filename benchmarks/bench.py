@@ -41,6 +41,8 @@ import torch.nn.functional as F
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")
 
+DEVICE = "cuda"
+
 # do_bench parameters fixed by the benchmark protocol.
 WARMUP_MS = 25
 REP_MS = 200
@@ -56,7 +58,12 @@ GRID_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 GRID_HEAD_DIMS = (64, 128, 256)
 QUICK_SEQLENS = (1024, 4096)
 QUICK_HEAD_DIMS = (64, 128)
-FLEX_HEAD_DIM = 128      # by default flex runs only here (each shape compiles)
+# FlexAttention compiles once per shape (~10 s each), so by default it runs only
+# on the fp16 D=128 grid shapes; --flex-all runs it everywhere, and the compile
+# budget stops it before it can push the default run towards 10 minutes.
+FLEX_HEAD_DIM = 128
+FLEX_DTYPE = "fp16"
+FLEX_BUDGET_S = 180.0
 
 SDPA_IMPLS = ("sdpa-default", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient")
 ALL_IMPLS = ("flashcore", "flashcore:sm80", "flashcore:sm90") + SDPA_IMPLS + ("flex",)
@@ -264,16 +271,16 @@ def _settle(e):
     """After an exception, checks the device still works (sticky faults stay)."""
     try:
         torch.cuda.synchronize()
-        torch.zeros(1, device="cuda").add_(1).item()
+        torch.zeros(1, device=DEVICE).add_(1).item()
     except Exception as e2:
         raise CudaBroken(f"{first_line(e)} / then {first_line(e2)}") from e
 
 
 def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log):
     dtype = DTYPES[s["dtype"]]
-    q = torch.randn(s["B"], s["Hq"], s["Sq"], s["D"], device="cuda", dtype=dtype)
-    k = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device="cuda", dtype=dtype)
-    v = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device="cuda", dtype=dtype)
+    q = torch.randn(s["B"], s["Hq"], s["Sq"], s["D"], device=DEVICE, dtype=dtype)
+    k = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device=DEVICE, dtype=dtype)
+    v = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device=DEVICE, dtype=dtype)
     ref = None
     try:  # every impl's output is compared with SDPA's choice on the same inputs
         with warnings.catch_warnings():
@@ -347,6 +354,13 @@ def gpu_slug(name):
     if "H200" in name:
         return "h200"
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+
+
+def cudnn_version():
+    try:
+        return torch.backends.cudnn.version()
+    except Exception:
+        return None
 
 
 def git_commit():
@@ -472,6 +486,25 @@ def seed_table(rows):
         s = {f: r[f] for f in SHAPE_FIELDS}
         out.append(f"{shape_label(s):<36} {r['impl']:<16} {_fmt(r['us'], 8, 1)} "
                    f"{_fmt(r['eager_us'], 9, 1)} {_fmt(r['graph_us'], 9, 1)}")
+    return "\n".join(out)
+
+
+def io_bytes(s):
+    """Bytes of Q, K, V and O, each touched once: the memory floor of one call."""
+    elem = 2  # fp16 / bf16
+    return elem * s["B"] * s["D"] * (2 * s["Hq"] * s["Sq"] + 2 * s["Hkv"] * s["Sk"])
+
+
+def decode_table(rows):
+    """Decode is memory bound: per-call time and achieved TB/s of Q+K+V+O."""
+    dec = [r for r in rows if r["suite"] == "decode" and r["us"] is not None]
+    if not dec:
+        return ""
+    out = [f"{'decode shape':<36} {'impl':<16} {'us':>8} {'TB/s':>6}"]
+    for r in dec:
+        s = {f: r[f] for f in SHAPE_FIELDS}
+        out.append(f"{shape_label(s):<36} {r['impl']:<16} {_fmt(r['us'], 8, 1)} "
+                   f"{_fmt(io_bytes(s) / (r['us'] * 1e-6) / 1e12, 6, 2)}")
     return "\n".join(out)
 
 
@@ -602,8 +635,8 @@ def parse_args(argv):
     p.add_argument("--no-plot", action="store_true", help="do not write the PNG")
     p.add_argument("--no-flex", action="store_true", help="leave out FlexAttention")
     p.add_argument("--flex-all", action="store_true",
-                   help=f"run flex on every shape, not only grid shapes with D={FLEX_HEAD_DIM}")
-    p.add_argument("--flex-budget", type=float, default=240.0,
+                   help=f"run flex on every shape, not only {FLEX_DTYPE} grid shapes with D={FLEX_HEAD_DIM}")
+    p.add_argument("--flex-budget", type=float, default=FLEX_BUDGET_S,
                    help="seconds of flex compile after which flex is skipped (0: no limit)")
     p.add_argument("--cpu-demo", action="store_true",
                    help="run the small CPU demo even when a GPU is present")
@@ -652,7 +685,7 @@ def main(argv=None):
     # The sm90 kernel may not exist yet: include it only if forcing it works.
     if fc is not None and "flashcore:sm90" in impls:
         try:
-            t = torch.randn(1, 1, 128, 64, device="cuda", dtype=torch.float16)
+            t = torch.randn(1, 1, 128, 64, device=DEVICE, dtype=torch.float16)
             fc.attention(t, t, t, kernel="sm90")
             torch.cuda.synchronize()
         except Exception as e:
@@ -676,13 +709,13 @@ def main(argv=None):
         shapes += decode_shapes()
 
     commit, dirty = git_commit()
-    log(f"GPU {gpu}  torch {torch.__version__}  cuDNN {torch.backends.cudnn.version()}  "
+    log(f"GPU {gpu}  torch {torch.__version__}  cuDNN {cudnn_version()}  "
         f"commit {commit[:12]}{' (dirty tree)' if dirty else ''}")
     log(f"impls: {', '.join(impls)}  shapes: {len(shapes)}")
     mm, cp = matmul_tflops(), copy_tbps()
     log(f"ceilings: fp16 matmul 8192^3 {mm:.0f} TFLOP/s, device copy {cp:.2f} TB/s")
 
-    meta = {"gpu": gpu, "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+    meta = {"gpu": gpu, "torch": torch.__version__, "cudnn": cudnn_version(),
             "commit": commit, "dirty": dirty, "date": datetime.date.today().isoformat(),
             "matmul_fp16_tflops": round(mm), "copy_TBps": round(cp, 2),
             "suites": suites, "quick": args.quick, "impls": impls,
@@ -696,7 +729,8 @@ def main(argv=None):
     budget = args.flex_budget if args.flex_budget > 0 else None
     for i, s in enumerate(shapes):
         shape_impls = [n for n in impls if n != "flex" or args.flex_all
-                       or (s["suite"] == "grid" and s["D"] == FLEX_HEAD_DIM)]
+                       or (s["suite"] == "grid" and s["D"] == FLEX_HEAD_DIM
+                           and s["dtype"] == FLEX_DTYPE)]
         log(f"[{i + 1}/{len(shapes)}] {shape_label(s)}  ({flops(s) / 1e9:.1f} GFLOP)")
         try:
             new_rows += run_shape(s, shape_impls, fc, flex, budget, skipped, mismatches, log)
@@ -733,9 +767,9 @@ def main(argv=None):
                           for m in mismatches[:8]))
     print(f"GPU {gpu}, commit {commit[:12]}{' (dirty)' if dirty else ''}, fp16 matmul {mm:.0f} TFLOP/s, "
           f"copy {cp:.2f} TB/s, run {meta['wall_s']:.0f} s")
-    st = seed_table(shown)
-    if st:
-        print(st)
+    for extra in (seed_table(shown), decode_table(shown)):
+        if extra:
+            print(extra)
     print("TFLOP/s (fc = flashcore auto); ratios fc/best-SDPA, sm80/sdpa-flash, fc/sdpa-cudnn")
     print(ratio_table(shown))
     if broken:

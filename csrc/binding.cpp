@@ -127,15 +127,17 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>> fwd(const at::Tensor& q, const
     p.causal = (fc_causal)causal;
     p.kernel = q.is_cpu() ? FC_KERNEL_CPU : (fc_kernel)kernel;
 
-    char why[1024];
-    fc_status st = fc_attn_fwd_check(&p, why, sizeof(why));
-    if (st == FC_ERR_CUDA || st == FC_ERR_ARCH) throw std::runtime_error(std::string("flashcore: ") + why);
-    if (st == FC_ERR_UNSUPPORTED_DTYPE) type_error(std::string("flashcore: ") + why);
-    if (st != FC_OK) value_error(std::string("flashcore: ") + why);
-
+    // One call does check + launch; the reasons are only formatted on failure.
     fc_stream_t stream = q.is_cuda() ? (fc_stream_t)c10::cuda::getCurrentCUDAStream().stream() : nullptr;
-    st = fc_attn_fwd(&p, stream);
-    if (st != FC_OK) throw std::runtime_error(std::string("flashcore: kernel failed: ") + fc_status_string(st));
+    fc_status st = fc_attn_fwd(&p, stream);
+    if (st != FC_OK) {
+        char why[1024];
+        if (fc_attn_fwd_check(&p, why, sizeof(why)) == FC_OK)  // checks passed: the launch failed
+            throw std::runtime_error(std::string("flashcore: kernel launch failed: ") + fc_status_string(st));
+        if (st == FC_ERR_CUDA || st == FC_ERR_ARCH) throw std::runtime_error(std::string("flashcore: ") + why);
+        if (st == FC_ERR_UNSUPPORTED_DTYPE) type_error(std::string("flashcore: ") + why);
+        value_error(std::string("flashcore: ") + why);
+    }
     return {out, lse};
 }
 

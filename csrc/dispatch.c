@@ -174,10 +174,12 @@ fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
     if (s != FC_OK) return s;
     switch (fc_attn_fwd_pick(p)) {
         case FC_KERNEL_CPU: return fc_cpu_fwd(p);
-        case FC_KERNEL_SM80:
-            return p->D <= 64 ? fc_sm80_fwd_d64(p, stream)
-                 : p->D <= 128 ? fc_sm80_fwd_d128(p, stream)
-                               : fc_sm80_fwd_d256(p, stream);
+        case FC_KERNEL_SM80: {
+            const int smem = current_device()->smem_optin;  /* non-NULL: the check read it */
+            return p->D <= 64 ? fc_sm80_fwd_d64(p, stream, smem)
+                 : p->D <= 128 ? fc_sm80_fwd_d128(p, stream, smem)
+                               : fc_sm80_fwd_d256(p, stream, smem);
+        }
         default: return FC_ERR_ARCH;
     }
 }

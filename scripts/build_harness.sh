@@ -21,14 +21,14 @@ GENCODE_SM90=(-gencode=arch=compute_90a,code=sm_90a)
 
 shopt -s nullglob
 harness=(csrc/tools/harness.cu)
-dispatch=(csrc/dispatch.c csrc/dispatch.cu)
+dispatch=()
+for f in csrc/dispatch.c csrc/dispatch.cu; do
+    if [ -f "$f" ]; then dispatch+=("$f"); fi
+done
 cpu=(csrc/cpu/*.c)
 sm80=(csrc/sm80/*.cu)
 sm90=(csrc/sm90/*.cu)
-dispatch=($(for f in "${dispatch[@]}"; do [ -f "$f" ] && echo "$f"; done))
-for need in "${harness[0]}"; do
-    [ -f "$need" ] || { echo "build_harness: missing $need" >&2; exit 1; }
-done
+[ -f "${harness[0]}" ] || { echo "build_harness: missing ${harness[0]}" >&2; exit 1; }
 [ ${#dispatch[@]} -gt 0 ] || { echo "build_harness: missing csrc/dispatch.c or csrc/dispatch.cu" >&2; exit 1; }
 [ ${#cpu[@]} -gt 0 ] || { echo "build_harness: no csrc/cpu/*.c" >&2; exit 1; }
 

@@ -10,7 +10,7 @@
 #   build  python setup.py build_ext --inplace (FLASHCORE_BUILD=pip: pip install --no-build-isolation -v .)
 #   ptxas  register/spill report parsed from the build log, when it holds ptxas -v lines (never fatal)
 #   test   python -m pytest -q tests
-#   bench  python benchmarks/bench.py "$@"; the results files are copied to $OUT/results/
+#   bench  python benchmarks/bench.py "$@"; the newest results .json/.md/.png go to $OUT/results/
 # The first step that fails stops the run with its name, exit code and log path.
 # The in-place build is the default because pytest, run from the repo root, imports
 # the source tree's flashcore/ rather than an installed copy.
@@ -18,9 +18,18 @@ set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-/tmp/flashcore-out}
-PY=${PYTHON:-python}
+PY=${PYTHON:-python3}
 export MAX_JOBS=${MAX_JOBS:-16}
+export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
+
+# torch's extension builder needs CUDA_HOME when nvcc is a bare link on PATH.
+if [ -z "${CUDA_HOME:-}" ]; then
+    nvcc_dir=$(dirname "$(readlink -f "$(command -v nvcc || echo /nonexistent)")")
+    for d in "$(dirname "$nvcc_dir")" /usr/local/cuda /usr/local/cuda-*; do
+        if [ -f "$d/include/cuda_runtime_api.h" ]; then export CUDA_HOME=$d; break; fi
+    done
+fi
 
 # step NAME CMD...: runs CMD, tees its output to $OUT/NAME.log, stops the script on failure.
 step() {
@@ -42,6 +51,7 @@ env_report() {
     "$PY" -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda,
 "cudnn", torch.backends.cudnn.version(), "triton", triton.__version__,
 "gpu", torch.cuda.get_device_name() if torch.cuda.is_available() else None)'
+    echo "CUDA_HOME=${CUDA_HOME:-unset} MAX_JOBS=$MAX_JOBS"
     git rev-parse HEAD 2>/dev/null || true
     git status --short 2>/dev/null | head -n 20 || true
 }
@@ -54,9 +64,13 @@ build() {
     fi
 }
 
-copy_results() {
+copy_results() {  # the newest results file of each kind (the run tool brings back 8 files at most)
     mkdir -p "$OUT/results"
-    cp -f benchmarks/results/*.json benchmarks/results/*.md benchmarks/results/*.png "$OUT/results/" 2>/dev/null || true
+    local ext f
+    for ext in json md png; do
+        f=$(ls -t benchmarks/results/*."$ext" 2>/dev/null | head -n 1)
+        if [ -n "$f" ]; then cp -f "$f" "$OUT/results/"; fi
+    done
 }
 
 step env env_report

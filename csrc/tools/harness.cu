@@ -1,0 +1,221 @@
+// harness.cu -- standalone check and timing of the flashcore kernels, no torch.
+//
+//   build/harness check [kernel]      correctness grid vs the C CPU path (fp32 reference)
+//   build/harness bench [kernel]      TFLOP/s on the standard grid (CUDA events, median of runs)
+//
+// kernel: auto (default), sm80 or sm90. Builds with nvcc on a machine without
+// a GPU (scripts/build_harness.sh) and runs on the GPU machine as is. Exit
+// status 0 only if every case passes.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../flashcore.h"
+
+#define CUDA_OK(x)                                                                          \
+    do {                                                                                    \
+        cudaError_t e_ = (x);                                                               \
+        if (e_ != cudaSuccess) {                                                            \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(2);                                                                        \
+        }                                                                                   \
+    } while (0)
+
+struct Case {
+    int B, Hq, Hkv, Sq, Sk, D;
+    fc_causal causal;
+    fc_dtype dtype;
+    bool bshd;  // inputs laid out (B, S, H, D) and passed as a strided view
+};
+
+static uint16_t to_bits(float f, fc_dtype dt) {
+    if (dt == FC_DTYPE_FP16) { __half h = __float2half_rn(f); uint16_t b; memcpy(&b, &h, 2); return b; }
+    __nv_bfloat16 h = __float2bfloat16_rn(f); uint16_t b; memcpy(&b, &h, 2); return b;
+}
+static float from_bits(uint16_t b, fc_dtype dt) {
+    if (dt == FC_DTYPE_FP16) { __half h; memcpy(&h, &b, 2); return __half2float(h); }
+    __nv_bfloat16 h; memcpy(&h, &b, 2); return __bfloat162float(h);
+}
+
+// Element strides (batch, head, row) of a (B, H, S, D) tensor stored as BHSD or BSHD.
+static void strides(const Case& c, int H, int S, int64_t s[3]) {
+    if (c.bshd) { s[0] = (int64_t)S * H * c.D; s[1] = c.D; s[2] = (int64_t)H * c.D; }
+    else { s[0] = (int64_t)H * S * c.D; s[1] = (int64_t)S * c.D; s[2] = c.D; }
+}
+
+static void fill_params(fc_attn_params* p, const Case& c, const void* q, const void* k, const void* v, void* o,
+                        float* lse, fc_dtype dt, fc_kernel kernel) {
+    memset(p, 0, sizeof(*p));
+    p->q = q; p->k = k; p->v = v; p->o = o; p->lse = lse;
+    int64_t s[3];
+    strides(c, c.Hq, c.Sq, s); p->q_batch_stride = s[0]; p->q_head_stride = s[1]; p->q_row_stride = s[2];
+    strides(c, c.Hkv, c.Sk, s);
+    p->k_batch_stride = p->v_batch_stride = s[0]; p->k_head_stride = p->v_head_stride = s[1];
+    p->k_row_stride = p->v_row_stride = s[2];
+    Case oc = c; oc.bshd = false;  // output is always contiguous (B, H, S, D)
+    strides(oc, c.Hq, c.Sq, s); p->o_batch_stride = s[0]; p->o_head_stride = s[1]; p->o_row_stride = s[2];
+    p->B = c.B; p->Hq = c.Hq; p->Hkv = c.Hkv; p->Sq = c.Sq; p->Sk = c.Sk; p->D = c.D;
+    p->dtype = dt; p->scale = 1.f / sqrtf((float)c.D); p->causal = c.causal; p->kernel = kernel;
+}
+
+// Runs one case on the GPU, twice, and compares with the fp32 CPU path.
+static bool check_case(const Case& c, fc_kernel kernel, std::mt19937& rng) {
+    const size_t nq = (size_t)c.B * c.Hq * c.Sq * c.D, nk = (size_t)c.B * c.Hkv * c.Sk * c.D;
+    const size_t nlse = (size_t)c.B * c.Hq * c.Sq;
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<uint16_t> hq(nq), hk(nk), hv(nk);
+    std::vector<float> fq(nq), fk(nk), fv(nk);  // the same values in fp32
+    for (size_t i = 0; i < nq; ++i) { hq[i] = to_bits(nd(rng), c.dtype); fq[i] = from_bits(hq[i], c.dtype); }
+    for (size_t i = 0; i < nk; ++i) { hk[i] = to_bits(nd(rng), c.dtype); fk[i] = from_bits(hk[i], c.dtype); }
+    for (size_t i = 0; i < nk; ++i) { hv[i] = to_bits(nd(rng), c.dtype); fv[i] = from_bits(hv[i], c.dtype); }
+
+    std::vector<float> ref(nq), ref_lse(nlse);
+    fc_attn_params p;
+    fill_params(&p, c, fq.data(), fk.data(), fv.data(), ref.data(), ref_lse.data(), FC_DTYPE_FP32, FC_KERNEL_CPU);
+    if (fc_attn_fwd(&p, nullptr) != FC_OK) { printf("cpu path refused the case\n"); return false; }
+
+    void *dq, *dk, *dv, *dout;
+    float* dlse;
+    CUDA_OK(cudaMalloc(&dq, nq * 2)); CUDA_OK(cudaMalloc(&dk, nk * 2)); CUDA_OK(cudaMalloc(&dv, nk * 2));
+    CUDA_OK(cudaMalloc(&dout, nq * 2)); CUDA_OK(cudaMalloc(&dlse, nlse * 4));
+    CUDA_OK(cudaMemcpy(dq, hq.data(), nq * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dk, hk.data(), nk * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dv, hv.data(), nk * 2, cudaMemcpyHostToDevice));
+    fill_params(&p, c, dq, dk, dv, dout, dlse, c.dtype, kernel);
+
+    std::vector<uint16_t> out[2];
+    std::vector<float> lse[2];
+    bool ok = true;
+    for (int run = 0; run < 2; ++run) {
+        CUDA_OK(cudaMemset(dout, 0xff, nq * 2));  // NaN in fp16 and bf16
+        CUDA_OK(cudaMemset(dlse, 0xff, nlse * 4));
+        char why[512];
+        fc_status st = fc_attn_fwd_check(&p, why, sizeof(why));
+        if (st != FC_OK) { printf("refused: %s", why); ok = false; break; }
+        st = fc_attn_fwd(&p, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        if (st != FC_OK) { printf("launch failed: %s\n", fc_status_string(st)); ok = false; break; }
+        out[run].resize(nq); lse[run].resize(nlse);
+        CUDA_OK(cudaMemcpy(out[run].data(), dout, nq * 2, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(lse[run].data(), dlse, nlse * 4, cudaMemcpyDeviceToHost));
+    }
+    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(dlse);
+    if (!ok) return false;
+
+    const float tol = c.dtype == FC_DTYPE_FP16 ? 4e-3f : 3e-2f;  // abs, on O(1) outputs; P is rounded to dtype
+    double max_err = 0, max_lse_err = 0;
+    size_t bad = 0, nan = 0, lse_bad = 0;
+    for (size_t i = 0; i < nq; ++i) {
+        const float g = from_bits(out[0][i], c.dtype);
+        if (!std::isfinite(g)) { ++nan; continue; }
+        const double e = fabs((double)g - ref[i]);
+        max_err = std::max(max_err, e);
+        if (e > tol + tol * fabs(ref[i])) ++bad;
+    }
+    for (size_t i = 0; i < nlse; ++i) {
+        if (std::isinf(ref_lse[i]) || std::isinf(lse[0][i])) {
+            if (lse[0][i] != ref_lse[i]) ++lse_bad;
+            continue;
+        }
+        const double e = fabs((double)lse[0][i] - ref_lse[i]);
+        if (!(e <= 1e-3 + 1e-4 * fabs(ref_lse[i]))) ++lse_bad;
+        if (std::isfinite(e)) max_lse_err = std::max(max_lse_err, e);
+    }
+    const bool same = out[0] == out[1] && memcmp(lse[0].data(), lse[1].data(), nlse * 4) == 0;
+    const bool pass = bad == 0 && nan == 0 && lse_bad == 0 && same;
+    printf("%s B=%d Hq=%d Hkv=%d Sq=%d Sk=%d D=%d causal=%d %s%s  max_err=%.2e lse_err=%.2e bad=%zu nan=%zu "
+           "lse_bad=%zu rerun=%s\n",
+           pass ? "PASS" : "FAIL", c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, (int)c.causal,
+           c.dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", c.bshd ? " bshd" : "", max_err, max_lse_err, bad, nan,
+           lse_bad, same ? "same" : "DIFFERS");
+    return pass;
+}
+
+static int run_check(fc_kernel kernel) {
+    std::mt19937 rng(1234);
+    std::vector<Case> cases;
+    const fc_causal modes[3] = {FC_CAUSAL_NONE, FC_CAUSAL_TOP_LEFT, FC_CAUSAL_BOTTOM_RIGHT};
+    const int lens[][2] = {{512, 512}, {1, 1}, {17, 17}, {97, 97}, {1000, 1000}, {1025, 1025},
+                           {113, 203}, {203, 113}, {1024, 1023}, {1, 777}, {300, 20}};
+    for (int D : {64, 128, 256})
+        for (auto& l : lens)
+            for (fc_causal m : modes)
+                cases.push_back({1, 2, 2, l[0], l[1], D, m, (D == 128 ? FC_DTYPE_BF16 : FC_DTYPE_FP16), false});
+    for (fc_dtype dt : {FC_DTYPE_FP16, FC_DTYPE_BF16})
+        for (fc_causal m : modes) {
+            cases.push_back({2, 8, 8, 512, 512, 64, m, dt, false});     // seed shape
+            cases.push_back({1, 8, 8, 512, 512, 64, m, dt, false});     // seed shape
+            cases.push_back({2, 4, 4, 257, 300, 128, m, dt, true});     // strided (B, S, H, D) view
+            cases.push_back({2, 8, 2, 130, 129, 128, m, dt, false});    // GQA 4:1
+            cases.push_back({1, 4, 1, 64, 1100, 256, m, dt, false});    // MQA
+        }
+    for (int D : {8, 40, 72, 96, 136, 200, 248})
+        cases.push_back({1, 2, 1, 150, 170, D, FC_CAUSAL_TOP_LEFT, FC_DTYPE_FP16, D % 16 == 8});
+    int fails = 0;
+    for (const Case& c : cases) fails += !check_case(c, kernel, rng);
+    printf("check: %zu cases, %d failed\n", cases.size(), fails);
+    return fails ? 1 : 0;
+}
+
+static int run_bench(fc_kernel kernel) {
+    printf("%-6s %-6s %-4s %-4s %-7s %10s %9s\n", "B", "S", "H", "D", "causal", "us", "TFLOP/s");
+    for (int D : {64, 128, 256})
+        for (int S : {512, 1024, 2048, 4096, 8192, 16384})
+            for (int causal = 0; causal < 2; ++causal) {
+                const int H = 2048 / D, B = 16384 / S;
+                Case c = {B, H, H, S, S, D, causal ? FC_CAUSAL_TOP_LEFT : FC_CAUSAL_NONE, FC_DTYPE_FP16, false};
+                const size_t n = (size_t)B * H * S * D;
+                std::vector<uint16_t> h(n);
+                std::mt19937 rng(7);
+                std::normal_distribution<float> nd(0.f, 1.f);
+                for (auto& x : h) x = to_bits(nd(rng), c.dtype);
+                void *dq, *dk, *dv, *dout;
+                CUDA_OK(cudaMalloc(&dq, n * 2)); CUDA_OK(cudaMalloc(&dk, n * 2));
+                CUDA_OK(cudaMalloc(&dv, n * 2)); CUDA_OK(cudaMalloc(&dout, n * 2));
+                CUDA_OK(cudaMemcpy(dq, h.data(), n * 2, cudaMemcpyHostToDevice));
+                CUDA_OK(cudaMemcpy(dk, h.data(), n * 2, cudaMemcpyHostToDevice));
+                CUDA_OK(cudaMemcpy(dv, h.data(), n * 2, cudaMemcpyHostToDevice));
+                fc_attn_params p;
+                fill_params(&p, c, dq, dk, dv, dout, nullptr, c.dtype, kernel);
+                cudaEvent_t e0, e1;
+                CUDA_OK(cudaEventCreate(&e0)); CUDA_OK(cudaEventCreate(&e1));
+                for (int i = 0; i < 5; ++i) fc_attn_fwd(&p, nullptr);
+                std::vector<float> ts;
+                for (int r = 0; r < 20; ++r) {
+                    CUDA_OK(cudaEventRecord(e0));
+                    if (fc_attn_fwd(&p, nullptr) != FC_OK) { printf("launch failed\n"); return 1; }
+                    CUDA_OK(cudaEventRecord(e1));
+                    CUDA_OK(cudaEventSynchronize(e1));
+                    float ms; CUDA_OK(cudaEventElapsedTime(&ms, e0, e1)); ts.push_back(ms);
+                }
+                std::sort(ts.begin(), ts.end());
+                const double us = ts[ts.size() / 2] * 1e3;
+                const double flops = 4.0 * B * H * (double)S * S * D * (causal ? 0.5 : 1.0);
+                printf("%-6d %-6d %-4d %-4d %-7d %10.1f %9.1f\n", B, S, H, D, causal, us, flops / us * 1e-6);
+                cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout);
+                cudaEventDestroy(e0); cudaEventDestroy(e1);
+            }
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    const std::string mode = argc > 1 ? argv[1] : "check";
+    const std::string kname = argc > 2 ? argv[2] : "auto";
+    const fc_kernel kernel = kname == "sm80" ? FC_KERNEL_SM80 : kname == "sm90" ? FC_KERNEL_SM90 : FC_KERNEL_AUTO;
+    cudaDeviceProp prop;
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s (sm_%d%d), kernel=%s\n", prop.name, prop.major, prop.minor, kname.c_str());
+    if (mode == "check") return run_check(kernel);
+    if (mode == "bench") return run_bench(kernel);
+    fprintf(stderr, "usage: harness check|bench [auto|sm80|sm90]\n");
+    return 2;
+}

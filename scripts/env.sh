@@ -1,0 +1,33 @@
+# env.sh -- sourced by the top-level scripts: finds or makes a Python with torch,
+# and points torch's extension builder at the CUDA toolkit.
+#   - If the current python3 already imports torch (the GPU machine), use it.
+#   - Otherwise make .venv and install torch 2.14.1 (CUDA build), pytest, numpy.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+if [ -n "${FLASHCORE_PYTHON:-}" ]; then
+  PY="$FLASHCORE_PYTHON"
+elif python3 -c "import torch" >/dev/null 2>&1; then
+  PY=python3
+else
+  if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+  fi
+  PY="$ROOT/.venv/bin/python"
+  "$PY" -m pip install -q --upgrade pip >/dev/null
+  "$PY" -m pip install -q torch==2.14.1 numpy pytest pybind11 ninja setuptools wheel matplotlib
+fi
+if [ -z "${CUDA_HOME:-}" ]; then
+  for d in /usr/local/cuda "$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /x/x)")")"; do
+    if [ -f "$d/include/cuda_runtime_api.h" ]; then export CUDA_HOME="$d"; break; fi
+  done
+fi
+export PATH="${CUDA_HOME:+$CUDA_HOME/bin:}$PATH"
+export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+
+# Builds flashcore/_C in place (ninja, parallel; incremental on reruns).
+build_ext() {
+  local t0=$SECONDS
+  "$PY" setup.py -q build_ext --inplace
+  echo "flashcore: extension built in $((SECONDS - t0)) s (MAX_JOBS=$MAX_JOBS)"
+}
