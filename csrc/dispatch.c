@@ -16,7 +16,7 @@
 #include "kernels.h"
 
 #define FC_MAX_DEVICES 64
-#define FC_GRID_YZ_MAX 65535  /* CUDA's limit on gridDim.y and gridDim.z (heads, batch) */
+#define FC_GRID_X_MAX 2147483647LL  /* CUDA's limit on gridDim.x (query blocks x heads x batch) */
 #define FC_ALIGN_ELEMS 8      /* 16-byte vector accesses of 2-byte elements */
 
 const char* fc_status_string(fc_status s) {
@@ -146,9 +146,9 @@ fc_status fc_attn_fwd_check(const fc_attn_params* p, char* why, size_t why_len) 
     /* GPU kernels */
     if (p->dtype == FC_DTYPE_FP32)
         fail(&r, FC_ERR_UNSUPPORTED_DTYPE, "dtype: fp32 runs only on the CPU; use fp16 or bf16 on the GPU");
-    if (p->B > FC_GRID_YZ_MAX || p->Hq > FC_GRID_YZ_MAX)
-        fail(&r, FC_ERR_INVALID_SHAPE, "shape: B=%d and Hq=%d must be <= %d on the GPU; split the batch",
-             p->B, p->Hq, FC_GRID_YZ_MAX);
+    if (((int64_t)p->Sq + 63) / 64 * p->B * p->Hq > FC_GRID_X_MAX)  /* 64: the smallest BR */
+        fail(&r, FC_ERR_INVALID_SHAPE, "shape: B=%d x Hq=%d x Sq=%d needs more than 2^31-1 thread blocks; "
+             "split the batch", p->B, p->Hq, p->Sq);
     check_aligned(&r, "q", p->q, p->q_batch_stride, p->q_head_stride, p->q_row_stride);
     check_aligned(&r, "k", p->k, p->k_batch_stride, p->k_head_stride, p->k_row_stride);
     check_aligned(&r, "v", p->v, p->v_batch_stride, p->v_head_stride, p->v_row_stride);
@@ -174,12 +174,10 @@ fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
     if (s != FC_OK) return s;
     switch (fc_attn_fwd_pick(p)) {
         case FC_KERNEL_CPU: return fc_cpu_fwd(p);
-        case FC_KERNEL_SM80: {
-            const int smem = current_device()->smem_optin;  /* non-NULL: the check read it */
-            return p->D <= 64 ? fc_sm80_fwd_d64(p, stream, smem)
-                 : p->D <= 128 ? fc_sm80_fwd_d128(p, stream, smem)
-                               : fc_sm80_fwd_d256(p, stream, smem);
-        }
+        case FC_KERNEL_SM80:
+            return p->D <= 64 ? fc_sm80_fwd_d64(p, stream)
+                 : p->D <= 128 ? fc_sm80_fwd_d128(p, stream)
+                               : fc_sm80_fwd_d256(p, stream);
         default: return FC_ERR_ARCH;
     }
 }

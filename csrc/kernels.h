@@ -10,13 +10,11 @@
 extern "C" {
 #endif
 
-/* Portable mma.sync kernels, one per padded head dim (csrc/sm80/).
- * smem_limit: the device's opt-in shared memory per block, which decides how
- * many K/V stages the kernel pipelines. */
-fc_status fc_sm80_fwd_d64(const fc_attn_params* p, fc_stream_t stream, int smem_limit);   /* D <= 64 */
-fc_status fc_sm80_fwd_d128(const fc_attn_params* p, fc_stream_t stream, int smem_limit);  /* 64 < D <= 128 */
-fc_status fc_sm80_fwd_d256(const fc_attn_params* p, fc_stream_t stream, int smem_limit);  /* 128 < D <= 256 */
-size_t fc_sm80_smem_d64(void);   /* least dynamic shared memory per CTA (one stage), bytes */
+/* Portable mma.sync kernels, one per padded head dim (csrc/sm80/). */
+fc_status fc_sm80_fwd_d64(const fc_attn_params* p, fc_stream_t stream);   /* D <= 64 */
+fc_status fc_sm80_fwd_d128(const fc_attn_params* p, fc_stream_t stream);  /* 64 < D <= 128 */
+fc_status fc_sm80_fwd_d256(const fc_attn_params* p, fc_stream_t stream);  /* 128 < D <= 256 */
+size_t fc_sm80_smem_d64(void);   /* dynamic shared memory per CTA, bytes */
 size_t fc_sm80_smem_d128(void);
 size_t fc_sm80_smem_d256(void);
 

@@ -4,6 +4,7 @@
 #   scripts/gpu_all.sh                 # build, pytest, bench (grid + seed)
 #   scripts/gpu_all.sh --quick         # arguments go to benchmarks/bench.py
 #   OUT=/tmp/run1 MAX_JOBS=8 scripts/gpu_all.sh --suite seed
+#   FLASHCORE_PYTHON=/path/to/python scripts/gpu_all.sh
 #
 # Steps, each logged to $OUT/<step>.log (default OUT=/tmp/flashcore-out):
 #   env    GPU, driver, nvcc and torch versions
@@ -14,22 +15,14 @@
 # The first step that fails stops the run with its name, exit code and log path.
 # The in-place build is the default because pytest, run from the repo root, imports
 # the source tree's flashcore/ rather than an installed copy.
-set -uo pipefail
-
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-OUT=${OUT:-/tmp/flashcore-out}
-PY=${PYTHON:-python3}
 export MAX_JOBS=${MAX_JOBS:-16}
 export PYTHONUNBUFFERED=1
+# env.sh picks the Python (FLASHCORE_PYTHON, else a python3 with torch, else .venv),
+# sets CUDA_HOME for torch's extension builder and defines build_ext.
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+set +e -uo pipefail   # step() below handles failures itself
+OUT=${OUT:-/tmp/flashcore-out}
 mkdir -p "$OUT"
-
-# torch's extension builder needs CUDA_HOME when nvcc is a bare link on PATH.
-if [ -z "${CUDA_HOME:-}" ]; then
-    nvcc_dir=$(dirname "$(readlink -f "$(command -v nvcc || echo /nonexistent)")")
-    for d in "$(dirname "$nvcc_dir")" /usr/local/cuda /usr/local/cuda-*; do
-        if [ -f "$d/include/cuda_runtime_api.h" ]; then export CUDA_HOME=$d; break; fi
-    done
-fi
 
 # step NAME CMD...: runs CMD, tees its output to $OUT/NAME.log, stops the script on failure.
 step() {
@@ -60,7 +53,7 @@ build() {
     if [ "${FLASHCORE_BUILD:-inplace}" = "pip" ]; then
         "$PY" -m pip install --no-build-isolation -v .
     else
-        "$PY" setup.py build_ext --inplace
+        build_ext   # env.sh: python setup.py build_ext --inplace
     fi
 }
 

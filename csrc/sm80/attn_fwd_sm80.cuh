@@ -3,8 +3,7 @@
 //
 // Algorithm. One CTA owns BR query rows of one (batch, head); its WARPS warps
 // each own M_TILES x 16 of those rows. The CTA loads its Q tile once, then
-// streams K/V tiles of BC keys through a 2-stage cp.async ring (1 stage where
-// shared memory is short). For
+// streams K/V tiles of BC keys through a KV_STAGES-deep cp.async ring. For
 // every tile each warp computes S = Q K^T with mma.sync m16n8k16 (Q and K
 // fragments by ldmatrix from swizzled shared memory), applies the causal/tail
 // mask, updates the running row max m_i and row sum l_i (online softmax in
@@ -33,23 +32,21 @@
 // ---------------------------------------------------------------------------
 // Tile table: every tile choice in one place, per padded head dim DP.
 //
-//  DP  | WARPS | M_TILES | BR  | BC | smem, 2 / 1 K,V stages | why
-//  64  |   4   |    2    | 128 | 64 | 48 / 32 KB   | 2 m-tiles/warp reuse each K/V fragment twice
-//  128 |   4   |    2    | 128 | 32 | 64 / 48 KB   | BC = 64 spills on sm_90a (O 128 + S 64 fp32 regs/thread)
-//  256 |   8   |    1    | 128 | 32 | 128 / 96 KB  | O alone is 128 fp32 regs/thread, so one m-tile/warp;
-//      |       |         |     |    |              | 8 warps share each K/V tile (half the L2 traffic of BR=64)
-// The launcher uses 2 K/V stages where the GPU's per-block shared memory
-// allows (sm80, sm90) and 1 otherwise (D = 256 on sm86/sm89's 99 KB).
+//  DP  | WARPS | M_TILES | BR  | BC | smem (Q + 2 stages of K,V) | why
+//  64  |   4   |    2    | 128 | 64 |  16 + 32 = 48 KB  | 2 m-tiles/warp reuse each K/V fragment twice
+//  128 |   4   |    2    | 128 | 32 |  32 + 32 = 64 KB  | BC = 64 spills (O 128 + S 64 fp32 regs/thread)
+//  256 |   4   |    1    |  64 | 32 |  32 + 64 = 96 KB  | O alone is 128 fp32 regs/thread, so one m-tile/warp
+// Every config fits the 99 KB per-block limit of sm86/sm89.
 template <int DP>
 struct Sm80Tile {
-    static constexpr int WARPS = DP <= 128 ? 4 : 8;
+    static constexpr int WARPS = 4;
     static constexpr int M_TILES = DP <= 128 ? 2 : 1;  // 16-row mma tiles per warp
     static constexpr int BR = WARPS * M_TILES * 16;    // query rows per CTA
     static constexpr int BC = DP <= 64 ? 64 : 32;      // keys per K/V tile
-    static constexpr int MAX_STAGES = 2;               // K/V tiles in flight, at most
+    static constexpr int KV_STAGES = 2;                // K/V tiles in flight
     static constexpr int THREADS = WARPS * 32;
     static constexpr int CHUNKS = DP / 8;              // 16-byte chunks per row
-    static constexpr size_t smem_bytes(int stages) { return (size_t)(BR + 2 * stages * BC) * DP * 2; }
+    static constexpr size_t SMEM_BYTES = (size_t)(BR + 2 * KV_STAGES * BC) * DP * 2;
 };
 
 // ---------------------------------------------------------------------------
@@ -91,29 +88,40 @@ __device__ __forceinline__ uint32_t chunk_step(uint32_t lane_addr, int step) {
 
 template <int DP, typename T>
 __global__ void __launch_bounds__(Sm80Tile<DP>::THREADS)
-attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p, const int stages) {
+attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
     using Tile = Sm80Tile<DP>;
     constexpr int BR = Tile::BR, BC = Tile::BC, M_TILES = Tile::M_TILES, THREADS = Tile::THREADS;
+    constexpr int STAGES = Tile::KV_STAGES;
     constexpr int N_TILES = BC / 8;   // 8-key column tiles of S
     constexpr int D_TILES = DP / 8;   // 8-wide column tiles of O
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     T* sQ = reinterpret_cast<T*>(smem_raw);  // (BR, DP) swizzled
-    T* sK = sQ + BR * DP;                    // (stages, BC, DP) swizzled
-    T* sV = sK + stages * BC * DP;           // (stages, BC, DP) swizzled
+    T* sK = sQ + BR * DP;                    // (STAGES, BC, DP) swizzled
+    T* sV = sK + STAGES * BC * DP;           // (STAGES, BC, DP) swizzled
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int n_mblocks = gridDim.x;
-    // Causal: the last query blocks see the most keys, so launch them first.
-    const int mblock = p.causal != FC_CAUSAL_NONE ? n_mblocks - 1 - (int)blockIdx.x : (int)blockIdx.x;
-    const int h = blockIdx.y, b = blockIdx.z;
+    // 1-D grid over (query block, head, batch), so B * Hq is not capped at 65535.
+    // Non-causal: query blocks of one head are adjacent (they share K/V in L2).
+    // Causal: the last query blocks see the most keys, so all heads' last
+    // blocks launch first (longest-first).
+    const int n_mblocks = (p.Sq + BR - 1) / BR, n_bh = p.B * p.Hq;
+    int mblock, bh;
+    if (p.causal != FC_CAUSAL_NONE) {
+        mblock = n_mblocks - 1 - (int)(blockIdx.x / n_bh);
+        bh = (int)(blockIdx.x % n_bh);
+    } else {
+        mblock = (int)(blockIdx.x % n_mblocks);
+        bh = (int)(blockIdx.x / n_mblocks);
+    }
+    const int h = bh % p.Hq, b = bh / p.Hq;
     const int hk = h / (p.Hq / p.Hkv);
     const int row0 = mblock * BR;  // first query row of this CTA
 
-    const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + row0 * p.q_row_stride;
+    const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + (int64_t)row0 * p.q_row_stride;
     const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride;
     const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride;
-    T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + row0 * p.o_row_stride;
+    T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (int64_t)row0 * p.o_row_stride;
     float* lse = p.lse ? p.lse + ((int64_t)b * p.Hq + h) * p.Sq + row0 : nullptr;
     const int q_rows = min(BR, p.Sq - row0);
 
@@ -136,15 +144,16 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p, const int stages)
         return;
     }
 
-    // Prologue: Q and the first stages-1 K/V tiles, one commit group per tile
-    // (Q rides in the first group; with one stage Q's group is tile 0's).
+    // Prologue: Q and the first STAGES-1 K/V tiles, one commit group per tile
+    // (Q rides in the first group).
     // This thread's first element of each tile (see load_tile); K/V advance by BC rows per tile.
     const int64_t thr_col = (tid % Tile::CHUNKS) * 8, thr_row = tid / Tile::CHUNKS;
     const T* k_thr = k + thr_row * p.k_row_stride + thr_col;
     const T* v_thr = v + thr_row * p.v_row_stride + thr_col;
     const int64_t k_tile_stride = BC * p.k_row_stride, v_tile_stride = BC * p.v_row_stride;
     load_tile<DP, BR, THREADS>(sQ, q + thr_row * p.q_row_stride + thr_col, q, p.q_row_stride, q_rows, p.D, tid);
-    for (int s = 0; s < stages - 1; ++s) {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
         if (s < n_blocks) {
             const int keys = min(BC, p.Sk - s * BC);
             load_tile<DP, BC, THREADS>(sK + s * BC * DP, k_thr + s * k_tile_stride, k, p.k_row_stride, keys, p.D, tid);
@@ -176,18 +185,17 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p, const int stages)
     for (int j = 0; j < n_blocks; ++j) {
         // Refill the slot that iteration j-1 finished with (the barrier at the
         // end of j-1 guarantees no warp still reads it).
-        const int jn = j + stages - 1;
+        const int jn = j + STAGES - 1;
         if (jn < n_blocks) {
-            const int slot = jn % stages, keys = min(BC, p.Sk - jn * BC);
+            const int slot = jn % STAGES, keys = min(BC, p.Sk - jn * BC);
             load_tile<DP, BC, THREADS>(sK + slot * BC * DP, k_thr + jn * k_tile_stride, k, p.k_row_stride, keys, p.D, tid);
             load_tile<DP, BC, THREADS>(sV + slot * BC * DP, v_thr + jn * v_tile_stride, v, p.v_row_stride, keys, p.D, tid);
         }
         cp_async_commit();
-        // This thread's copies of tile j (and Q) have landed; only tile j+1 may be in flight.
-        if (stages == 2) cp_async_wait<1>(); else cp_async_wait<0>();
+        cp_async_wait<STAGES - 1>();  // this thread's copies of tile j (and Q) have landed
         __syncthreads();              // orders every thread's tile-j copies before any warp reads them
 
-        const uint32_t k_slot = (j % stages) * BC * ROW_BYTES;  // byte offset of this tile's K slot
+        const uint32_t k_slot = (j % STAGES) * BC * ROW_BYTES;  // byte offset of this tile's K slot
         const uint32_t v_slot = k_slot;                           // V slots mirror K slots
 
         // S = Q K^T  (per warp: M_TILES*16 rows x BC keys)
@@ -292,7 +300,7 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p, const int stages)
                 }
             }
         }
-        __syncthreads();  // every warp is done reading slot j % stages before iteration j+1 refills it
+        __syncthreads();  // every warp is done reading slot j % STAGES before iteration j+1 refills it
     }
     cp_async_wait<0>();  // drain the (empty) trailing groups before smem is reused
 
@@ -334,22 +342,21 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p, const int stages)
 // Launcher and the C entry points of one padded head dim (see kernels.h)
 
 template <int DP, typename T>
-static fc_status attn_fwd_sm80_launch(const fc_attn_params* p, cudaStream_t stream, int smem_limit) {
+static fc_status attn_fwd_sm80_launch(const fc_attn_params* p, cudaStream_t stream) {
     using Tile = Sm80Tile<DP>;
-    const int stages = Tile::smem_bytes(Tile::MAX_STAGES) <= (size_t)smem_limit ? Tile::MAX_STAGES : 1;
-    const size_t smem = Tile::smem_bytes(stages);
+    const size_t smem = Tile::SMEM_BYTES;
     if (cudaFuncSetAttribute(attn_fwd_sm80_kernel<DP, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)smem) != cudaSuccess)
         return FC_ERR_CUDA;
-    const dim3 grid((p->Sq + Tile::BR - 1) / Tile::BR, p->Hq, p->B);
-    attn_fwd_sm80_kernel<DP, T><<<grid, Tile::THREADS, smem, stream>>>(*p, stages);
+    const unsigned grid = (unsigned)((p->Sq + Tile::BR - 1) / Tile::BR) * (unsigned)(p->B * p->Hq);
+    attn_fwd_sm80_kernel<DP, T><<<grid, Tile::THREADS, smem, stream>>>(*p);
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 
-#define FC_SM80_DEFINE(DP)                                                                          \
-    extern "C" fc_status fc_sm80_fwd_d##DP(const fc_attn_params* p, fc_stream_t stream, int smem_limit) { \
-        return p->dtype == FC_DTYPE_BF16                                                            \
-                   ? attn_fwd_sm80_launch<DP, __nv_bfloat16>(p, (cudaStream_t)stream, smem_limit)   \
-                   : attn_fwd_sm80_launch<DP, __half>(p, (cudaStream_t)stream, smem_limit);         \
-    }                                                                                               \
-    extern "C" size_t fc_sm80_smem_d##DP(void) { return Sm80Tile<DP>::smem_bytes(1); }
+#define FC_SM80_DEFINE(DP)                                                                    \
+    extern "C" fc_status fc_sm80_fwd_d##DP(const fc_attn_params* p, fc_stream_t stream) {    \
+        return p->dtype == FC_DTYPE_BF16                                                      \
+                   ? attn_fwd_sm80_launch<DP, __nv_bfloat16>(p, (cudaStream_t)stream)         \
+                   : attn_fwd_sm80_launch<DP, __half>(p, (cudaStream_t)stream);               \
+    }                                                                                         \
+    extern "C" size_t fc_sm80_smem_d##DP(void) { return Sm80Tile<DP>::SMEM_BYTES; }
