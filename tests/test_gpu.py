@@ -4,6 +4,7 @@ Every correctness test is parametrized over GPU_KERNELS: ["sm80"], plus
 "sm90" on a compute-capability-9.0 device where forcing it works. The whole
 module skips without a usable CUDA device.
 """
+import re
 import warnings
 
 import pytest
@@ -150,16 +151,35 @@ def test_gpu_long_sequences(kernel, shape, mode, dtype):
 
 
 @dtype_param
-@pytest.mark.parametrize("shape", [(66000, 1, 1, 16, 16), (1, 66000, 1, 16, 16), (1, 66000, 66000, 16, 16),
-                                   (2, 40000, 8, 3, 5)],
+@pytest.mark.parametrize("shape", [(65535, 1, 1, 8, 8), (1, 65535, 65535, 8, 8), (1, 65535, 5, 8, 8),
+                                   (2, 40000, 8, 3, 5), (300, 300, 1, 2, 3)],
                          ids=lambda s: "B{}Hq{}Hkv{}_q{}k{}".format(*s))
 @kernel_param
 def test_gpu_large_grid(kernel, shape, dtype):
-    """B or H above the 65535 limit of CUDA's grid y/z dims."""
+    """B and Hq up to 65535 each (CUDA's gridDim.y/z limit) and B*Hq far
+    above it must run correctly."""
     B, Hq, Hkv, Sq, Sk = shape
     q, k, v = make_qkv(B, Hq, Hkv, Sq, Sk, 64, dtype, DEV)
     out, lse = run_poisoned(q, k, v, "top_left", kernel=kernel)
     check_attention(out, lse, q, k, v, None, "top_left")
+
+
+@pytest.mark.parametrize("shape", [(65536, 1, 1, 8, 8), (1, 65536, 1, 8, 8), (70000, 2, 2, 4, 4)],
+                         ids=lambda s: "B{}Hq{}Hkv{}_q{}k{}".format(*s))
+@kernel_param
+def test_gpu_grid_limit_correct_or_rejected(kernel, shape):
+    """Past 65535 batches or heads: either a correct result or a ValueError
+    that says how to split the call; never a silent wrong answer or a crash."""
+    B, Hq, Hkv, Sq, Sk = shape
+    q, k, v = make_qkv(B, Hq, Hkv, Sq, Sk, 64, torch.float16, DEV)
+    try:
+        out, lse = call(q, k, v, None, kernel=kernel)
+        torch.cuda.synchronize()
+    except ValueError as e:
+        assert re.search(r"65535|split", str(e)), str(e)
+        torch.cuda.synchronize()
+        return
+    check_attention(out, lse, q, k, v, None, None)
 
 
 @pytest.mark.parametrize("case", [
@@ -350,5 +370,30 @@ def test_gpu_reference_helper():
         kk, vv = k.double().repeat_interleave(2, 1), v.double().repeat_interleave(2, 1)
         mask = visible_mask(97, 131, mode, DEV)
         sd = torch.nn.functional.scaled_dot_product_attention(q.double(), kk, vv, attn_mask=mask)
-        torch.testing.assert_close(out, sd)
+        torch.testing.assert_close(out.double(), sd, atol=1e-5, rtol=1e-5)
         assert torch.isfinite(lse).all()
+
+
+# Kept last in the module: an out-of-bounds access here would poison the CUDA
+# context for every test after it.
+@kernel_param
+def test_gpu_zz_offsets_beyond_2_pow_31_elements(kernel):
+    """Element offsets past 2^31 (batch stride 2^31) need 64-bit address math."""
+    free, _ = torch.cuda.mem_get_info()
+    big = 2 ** 31
+    if free < 3 * big * 2:
+        pytest.skip("needs ~6 GiB of free GPU memory")
+    B, H, S, D = 2, 2, 16, 64
+    per_batch = H * S * D
+    base = torch.empty(big + 3 * per_batch, dtype=torch.float16, device=DEV)
+    views = []
+    for i in range(3):  # q, k, v: batch 1 starts past element 2^31
+        x = base.as_strided((B, H, S, D), (big, S * D, D, 1), storage_offset=i * per_batch)
+        x.copy_(torch.randn(B, H, S, D, device=DEV))
+        views.append(x)
+    q, k, v = views
+    for mode in CAUSAL_MODES:
+        out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
+        check_attention(out, lse, q, k, v, None, mode)
+    del base, views, q, k, v
+    torch.cuda.empty_cache()
