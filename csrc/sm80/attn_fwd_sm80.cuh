@@ -247,7 +247,9 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                 }
         }
 
-        // Online softmax: new row max, rescale O and l, P = exp2(S*scale_log2 - m).
+        // Online softmax: new row max, P = exp2(S*scale_log2 - m), rescale l and O.
+        float corr[M_TILES][2];
+        bool rescale = false;  // does any row of this lane's fragments have a new max?
 #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
@@ -259,7 +261,8 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                 const float m_new = fmaxf(m_i[mt][hr], quad_max(mx) * scale_log2);
                 // A row with no visible key yet keeps m = -inf; use 0 so exp2 gives 0, not NaN.
                 const float m_use = m_new == -INFINITY ? 0.f : m_new;
-                const float corr = fast_exp2(m_i[mt][hr] - m_use);
+                corr[mt][hr] = fast_exp2(m_i[mt][hr] - m_use);
+                rescale |= m_new != m_i[mt][hr];
                 m_i[mt][hr] = m_new;
                 float rs = 0.f;
 #pragma unroll
@@ -270,13 +273,18 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                         acc_s[mt][nt][2 * hr + e] = pe;
                         rs += pe;
                     }
-                l_i[mt][hr] = l_i[mt][hr] * corr + rs;
-#pragma unroll
-                for (int dt = 0; dt < D_TILES; ++dt) {
-                    acc_o[mt][dt][2 * hr] *= corr;
-                    acc_o[mt][dt][2 * hr + 1] *= corr;
-                }
+                l_i[mt][hr] = l_i[mt][hr] * corr[mt][hr] + rs;
             }
+        // Once the row maxima settle (most tiles of a long row), corr == 1 and
+        // the O rescale is skipped; the vote keeps the branch warp-uniform.
+        if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+                for (int dt = 0; dt < D_TILES; ++dt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] *= corr[mt][e / 2];
+        }
 
         // O += P V: the S accumulator of key tiles 2kk, 2kk+1 is the A fragment.
 #pragma unroll
