@@ -4,6 +4,10 @@
  * field and the fix), fc_attn_fwd_pick resolves FC_KERNEL_AUTO from the current
  * device's compute capability, and fc_attn_fwd checks then launches. Device
  * attributes are read once per device and cached; nothing here synchronizes.
+ *
+ * Kernel choice: the Hopper kernel (wgmma + TMA) on compute capability 9.0
+ * when the build has sm_90a code (FC_HAVE_SM90), the portable mma.sync
+ * kernel on every other sm80+ GPU. FC_KERNEL_SM80/SM90 force one.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -41,6 +45,7 @@ typedef struct {
     int valid;       /* 1 once read */
     int major, minor;
     int smem_optin;  /* max dynamic shared memory per block, bytes */
+    int num_sms;     /* streaming multiprocessors (persistent grid size) */
 } fc_device_info;
 
 static fc_device_info g_devices[FC_MAX_DEVICES];
@@ -50,10 +55,11 @@ static const fc_device_info* current_device(void) {
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= FC_MAX_DEVICES) return NULL;
     fc_device_info* d = &g_devices[dev];
     if (!d->valid) {
-        fc_device_info t = {1, 0, 0, 0};
+        fc_device_info t = {1, 0, 0, 0, 0};
         if (cudaDeviceGetAttribute(&t.major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
             cudaDeviceGetAttribute(&t.minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&t.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+            cudaDeviceGetAttribute(&t.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&t.num_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
             return NULL;
         *d = t;  /* concurrent first calls write the same values */
     }
@@ -69,19 +75,34 @@ const char* fc_arch_reason(fc_kernel k, int cc_major, int cc_minor) {
                                  : "the sm80 kernel needs a GPU of compute capability 8.0 or newer "
                                    "(A100, A10/RTX 30xx, L4/RTX 40xx, H100); this GPU is older";
         case FC_KERNEL_SM90:
-            return "the sm90 (Hopper) kernel is not part of this build yet; use kernel='auto' or 'sm80'";
+#ifdef FC_HAVE_SM90
+            return cc_major == 9 && cc_minor == 0
+                       ? NULL
+                       : "the sm90 kernel needs a compute capability 9.0 GPU (H100, H200); use kernel='auto' "
+                         "or 'sm80'";
+#else
+            return "this flashcore build has no sm_90a code; rebuild with FLASHCORE_ARCHS containing 90a, "
+                   "or use kernel='sm80'";
+#endif
         case FC_KERNEL_CPU:
             return "the cpu kernel runs on host memory, not on a GPU";
     }
     return "unknown kernel";
 }
 
-static size_t sm80_smem(int D) {
+static size_t kernel_smem(fc_kernel k, int D) {
+#ifdef FC_HAVE_SM90
+    if (k == FC_KERNEL_SM90)
+        return D <= 64 ? fc_sm90_smem_d64() : D <= 128 ? fc_sm90_smem_d128() : fc_sm90_smem_d256();
+#endif
+    (void)k;
     return D <= 64 ? fc_sm80_smem_d64() : D <= 128 ? fc_sm80_smem_d128() : fc_sm80_smem_d256();
 }
 
 fc_kernel fc_attn_fwd_pick(const fc_attn_params* p) {
     if (p && p->kernel != FC_KERNEL_AUTO) return p->kernel;
+    const fc_device_info* dev = current_device();
+    if (dev && fc_arch_reason(FC_KERNEL_SM90, dev->major, dev->minor) == NULL) return FC_KERNEL_SM90;
     return FC_KERNEL_SM80;
 }
 
@@ -162,9 +183,9 @@ fc_status fc_attn_fwd_check(const fc_attn_params* p, char* why, size_t why_len) 
     const char* reason = fc_arch_reason(k, dev->major, dev->minor);
     if (reason) {
         fail(&r, FC_ERR_ARCH, "device: compute capability %d.%d: %s", dev->major, dev->minor, reason);
-    } else if (p->D >= 8 && p->D <= FC_MAX_HEAD_DIM && sm80_smem(p->D) > (size_t)dev->smem_optin) {
+    } else if (p->D >= 8 && p->D <= FC_MAX_HEAD_DIM && kernel_smem(k, p->D) > (size_t)dev->smem_optin) {
         fail(&r, FC_ERR_ARCH, "device: head dim %d needs %zu bytes of shared memory per block, this GPU "
-             "allows %d", p->D, sm80_smem(p->D), dev->smem_optin);
+             "allows %d", p->D, kernel_smem(k, p->D), dev->smem_optin);
     }
     return r.first;
 }
@@ -178,6 +199,15 @@ fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
             return p->D <= 64 ? fc_sm80_fwd_d64(p, stream)
                  : p->D <= 128 ? fc_sm80_fwd_d128(p, stream)
                                : fc_sm80_fwd_d256(p, stream);
+#ifdef FC_HAVE_SM90
+        case FC_KERNEL_SM90: {
+            const fc_device_info* dev = current_device();  /* cached, valid after the check */
+            if (!dev) return FC_ERR_CUDA;
+            return p->D <= 64 ? fc_sm90_fwd_d64(p, dev->num_sms, stream)
+                 : p->D <= 128 ? fc_sm90_fwd_d128(p, dev->num_sms, stream)
+                               : fc_sm90_fwd_d256(p, dev->num_sms, stream);
+        }
+#endif
         default: return FC_ERR_ARCH;
     }
 }

@@ -15,7 +15,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 NVCC=${NVCC:-nvcc}
 BUILD=${BUILD_DIR:-build}
 read -r -a EXTRA <<< "${NVCC_FLAGS:-}"
-COMMON=(-O3 -std=c++17 -Icsrc -Xcompiler -fopenmp "${EXTRA[@]}")
+COMMON=(-O3 -std=c++17 -Icsrc -DFC_HAVE_SM90 -Xcompiler -fopenmp "${EXTRA[@]}")
 GENCODE_ALL=(-gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a)
 GENCODE_SM90=(-gencode=arch=compute_90a,code=sm_90a)
 

@@ -161,6 +161,7 @@ static int run_check(fc_kernel kernel, bool small) {
             cases.push_back({2, 4, 4, 257, 300, 128, m, dt, true});     // strided (B, S, H, D) view
             cases.push_back({2, 8, 2, 130, 129, 128, m, dt, false});    // GQA 4:1
             cases.push_back({1, 4, 1, 64, 1100, 256, m, dt, false});    // MQA
+            cases.push_back({3, 16, 4, 700, 900, 64, m, dt, false});    // more tiles than SMs (persistent CTAs)
         }
     for (int D : {8, 40, 72, 96, 136, 200, 248})
         cases.push_back({1, 2, 1, 150, 170, D, FC_CAUSAL_TOP_LEFT, FC_DTYPE_FP16, D % 16 == 8});

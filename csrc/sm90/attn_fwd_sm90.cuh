@@ -1,0 +1,397 @@
+// attn_fwd_sm90.cuh -- Hopper attention forward (sm90a): TMA loads, wgmma,
+// warp specialization, persistent grid.
+//
+// Algorithm. A tile is BR = 128 query rows of one (batch, head). A CTA has
+// three warpgroups: warpgroup 0 is the producer (one thread issues every TMA
+// load, with its registers given back through setmaxnreg), warpgroups 1 and 2
+// are consumers owning query rows 0-63 and 64-127 of the tile. The producer
+// loads the Q tile once per tile and streams K and V tiles of BC keys through
+// a STAGES-deep ring; each load completes on an mbarrier (k_full, v_full), and
+// the consumers release a slot by arriving on kv_empty. Per K/V tile each
+// consumer computes S = Q K^T with wgmma (both operands in shared memory,
+// 128-byte swizzle), masks the key tail and the causal diagonal, runs the
+// online softmax in exp2 with log2(e) folded into the scale, and adds P V with
+// wgmma taking P from registers (the S accumulator layout is the A-operand
+// layout) and V from shared memory (N-major). K waits only on k_full, so the
+// softmax of one tile overlaps the V load of the same tile. The epilogue
+// divides by the row sum, stages O in the warpgroup's own Q rows and writes it
+// with 16-byte coalesced stores, plus LSE. CTAs are persistent: grid = SM
+// count, tile t goes to CTA t % grid, and causal tiles are numbered longest
+// first.
+//
+// Limits. D is any multiple of 8 up to DP (64, 128 or 256): TMA zero-fills the
+// columns past D and the rows past Sq or Sk, and those rows/keys are masked or
+// never stored. Any Sq, Sk >= 1; both causal alignments; strided inputs whose
+// strides are multiples of 8 elements (a TMA rule, checked by dispatch); GQA
+// reads KV head h / (Hq / Hkv) in place. Rows that see no key give O = 0 and
+// LSE = -inf. Needs sm_90a (H100, H200); the body is empty in other passes.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#include <math.h>
+
+#include "../flashcore.h"
+#include "../kernels.h"
+#include "hopper.cuh"
+#include "tensor_map.h"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FC_SM90_BODY 1
+#endif
+
+// ---------------------------------------------------------------------------
+// Tile table, per padded head dim DP.
+//
+//  DP  | BR  | BC  | STAGES | smem (Q + K,V ring)   | registers per consumer thread
+//  64  | 128 | 128 |   3    | 16 + 96  = 112 KB     | S 64 + O 32 + P 32
+//  128 | 128 | 128 |   2    | 32 + 128 = 160 KB     | S 64 + O 64 + P 32
+//  256 | 128 |  64 |   2    | 64 + 128 = 192 KB     | S 32 + O 128 + P 16
+template <int DP>
+struct Sm90Tile {
+    static constexpr int CONSUMERS = 2;               // consumer warpgroups
+    static constexpr int WG_ROWS = 64;                // query rows per consumer (wgmma M)
+    static constexpr int BR = CONSUMERS * WG_ROWS;    // query rows per tile
+    static constexpr int BC = DP <= 128 ? 128 : 64;   // keys per K/V tile
+    static constexpr int STAGES = DP <= 64 ? 3 : 2;   // K/V tiles in flight
+    static constexpr int THREADS = 128 * (1 + CONSUMERS);
+    static constexpr int SLABS = DP / FC_SLAB_COLS;   // 128-byte swizzle slabs across a row
+    static constexpr uint32_t Q_BYTES = BR * DP * 2;
+    static constexpr uint32_t KV_BYTES = BC * DP * 2;  // one K (or V) tile
+    static constexpr int PV_N = DP < 128 ? DP : 128;   // N of one P V wgmma
+    static constexpr int PV_PARTS = DP / PV_N;         // P V wgmmas per 16-key step
+    static constexpr int PRODUCER_REGS = 40;           // after setmaxnreg: 40*128 + 232*256 <= 64K
+    static constexpr int CONSUMER_REGS = 232;
+    static constexpr int N_BARRIERS = 2 + 3 * STAGES;  // q_full, q_empty, k_full[], v_full[], kv_empty[]
+    static constexpr size_t SMEM_BYTES = FC_SWZ_GROUP_BYTES /* alignment slack */ + Q_BYTES +
+                                         2 * STAGES * (size_t)KV_BYTES + 8 * N_BARRIERS;
+    static_assert(DP % FC_SLAB_COLS == 0, "DP must be a whole number of 64-column slabs");
+};
+
+// Kernel parameters: the three TMA maps plus the call's params.
+struct Sm90Args {
+    CUtensorMap q_map;  // Q as (D, Sq, Hq, B), box (64, BR)
+    CUtensorMap k_map;  // K as (D, Sk, Hkv, B), box (64, BC)
+    CUtensorMap v_map;  // V as (D, Sk, Hkv, B), box (64, BC)
+    fc_attn_params p;   // shapes, strides, O/LSE pointers, scale, causal mode
+};
+
+// Where tile `tile` lies and how many K/V tiles it visits. Producer and
+// consumers call this with the same arguments and get the same answer.
+struct Sm90TileCoord {
+    int b, h, hk;   // batch, query head, KV head
+    int row0;       // first query row
+    int n_blocks;   // K/V tiles with at least one visible key
+};
+
+template <int BR, int BC>
+__device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int tile, int n_mblocks) {
+    const int n_bh = p.B * p.Hq;
+    int mblock, bh;
+    if (p.causal != FC_CAUSAL_NONE) {  // longest tiles (last query blocks) first
+        mblock = n_mblocks - 1 - tile / n_bh;
+        bh = tile % n_bh;
+    } else {  // query blocks of one head adjacent: they share K/V in L2
+        mblock = tile % n_mblocks;
+        bh = tile / n_mblocks;
+    }
+    Sm90TileCoord t;
+    t.h = bh % p.Hq;
+    t.b = bh / p.Hq;
+    t.hk = t.h / (p.Hq / p.Hkv);
+    t.row0 = mblock * BR;
+    t.n_blocks = (p.Sk + BC - 1) / BC;
+    if (p.causal != FC_CAUSAL_NONE) {
+        const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
+        const int last_key = min(t.row0 + BR, p.Sq) - 1 + diag;
+        t.n_blocks = last_key < 0 ? 0 : min(t.n_blocks, last_key / BC + 1);
+    }
+    return t;
+}
+
+template <int N, typename T>
+__device__ __forceinline__ void wgmma_qk(float (&d)[N / 2], uint64_t da, uint64_t db, int scale_d) {
+    if constexpr (N == 128) wgmma_ss_n128<T>(d, da, db, scale_d);
+    else wgmma_ss_n64<T>(d, da, db, scale_d);
+}
+template <int N, typename T>
+__device__ __forceinline__ void wgmma_pv(float (&d)[N / 2], const uint32_t a[4], uint64_t db) {
+    if constexpr (N == 128) wgmma_rs_n128<T>(d, a, db, 1);
+    else wgmma_rs_n64<T>(d, a, db, 1);
+}
+
+// ---------------------------------------------------------------------------
+// Kernel
+
+template <int DP, typename T>
+__global__ void __launch_bounds__(Sm90Tile<DP>::THREADS, 1)
+attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
+#ifdef FC_SM90_BODY
+    using Tile = Sm90Tile<DP>;
+    constexpr int BR = Tile::BR, BC = Tile::BC, STAGES = Tile::STAGES, SLABS = Tile::SLABS;
+    constexpr int PV_N = Tile::PV_N, PV_PARTS = Tile::PV_PARTS;
+    constexpr uint32_t ROWB = FC_SWZ_ROW_BYTES;
+    const fc_attn_params& p = args.p;
+
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t raw = smem_u32(smem_raw);
+    const uint32_t sQ = (raw + FC_SWZ_GROUP_BYTES - 1) & ~(FC_SWZ_GROUP_BYTES - 1);  // 128B-swizzle atoms need 1 KB alignment
+    const uint32_t sK = sQ + Tile::Q_BYTES;            // STAGES K tiles
+    const uint32_t sV = sK + STAGES * Tile::KV_BYTES;  // STAGES V tiles
+    const uint32_t bar0 = sV + STAGES * Tile::KV_BYTES;
+    const uint32_t q_full = bar0, q_empty = bar0 + 8;
+    const uint32_t k_full = bar0 + 16, v_full = k_full + 8 * STAGES, kv_empty = v_full + 8 * STAGES;
+    unsigned char* gQ = smem_raw + (sQ - raw);  // generic pointer to the Q region (epilogue staging)
+
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        mbar_init(q_full, 1);
+        mbar_init(q_empty, Tile::CONSUMERS * 128);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(k_full + 8 * s, 1);
+            mbar_init(v_full + 8 * s, 1);
+            mbar_init(kv_empty + 8 * s, Tile::CONSUMERS * 128);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();  // the barriers are initialized before any thread waits on or arrives at them
+
+    const int n_mblocks = (p.Sq + BR - 1) / BR;
+    const int n_tiles = n_mblocks * p.B * p.Hq;
+    const int wg = tid / 128;
+
+    if (wg == 0) {
+        // ---------------- producer warpgroup ----------------
+        setmaxnreg_dec<Tile::PRODUCER_REGS>();
+        if (tid != 0) return;
+        tma_prefetch_map(&args.q_map);
+        tma_prefetch_map(&args.k_map);
+        tma_prefetch_map(&args.v_map);
+        int it = 0;  // K/V tiles issued so far: position in the ring
+        int local = 0;
+        for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++local) {
+            const Sm90TileCoord t = sm90_tile<BR, BC>(p, tile, n_mblocks);
+            mbar_wait(q_empty, (local & 1) ^ 1);  // consumers have finished the previous tile's Q region
+            mbar_expect_tx(q_full, Tile::Q_BYTES);
+            for (int s = 0; s < SLABS; ++s)
+                tma_load_4d(sQ + s * BR * ROWB, &args.q_map, q_full, s * FC_SLAB_COLS, t.row0, t.h, t.b);
+            for (int j = 0; j < t.n_blocks; ++j, ++it) {
+                const int st = it % STAGES;
+                mbar_wait(kv_empty + 8 * st, ((it / STAGES) & 1) ^ 1);  // slot st is free
+                mbar_expect_tx(k_full + 8 * st, Tile::KV_BYTES);
+                for (int s = 0; s < SLABS; ++s)
+                    tma_load_4d(sK + st * Tile::KV_BYTES + s * BC * ROWB, &args.k_map, k_full + 8 * st,
+                                s * FC_SLAB_COLS, j * BC, t.hk, t.b);
+                mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
+                for (int s = 0; s < SLABS; ++s)
+                    tma_load_4d(sV + st * Tile::KV_BYTES + s * BC * ROWB, &args.v_map, v_full + 8 * st,
+                                s * FC_SLAB_COLS, j * BC, t.hk, t.b);
+            }
+        }
+        return;
+    }
+
+    // ---------------- consumer warpgroups ----------------
+    setmaxnreg_inc<Tile::CONSUMER_REGS>();
+    const int cw = wg - 1;  // this warpgroup owns tile rows cw*64 .. cw*64+63
+    const int t128 = tid % 128, warp = t128 / 32, lane = tid % 32;
+    const float scale_log2 = p.scale * FC_LOG2E;
+    const bool causal = p.causal != FC_CAUSAL_NONE;
+    const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
+    const uint32_t q_wg = sQ + cw * Tile::WG_ROWS * ROWB;  // this warpgroup's rows of slab 0
+
+    int it = 0, local = 0;
+    for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++local) {
+        const Sm90TileCoord t = sm90_tile<BR, BC>(p, tile, n_mblocks);
+        const int wrow0 = t.row0 + cw * Tile::WG_ROWS;  // first query row of this warpgroup
+
+        float o[PV_PARTS][PV_N / 2];
+#pragma unroll
+        for (int pp = 0; pp < PV_PARTS; ++pp)
+#pragma unroll
+            for (int i = 0; i < PV_N / 2; ++i) o[pp][i] = 0.f;
+        float m_i[2] = {-INFINITY, -INFINITY};  // running max of scale_log2 * S, rows lane/4 and lane/4 + 8
+        float l_i[2] = {0.f, 0.f};              // running row sum, this lane's columns only
+
+        mbar_wait(q_full, local & 1);
+        for (int j = 0; j < t.n_blocks; ++j, ++it) {
+            const int st = it % STAGES;
+            const uint32_t phase = (it / STAGES) & 1;
+            const uint32_t k_tile = sK + st * Tile::KV_BYTES, v_tile = sV + st * Tile::KV_BYTES;
+
+            // S = Q K^T: DP/16 k steps; a step inside a slab moves 32 bytes.
+            float s[BC / 2];
+            mbar_wait(k_full + 8 * st, phase);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < DP / 16; ++kk) {
+                const uint32_t koff = (kk / 4) * BR * ROWB + (kk % 4) * 32;
+                const uint32_t kb = (kk / 4) * BC * ROWB + (kk % 4) * 32;
+                wgmma_qk<BC, T>(s, wgmma_desc(q_wg + koff, 16, FC_SWZ_GROUP_BYTES),
+                                wgmma_desc(k_tile + kb, 16, FC_SWZ_GROUP_BYTES), kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(s);
+
+            // Mask the key tail and the causal diagonal where this tile needs it.
+            // s[4*nt + e]: row lane/4 + 8*(e/2), key j*BC + nt*8 + (lane%4)*2 + e%2.
+            const int key0 = j * BC;
+            if (key0 + BC > p.Sk || (causal && key0 + BC - 1 > wrow0 + diag)) {
+                const int key_lim = p.Sk - key0 - (lane % 4) * 2;
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    const int row = wrow0 + warp * 16 + lane / 4 + hr * 8;
+                    const int diag_lim = causal ? row + diag - key0 - (lane % 4) * 2 : INT_MAX;
+#pragma unroll
+                    for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int c = nt * 8 + e;
+                            if (c >= key_lim || c > diag_lim) s[4 * nt + 2 * hr + e] = -INFINITY;
+                        }
+                }
+            }
+
+            // Online softmax: new row max, P = exp2(S*scale_log2 - m), rescale l and O.
+            float corr[2];
+            bool rescale = false;
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * hr], s[4 * nt + 2 * hr + 1]));
+                const float m_new = fmaxf(m_i[hr], quad_max(mx) * scale_log2);
+                const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no visible key yet: exp2 gives 0, not NaN
+                corr[hr] = fast_exp2(m_i[hr] - m_use);
+                rescale |= m_new != m_i[hr];
+                m_i[hr] = m_new;
+                float rs = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float pe = fast_exp2(fmaf(s[4 * nt + 2 * hr + e], scale_log2, -m_use));
+                        s[4 * nt + 2 * hr + e] = pe;
+                        rs += pe;
+                    }
+                l_i[hr] = l_i[hr] * corr[hr] + rs;
+            }
+            if (__any_sync(0xffffffffu, rescale)) {  // skipped once the row maxima settle
+#pragma unroll
+                for (int pp = 0; pp < PV_PARTS; ++pp)
+#pragma unroll
+                    for (int i = 0; i < PV_N / 2; ++i) o[pp][i] *= corr[(i / 2) % 2];
+            }
+
+            // P as the A operand: keys 16kk.. are S column tiles 2kk and 2kk+1.
+            uint32_t pa[BC / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; ++kk) {
+                pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+                pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+                pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+                pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+            }
+
+            // O += P V: V is N-major; a 16-key step moves 16 rows, a part 2 slabs.
+            mbar_wait(v_full + 8 * st, phase);
+#pragma unroll
+            for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; ++kk)
+#pragma unroll
+                for (int pp = 0; pp < PV_PARTS; ++pp)
+                    wgmma_pv<PV_N, T>(o[pp], pa[kk],
+                                      wgmma_desc(v_tile + pp * 2 * BC * ROWB + kk * 16 * ROWB, BC * ROWB,
+                                                 FC_SWZ_GROUP_BYTES));
+            wgmma_commit();
+            wgmma_wait<0>();
+#pragma unroll
+            for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
+            mbar_arrive(kv_empty + 8 * st);  // this thread is done with slot st (K and V)
+        }
+
+        // Epilogue: O /= l into this warpgroup's own Q rows (same swizzle as
+        // TMA's, conflict-free), then 16-byte coalesced stores; LSE = (m + log2 l) ln 2.
+        T* o_bh = static_cast<T*>(p.o) + t.b * p.o_batch_stride + t.h * p.o_head_stride;
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const float l = quad_sum(l_i[hr]);
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const int r = warp * 16 + lane / 4 + hr * 8;  // row within the warpgroup
+#pragma unroll
+            for (int pp = 0; pp < PV_PARTS; ++pp)
+#pragma unroll
+                for (int nt = 0; nt < PV_N / 8; ++nt) {
+                    const int col = pp * PV_N + nt * 8;  // first column of this 8-column tile
+                    const uint32_t off = (col / FC_SLAB_COLS) * BR * ROWB + (cw * Tile::WG_ROWS + r) * ROWB +
+                                         ((((col % FC_SLAB_COLS) / 8) ^ (r & 7)) << 4) + (lane % 4) * 4;
+                    *reinterpret_cast<uint32_t*>(gQ + off) =
+                        pack2<T>(o[pp][4 * nt + 2 * hr] * inv, o[pp][4 * nt + 2 * hr + 1] * inv);
+                }
+            if (p.lse && lane % 4 == 0 && wrow0 + r < p.Sq)
+                p.lse[((int64_t)t.b * p.Hq + t.h) * p.Sq + wrow0 + r] =
+                    l > 0.f ? (m_i[hr] + log2f(l)) * FC_LN2 : -INFINITY;
+        }
+        named_barrier_sync(1 + cw, 128);  // this warpgroup's O rows are in smem before its threads read them back
+        constexpr int CH = DP / 8;                // 16-byte chunks per row
+        constexpr int ROWS_PER_PASS = 128 / CH;
+        const int c = t128 % CH;
+        if (c * 8 < p.D) {
+#pragma unroll
+            for (int i = 0; i < Tile::WG_ROWS / ROWS_PER_PASS; ++i) {
+                const int r = i * ROWS_PER_PASS + t128 / CH;
+                if (wrow0 + r < p.Sq) {
+                    const uint32_t off =
+                        (c / 8) * BR * ROWB + (cw * Tile::WG_ROWS + r) * ROWB + (((c % 8) ^ (r & 7)) << 4);
+                    *reinterpret_cast<uint4*>(o_bh + (int64_t)(wrow0 + r) * p.o_row_stride + c * 8) =
+                        *reinterpret_cast<const uint4*>(gQ + off);
+                }
+            }
+        }
+        // The next tile's Q (a TMA write) may overwrite these rows only after
+        // every consumer thread's staging reads and writes: proxy fence, then arrive.
+        fence_proxy_async();
+        mbar_arrive(q_empty);
+    }
+#else
+    __trap();  // built without sm_90a; dispatch never launches this
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// Launcher and the C entry points of one padded head dim (see kernels.h)
+
+template <int DP, typename T>
+static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cudaStream_t stream) {
+    using Tile = Sm90Tile<DP>;
+    Sm90Args a;
+    a.p = *p;
+    fc_status s = fc_sm90_tensor_map(&a.q_map, p->dtype, p->q, p->D, p->Sq, p->Hq, p->B, p->q_row_stride,
+                                     p->q_head_stride, p->q_batch_stride, Tile::BR);
+    if (s == FC_OK)
+        s = fc_sm90_tensor_map(&a.k_map, p->dtype, p->k, p->D, p->Sk, p->Hkv, p->B, p->k_row_stride,
+                               p->k_head_stride, p->k_batch_stride, Tile::BC);
+    if (s == FC_OK)
+        s = fc_sm90_tensor_map(&a.v_map, p->dtype, p->v, p->D, p->Sk, p->Hkv, p->B, p->v_row_stride,
+                               p->v_head_stride, p->v_batch_stride, Tile::BC);
+    if (s != FC_OK) return s;
+    if (cudaFuncSetAttribute(attn_fwd_sm90_kernel<DP, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)Tile::SMEM_BYTES) != cudaSuccess)
+        return FC_ERR_CUDA;
+    const long long n_tiles = (long long)((p->Sq + Tile::BR - 1) / Tile::BR) * p->B * p->Hq;
+    const unsigned grid = (unsigned)(n_tiles < num_sms ? n_tiles : num_sms);
+    attn_fwd_sm90_kernel<DP, T><<<grid, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(a);
+    return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
+}
+
+#define FC_SM90_DEFINE(DP)                                                                              \
+    extern "C" fc_status fc_sm90_fwd_d##DP(const fc_attn_params* p, int num_sms, fc_stream_t stream) { \
+        return p->dtype == FC_DTYPE_BF16                                                                \
+                   ? attn_fwd_sm90_launch<DP, __nv_bfloat16>(p, num_sms, (cudaStream_t)stream)          \
+                   : attn_fwd_sm90_launch<DP, __half>(p, num_sms, (cudaStream_t)stream);                \
+    }                                                                                                   \
+    extern "C" size_t fc_sm90_smem_d##DP(void) { return Sm90Tile<DP>::SMEM_BYTES; }

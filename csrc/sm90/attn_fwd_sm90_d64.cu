@@ -1,0 +1,4 @@
+// Hopper kernel instantiation for padded head dim 64 (D <= 64); see attn_fwd_sm90.cuh.
+#include "attn_fwd_sm90.cuh"
+
+FC_SM90_DEFINE(64)

@@ -1,0 +1,101 @@
+// hopper.cuh -- sm90a device helpers for the Hopper kernel: mbarriers, TMA
+// tensor loads, wgmma descriptors and fences, named barriers and setmaxnreg.
+// Every function is a thin wrapper over one or two PTX instructions.
+#pragma once
+
+#include <stdint.h>
+
+#include "../common/ptx.cuh"
+#include "wgmma_ops.cuh"
+
+// ---------------------------------------------------------------------------
+// mbarriers (64-bit, in shared memory; addresses are shared-space bytes)
+
+FC_DEVICE void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the initialized barriers visible to the async proxy (TMA) and to other threads.
+FC_DEVICE void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+// Arrives once and adds `bytes` to the transaction count the phase waits for.
+FC_DEVICE void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+FC_DEVICE void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Blocks until the phase of parity `parity` has completed. A fresh barrier is
+// in phase 0, so waiting on parity 1 returns at once (the "previous" phase).
+FC_DEVICE void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred done;\n"
+        "WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+
+// ---------------------------------------------------------------------------
+// TMA: one box of a 4-D tensor map into shared memory, completing on `bar`.
+// Coordinates are (col, row, head, batch); out-of-range elements read as 0.
+
+FC_DEVICE void tma_load_4d(uint32_t dst, const void* tensor_map, uint32_t bar, int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
+        "l"((uint64_t)tensor_map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+        : "memory");
+}
+FC_DEVICE void tma_prefetch_map(const void* tensor_map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)tensor_map) : "memory");
+}
+// Orders this thread's generic-proxy shared-memory accesses before later
+// async-proxy (TMA, wgmma) accesses of the same bytes.
+FC_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// ---------------------------------------------------------------------------
+// wgmma shared-memory descriptors, 128-byte swizzle.
+//
+// A tile stored as TMA writes it with CU_TENSOR_MAP_SWIZZLE_128B: 64-column
+// slabs of (rows x 128 bytes), each 16-byte chunk c of row r at chunk c ^ (r % 8),
+// every slab 1024-byte aligned.
+//  K-major operand (Q, K: the contracted dim is contiguous): 8-row groups are
+//    SBO = 1024 bytes apart; a k16 step inside a slab adds 32 bytes.
+//  N-major operand (V: the output dim is contiguous): 8-row (k) groups are
+//    SBO = 1024 bytes apart, 64-column slabs LBO = rows * 128 bytes apart.
+static constexpr uint32_t FC_SWZ_ROW_BYTES = 128;   // one swizzled row of a slab
+static constexpr uint32_t FC_SWZ_GROUP_BYTES = 1024;  // 8 rows: one swizzle period
+static constexpr int FC_SLAB_COLS = 64;              // 2-byte columns per slab
+
+FC_DEVICE uint64_t wgmma_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+    return (uint64_t)((smem_addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo_bytes >> 4) << 16) |
+           ((uint64_t)(sbo_bytes >> 4) << 32) | (1ull << 62);  // layout type 1: 128-byte swizzle
+}
+
+FC_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+FC_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+FC_DEVICE void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+// Pins accumulator registers at this point of the program: the compiler may
+// not move their reads above a wgmma_wait or their writes below a wgmma issue.
+template <int N>
+FC_DEVICE void fence_regs(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// ---------------------------------------------------------------------------
+// Warpgroup roles
+
+// Barrier among `threads` threads (a multiple of 32) on hardware barrier `id`
+// (0 is __syncthreads).
+FC_DEVICE void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+template <int REGS>
+FC_DEVICE void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS)); }
+template <int REGS>
+FC_DEVICE void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS)); }
