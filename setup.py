@@ -1,7 +1,8 @@
 """Builds flashcore's extension: the C core (csrc/) plus the pybind11 binding.
 
 Targets: sm_80 SASS (runs on sm80/sm86/sm89) and sm_90a (H100/H200). Override
-with FLASHCORE_ARCHS="80;90a". Sources compile in parallel (MAX_JOBS).
+with FLASHCORE_ARCHS="80;90a"; the Hopper kernel needs 90a in the list. Sources
+compile in parallel (MAX_JOBS).
 """
 import glob
 import os
@@ -31,6 +32,9 @@ ARCHS = os.environ.get("FLASHCORE_ARCHS", "80;90a").split(";")
 sources = (["csrc/binding.cpp", "csrc/dispatch.c", "csrc/cpu/attn_cpu.c"]
            + sorted(glob.glob("csrc/sm80/*.cu")) + sorted(glob.glob("csrc/sm90/*.cu")))
 gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHS]
+# The Hopper kernel (csrc/sm90/) exists only in sm_90a code; dispatch offers it
+# only when this build has some.
+defines = ["-DFC_HAVE_SM90"] if "90a" in ARCHS else []
 
 setup(
     name="flashcore",
@@ -42,8 +46,8 @@ setup(
             sources=sources,
             include_dirs=[os.path.join(HERE, "csrc")],
             extra_compile_args={
-                "cxx": ["-O3", "-fopenmp"],
-                "nvcc": ["-O3", "-std=c++17", "-Xptxas=-warn-spills", "-lineinfo"] + gencode,
+                "cxx": ["-O3", "-fopenmp"] + defines,
+                "nvcc": ["-O3", "-std=c++17", "-Xptxas=-warn-spills", "-lineinfo"] + defines + gencode,
             },
             extra_link_args=["-fopenmp"],
         )

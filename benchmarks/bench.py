@@ -364,6 +364,10 @@ def cudnn_version():
 
 
 def git_commit():
+    """(sha, dirty) of the measured tree. A copied tree without .git (a GPU
+    machine fed a working-tree copy) names its commit in FLASHCORE_COMMIT."""
+    if os.environ.get("FLASHCORE_COMMIT"):
+        return os.environ["FLASHCORE_COMMIT"], None
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
                              text=True, timeout=10)
