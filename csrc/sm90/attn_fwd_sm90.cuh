@@ -5,19 +5,20 @@
 // three warpgroups: warpgroup 0 is the producer (one thread issues every TMA
 // load, with its registers given back through setmaxnreg), warpgroups 1 and 2
 // are consumers owning query rows 0-63 and 64-127 of the tile. The producer
-// loads the Q tile once per tile and streams K and V tiles of BC keys through
-// a STAGES-deep ring; each load completes on an mbarrier (k_full, v_full), and
-// the consumers release a slot by arriving on kv_empty. Per K/V tile each
-// consumer computes S = Q K^T with wgmma (both operands in shared memory,
-// 128-byte swizzle), masks the key tail and the causal diagonal, runs the
-// online softmax in exp2 with log2(e) folded into the scale, and adds P V with
-// wgmma taking P from registers (the S accumulator layout is the A-operand
-// layout) and V from shared memory (N-major). K waits only on k_full, so the
-// softmax of one tile overlaps the V load of the same tile. The epilogue
-// divides by the row sum, stages O in the warpgroup's own Q rows and writes it
-// with 16-byte coalesced stores, plus LSE. CTAs are persistent: grid = SM
-// count, tile t goes to CTA t % grid, and causal tiles are numbered longest
-// first.
+// loads Q into one of Q_BUFS buffers per tile (so the next tile's Q arrives
+// while this one runs) and streams K and V tiles of BC keys through a
+// STAGES-deep ring; each load completes on an mbarrier (q_full, k_full,
+// v_full) and the consumers release a buffer by arriving on q_empty/kv_empty.
+// Per K/V tile j a consumer computes S = Q K^T with wgmma (both operands in
+// shared memory, 128-byte swizzle) and P_j V with wgmma taking P from
+// registers (the S accumulator layout is the A-operand layout) and V from
+// shared memory (N-major). The two are software-pipelined: S_{j+1} and P_j V_j
+// are issued back to back, and the masking and online softmax of tile j+1
+// (exp2, log2(e) folded into the scale) run while P_j V_j is still on the
+// tensor cores; the O rescale waits for it. The epilogue divides by the row
+// sum, stages O in the warpgroup's own Q rows, writes it with 16-byte
+// coalesced stores, and writes LSE. CTAs are persistent: grid = SM count, tile
+// t goes to CTA t % grid, and causal tiles are numbered longest first.
 //
 // Limits. D is any multiple of 8 up to DP (64, 128 or 256): TMA zero-fills the
 // columns past D and the rows past Sq or Sk, and those rows/keys are masked or
@@ -44,10 +45,10 @@
 // ---------------------------------------------------------------------------
 // Tile table, per padded head dim DP.
 //
-//  DP  | BR  | BC  | STAGES | smem (Q + K,V ring)   | registers per consumer thread
-//  64  | 128 | 128 |   3    | 16 + 96  = 112 KB     | S 64 + O 32 + P 32
-//  128 | 128 | 128 |   2    | 32 + 128 = 160 KB     | S 64 + O 64 + P 32
-//  256 | 128 |  64 |   2    | 64 + 128 = 192 KB     | S 32 + O 128 + P 16
+//  DP  | BR  | BC  | STAGES | Q bufs | smem (Q + K,V ring) | registers per consumer thread
+//  64  | 128 | 128 |   3    |   2    | 32 + 96  = 128 KB   | S 64 + O 32 + P 32
+//  128 | 128 | 128 |   2    |   2    | 64 + 128 = 192 KB   | S 64 + O 64 + P 32
+//  256 | 128 |  64 |   2    |   1    | 64 + 128 = 192 KB   | S 32 + O 128 + P 16
 template <int DP>
 struct Sm90Tile {
     static constexpr int CONSUMERS = 2;               // consumer warpgroups
@@ -55,6 +56,7 @@ struct Sm90Tile {
     static constexpr int BR = CONSUMERS * WG_ROWS;    // query rows per tile
     static constexpr int BC = DP <= 128 ? 128 : 64;   // keys per K/V tile
     static constexpr int STAGES = DP <= 64 ? 3 : 2;   // K/V tiles in flight
+    static constexpr int Q_BUFS = DP <= 128 ? 2 : 1;  // Q tiles: the next tile's Q loads during this one
     static constexpr int THREADS = 128 * (1 + CONSUMERS);
     static constexpr int SLABS = DP / FC_SLAB_COLS;   // 128-byte swizzle slabs across a row
     static constexpr uint32_t Q_BYTES = BR * DP * 2;
@@ -63,8 +65,8 @@ struct Sm90Tile {
     static constexpr int PV_PARTS = DP / PV_N;         // P V wgmmas per 16-key step
     static constexpr int PRODUCER_REGS = 40;           // after setmaxnreg: 40*128 + 232*256 <= 64K
     static constexpr int CONSUMER_REGS = 232;
-    static constexpr int N_BARRIERS = 2 + 3 * STAGES;  // q_full, q_empty, k_full[], v_full[], kv_empty[]
-    static constexpr size_t SMEM_BYTES = FC_SWZ_GROUP_BYTES /* alignment slack */ + Q_BYTES +
+    static constexpr int N_BARRIERS = 2 * Q_BUFS + 3 * STAGES;  // q_full[], q_empty[], k_full[], v_full[], kv_empty[]
+    static constexpr size_t SMEM_BYTES = FC_SWZ_GROUP_BYTES /* alignment slack */ + Q_BUFS * Q_BYTES +
                                          2 * STAGES * (size_t)KV_BYTES + 8 * N_BARRIERS;
     static_assert(DP % FC_SLAB_COLS == 0, "DP must be a whole number of 64-column slabs");
 };
@@ -122,6 +124,83 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[N / 2], const uint32_t a[4],
 }
 
 // ---------------------------------------------------------------------------
+// Consumer helpers. S fragments: s[4*nt + e] holds row lane/4 + 8*(e/2) of the
+// warp's 16 rows and key nt*8 + (lane%4)*2 + e%2 of the tile.
+
+// Issues S = Q K^T for one K tile (DP/16 k steps; a step inside a slab moves
+// 32 bytes) as one wgmma group. q_rows: this warpgroup's rows of slab 0.
+template <int DP, int BR, int BC, typename T>
+__device__ __forceinline__ void issue_qk(float (&s)[BC / 2], uint32_t q_rows, uint32_t k_tile) {
+    wgmma_fence();  // orders earlier register use of s before the async writes
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; ++kk) {
+        const uint32_t qa = q_rows + (kk / 4) * BR * FC_SWZ_ROW_BYTES + (kk % 4) * 32;
+        const uint32_t kb = k_tile + (kk / 4) * BC * FC_SWZ_ROW_BYTES + (kk % 4) * 32;
+        wgmma_qk<BC, T>(s, wgmma_desc(qa, 16, FC_SWZ_GROUP_BYTES), wgmma_desc(kb, 16, FC_SWZ_GROUP_BYTES), kk > 0);
+    }
+    wgmma_commit();
+}
+
+// Sets keys >= Sk, and (causal) keys > row + diag, of the tile at key0 to -inf.
+// row: this thread's first fragment row (the second is row + 8).
+template <int BC>
+__device__ __forceinline__ void mask_tile(float (&s)[BC / 2], int key0, int row, const fc_attn_params& p,
+                                          bool causal, int diag, int lane) {
+    const int key_lim = p.Sk - key0 - (lane % 4) * 2;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        const int diag_lim = causal ? row + hr * 8 + diag - key0 - (lane % 4) * 2 : INT_MAX;
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int c = nt * 8 + e;
+                if (c >= key_lim || c > diag_lim) s[4 * nt + 2 * hr + e] = -INFINITY;
+            }
+    }
+}
+
+// Online softmax of one tile: new row max m, s <- P = exp2(s*scale_log2 - m),
+// l <- l*corr + rowsum(P). Returns whether any row of the warp has a new max
+// (then O must be multiplied by corr).
+template <int BC>
+__device__ __forceinline__ bool softmax_tile(float (&s)[BC / 2], float (&m_i)[2], float (&l_i)[2],
+                                             float (&corr)[2], float scale_log2) {
+    bool rescale = false;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * hr], s[4 * nt + 2 * hr + 1]));
+        const float m_new = fmaxf(m_i[hr], quad_max(mx) * scale_log2);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no visible key yet: exp2 gives 0, not NaN
+        corr[hr] = fast_exp2(m_i[hr] - m_use);
+        rescale |= m_new != m_i[hr];
+        m_i[hr] = m_new;
+        float rs = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float pe = fast_exp2(fmaf(s[4 * nt + 2 * hr + e], scale_log2, -m_use));
+                s[4 * nt + 2 * hr + e] = pe;
+                rs += pe;
+            }
+        l_i[hr] = l_i[hr] * corr[hr] + rs;
+    }
+    return __any_sync(0xffffffffu, rescale);
+}
+
+// P as the wgmma A operand: keys 16kk.. are S column tiles 2kk and 2kk+1.
+template <int BC, typename T>
+__device__ __forceinline__ void pack_p(uint32_t (&pa)[BC / 16][4], const float (&s)[BC / 2]) {
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+}
+
+// ---------------------------------------------------------------------------
 // Kernel
 
 template <int DP, typename T>
@@ -129,7 +208,7 @@ __global__ void __launch_bounds__(Sm90Tile<DP>::THREADS, 1)
 attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 #ifdef FC_SM90_BODY
     using Tile = Sm90Tile<DP>;
-    constexpr int BR = Tile::BR, BC = Tile::BC, STAGES = Tile::STAGES, SLABS = Tile::SLABS;
+    constexpr int BR = Tile::BR, BC = Tile::BC, STAGES = Tile::STAGES, SLABS = Tile::SLABS, Q_BUFS = Tile::Q_BUFS;
     constexpr int PV_N = Tile::PV_N, PV_PARTS = Tile::PV_PARTS;
     constexpr uint32_t ROWB = FC_SWZ_ROW_BYTES;
     const fc_attn_params& p = args.p;
@@ -137,21 +216,22 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     extern __shared__ unsigned char smem_raw[];
     const uint32_t raw = smem_u32(smem_raw);
     const uint32_t sQ = (raw + FC_SWZ_GROUP_BYTES - 1) & ~(FC_SWZ_GROUP_BYTES - 1);  // 128B-swizzle atoms need 1 KB alignment
-    const uint32_t sK = sQ + Tile::Q_BYTES;            // STAGES K tiles
+    const uint32_t sK = sQ + Q_BUFS * Tile::Q_BYTES;   // STAGES K tiles
     const uint32_t sV = sK + STAGES * Tile::KV_BYTES;  // STAGES V tiles
     const uint32_t bar0 = sV + STAGES * Tile::KV_BYTES;
-    const uint32_t q_full = bar0, q_empty = bar0 + 8;
-    const uint32_t k_full = bar0 + 16, v_full = k_full + 8 * STAGES, kv_empty = v_full + 8 * STAGES;
-    unsigned char* gQ = smem_raw + (sQ - raw);  // generic pointer to the Q region (epilogue staging)
+    const uint32_t q_full = bar0, q_empty = q_full + 8 * Q_BUFS;  // one per Q buffer
+    const uint32_t k_full = q_empty + 8 * Q_BUFS, v_full = k_full + 8 * STAGES, kv_empty = v_full + 8 * STAGES;
 
     const int tid = threadIdx.x;
     if (tid == 0) {
-        mbar_init(q_full, 1);
-        mbar_init(q_empty, Tile::CONSUMERS * 128);
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(k_full + 8 * s, 1);
-            mbar_init(v_full + 8 * s, 1);
-            mbar_init(kv_empty + 8 * s, Tile::CONSUMERS * 128);
+        for (int i = 0; i < Q_BUFS; ++i) {
+            mbar_init(q_full + 8 * i, 1);
+            mbar_init(q_empty + 8 * i, Tile::CONSUMERS * 128);
+        }
+        for (int i = 0; i < STAGES; ++i) {
+            mbar_init(k_full + 8 * i, 1);
+            mbar_init(v_full + 8 * i, 1);
+            mbar_init(kv_empty + 8 * i, Tile::CONSUMERS * 128);
         }
         mbar_init_fence();
     }
@@ -172,10 +252,12 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         int local = 0;
         for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++local) {
             const Sm90TileCoord t = sm90_tile<BR, BC>(p, tile, n_mblocks);
-            mbar_wait(q_empty, (local & 1) ^ 1);  // consumers have finished the previous tile's Q region
-            mbar_expect_tx(q_full, Tile::Q_BYTES);
+            const int qb = local % Q_BUFS;
+            mbar_wait(q_empty + 8 * qb, ((local / Q_BUFS) & 1) ^ 1);  // buffer qb's previous tile is finished
+            mbar_expect_tx(q_full + 8 * qb, Tile::Q_BYTES);
             for (int s = 0; s < SLABS; ++s)
-                tma_load_4d(sQ + s * BR * ROWB, &args.q_map, q_full, s * FC_SLAB_COLS, t.row0, t.h, t.b);
+                tma_load_4d(sQ + qb * Tile::Q_BYTES + s * BR * ROWB, &args.q_map, q_full + 8 * qb,
+                            s * FC_SLAB_COLS, t.row0, t.h, t.b);
             for (int j = 0; j < t.n_blocks; ++j, ++it) {
                 const int st = it % STAGES;
                 mbar_wait(kv_empty + 8 * st, ((it / STAGES) & 1) ^ 1);  // slot st is free
@@ -199,123 +281,87 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     const float scale_log2 = p.scale * FC_LOG2E;
     const bool causal = p.causal != FC_CAUSAL_NONE;
     const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
-    const uint32_t q_wg = sQ + cw * Tile::WG_ROWS * ROWB;  // this warpgroup's rows of slab 0
 
     int it = 0, local = 0;
     for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++local) {
         const Sm90TileCoord t = sm90_tile<BR, BC>(p, tile, n_mblocks);
+        const int qb = local % Q_BUFS;
+        const uint32_t q_rows = sQ + qb * Tile::Q_BYTES + cw * Tile::WG_ROWS * ROWB;  // our rows of slab 0
         const int wrow0 = t.row0 + cw * Tile::WG_ROWS;  // first query row of this warpgroup
+        const int frow = wrow0 + warp * 16 + lane / 4;  // this thread's first fragment row
+        // Masking is needed on the key tail and on tiles reaching past the diagonal.
+        auto needs_mask = [&](int key0) { return key0 + BC > p.Sk || (causal && key0 + BC - 1 > wrow0 + diag); };
 
         float o[PV_PARTS][PV_N / 2];
 #pragma unroll
         for (int pp = 0; pp < PV_PARTS; ++pp)
 #pragma unroll
             for (int i = 0; i < PV_N / 2; ++i) o[pp][i] = 0.f;
-        float m_i[2] = {-INFINITY, -INFINITY};  // running max of scale_log2 * S, rows lane/4 and lane/4 + 8
+        float m_i[2] = {-INFINITY, -INFINITY};  // running max of scale_log2 * S, rows frow and frow + 8
         float l_i[2] = {0.f, 0.f};              // running row sum, this lane's columns only
+        float s[BC / 2];                        // S, then P, of the next tile
+        uint32_t pa[BC / 16][4];                // P of the current tile, as A fragments
 
-        mbar_wait(q_full, local & 1);
-        for (int j = 0; j < t.n_blocks; ++j, ++it) {
-            const int st = it % STAGES;
-            const uint32_t phase = (it / STAGES) & 1;
-            const uint32_t k_tile = sK + st * Tile::KV_BYTES, v_tile = sV + st * Tile::KV_BYTES;
-
-            // S = Q K^T: DP/16 k steps; a step inside a slab moves 32 bytes.
-            float s[BC / 2];
-            mbar_wait(k_full + 8 * st, phase);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < DP / 16; ++kk) {
-                const uint32_t koff = (kk / 4) * BR * ROWB + (kk % 4) * 32;
-                const uint32_t kb = (kk / 4) * BC * ROWB + (kk % 4) * 32;
-                wgmma_qk<BC, T>(s, wgmma_desc(q_wg + koff, 16, FC_SWZ_GROUP_BYTES),
-                                wgmma_desc(k_tile + kb, 16, FC_SWZ_GROUP_BYTES), kk > 0);
-            }
-            wgmma_commit();
+        mbar_wait(q_full + 8 * qb, (local / Q_BUFS) & 1);
+        if (t.n_blocks > 0) {  // prologue: P of tile 0
+            mbar_wait(k_full + 8 * (it % STAGES), (it / STAGES) & 1);
+            issue_qk<DP, BR, BC, T>(s, q_rows, sK + (it % STAGES) * Tile::KV_BYTES);
             wgmma_wait<0>();
             fence_regs(s);
-
-            // Mask the key tail and the causal diagonal where this tile needs it.
-            // s[4*nt + e]: row lane/4 + 8*(e/2), key j*BC + nt*8 + (lane%4)*2 + e%2.
-            const int key0 = j * BC;
-            if (key0 + BC > p.Sk || (causal && key0 + BC - 1 > wrow0 + diag)) {
-                const int key_lim = p.Sk - key0 - (lane % 4) * 2;
-#pragma unroll
-                for (int hr = 0; hr < 2; ++hr) {
-                    const int row = wrow0 + warp * 16 + lane / 4 + hr * 8;
-                    const int diag_lim = causal ? row + diag - key0 - (lane % 4) * 2 : INT_MAX;
-#pragma unroll
-                    for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int c = nt * 8 + e;
-                            if (c >= key_lim || c > diag_lim) s[4 * nt + 2 * hr + e] = -INFINITY;
-                        }
-                }
-            }
-
-            // Online softmax: new row max, P = exp2(S*scale_log2 - m), rescale l and O.
+            if (needs_mask(0)) mask_tile<BC>(s, 0, frow, p, causal, diag, lane);
             float corr[2];
-            bool rescale = false;
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * hr], s[4 * nt + 2 * hr + 1]));
-                const float m_new = fmaxf(m_i[hr], quad_max(mx) * scale_log2);
-                const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no visible key yet: exp2 gives 0, not NaN
-                corr[hr] = fast_exp2(m_i[hr] - m_use);
-                rescale |= m_new != m_i[hr];
-                m_i[hr] = m_new;
-                float rs = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const float pe = fast_exp2(fmaf(s[4 * nt + 2 * hr + e], scale_log2, -m_use));
-                        s[4 * nt + 2 * hr + e] = pe;
-                        rs += pe;
-                    }
-                l_i[hr] = l_i[hr] * corr[hr] + rs;
+            softmax_tile<BC>(s, m_i, l_i, corr, scale_log2);  // O is still 0: nothing to rescale
+            pack_p<BC, T>(pa, s);
+        }
+        // Steady state: S of tile j+1 and P_j V_j run on the tensor cores while
+        // this warpgroup does the softmax of tile j+1.
+        for (int j = 0; j < t.n_blocks; ++j, ++it) {
+            const int st = it % STAGES;
+            const bool has_next = j + 1 < t.n_blocks;
+            if (has_next) {
+                const int sn = (it + 1) % STAGES;
+                mbar_wait(k_full + 8 * sn, ((it + 1) / STAGES) & 1);
+                issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES);
             }
-            if (__any_sync(0xffffffffu, rescale)) {  // skipped once the row maxima settle
-#pragma unroll
-                for (int pp = 0; pp < PV_PARTS; ++pp)
-#pragma unroll
-                    for (int i = 0; i < PV_N / 2; ++i) o[pp][i] *= corr[(i / 2) % 2];
-            }
-
-            // P as the A operand: keys 16kk.. are S column tiles 2kk and 2kk+1.
-            uint32_t pa[BC / 16][4];
-#pragma unroll
-            for (int kk = 0; kk < BC / 16; ++kk) {
-                pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-                pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-                pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-                pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
-            }
-
-            // O += P V: V is N-major; a 16-key step moves 16 rows, a part 2 slabs.
-            mbar_wait(v_full + 8 * st, phase);
+            mbar_wait(v_full + 8 * st, (it / STAGES) & 1);
 #pragma unroll
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
-            wgmma_fence();
+            wgmma_fence();  // orders the O rescale (ordinary writes) before the async accumulation
+            const uint32_t v_tile = sV + st * Tile::KV_BYTES;
 #pragma unroll
             for (int kk = 0; kk < BC / 16; ++kk)
 #pragma unroll
-                for (int pp = 0; pp < PV_PARTS; ++pp)
+                for (int pp = 0; pp < PV_PARTS; ++pp)  // V is N-major: 16 keys = 16 rows, a part = 2 slabs
                     wgmma_pv<PV_N, T>(o[pp], pa[kk],
                                       wgmma_desc(v_tile + pp * 2 * BC * ROWB + kk * 16 * ROWB, BC * ROWB,
                                                  FC_SWZ_GROUP_BYTES));
             wgmma_commit();
+            float corr[2] = {1.f, 1.f};
+            bool rescale = false;
+            if (has_next) {
+                wgmma_wait<1>();  // S of tile j+1 is done; P_j V_j may still run
+                fence_regs(s);
+                if (needs_mask((j + 1) * BC)) mask_tile<BC>(s, (j + 1) * BC, frow, p, causal, diag, lane);
+                rescale = softmax_tile<BC>(s, m_i, l_i, corr, scale_log2);
+            }
             wgmma_wait<0>();
 #pragma unroll
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
             mbar_arrive(kv_empty + 8 * st);  // this thread is done with slot st (K and V)
+            if (has_next) {
+                if (rescale) {  // skipped once the row maxima settle
+#pragma unroll
+                    for (int pp = 0; pp < PV_PARTS; ++pp)
+#pragma unroll
+                        for (int i = 0; i < PV_N / 2; ++i) o[pp][i] *= corr[(i / 2) % 2];
+                }
+                pack_p<BC, T>(pa, s);
+            }
         }
 
         // Epilogue: O /= l into this warpgroup's own Q rows (same swizzle as
         // TMA's, conflict-free), then 16-byte coalesced stores; LSE = (m + log2 l) ln 2.
+        unsigned char* q_stage = smem_raw + (q_rows - raw);  // generic pointer to our rows of slab 0
         T* o_bh = static_cast<T*>(p.o) + t.b * p.o_batch_stride + t.h * p.o_head_stride;
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
@@ -327,9 +373,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 #pragma unroll
                 for (int nt = 0; nt < PV_N / 8; ++nt) {
                     const int col = pp * PV_N + nt * 8;  // first column of this 8-column tile
-                    const uint32_t off = (col / FC_SLAB_COLS) * BR * ROWB + (cw * Tile::WG_ROWS + r) * ROWB +
+                    const uint32_t off = (col / FC_SLAB_COLS) * BR * ROWB + r * ROWB +
                                          ((((col % FC_SLAB_COLS) / 8) ^ (r & 7)) << 4) + (lane % 4) * 4;
-                    *reinterpret_cast<uint32_t*>(gQ + off) =
+                    *reinterpret_cast<uint32_t*>(q_stage + off) =
                         pack2<T>(o[pp][4 * nt + 2 * hr] * inv, o[pp][4 * nt + 2 * hr + 1] * inv);
                 }
             if (p.lse && lane % 4 == 0 && wrow0 + r < p.Sq)
@@ -337,7 +383,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                     l > 0.f ? (m_i[hr] + log2f(l)) * FC_LN2 : -INFINITY;
         }
         named_barrier_sync(1 + cw, 128);  // this warpgroup's O rows are in smem before its threads read them back
-        constexpr int CH = DP / 8;                // 16-byte chunks per row
+        constexpr int CH = DP / 8;        // 16-byte chunks per row
         constexpr int ROWS_PER_PASS = 128 / CH;
         const int c = t128 % CH;
         if (c * 8 < p.D) {
@@ -345,17 +391,16 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             for (int i = 0; i < Tile::WG_ROWS / ROWS_PER_PASS; ++i) {
                 const int r = i * ROWS_PER_PASS + t128 / CH;
                 if (wrow0 + r < p.Sq) {
-                    const uint32_t off =
-                        (c / 8) * BR * ROWB + (cw * Tile::WG_ROWS + r) * ROWB + (((c % 8) ^ (r & 7)) << 4);
+                    const uint32_t off = (c / 8) * BR * ROWB + r * ROWB + (((c % 8) ^ (r & 7)) << 4);
                     *reinterpret_cast<uint4*>(o_bh + (int64_t)(wrow0 + r) * p.o_row_stride + c * 8) =
-                        *reinterpret_cast<const uint4*>(gQ + off);
+                        *reinterpret_cast<const uint4*>(q_stage + off);
                 }
             }
         }
-        // The next tile's Q (a TMA write) may overwrite these rows only after
-        // every consumer thread's staging reads and writes: proxy fence, then arrive.
+        // A later Q (a TMA write) may overwrite these rows only after every
+        // consumer thread's staging reads and writes: proxy fence, then arrive.
         fence_proxy_async();
-        mbar_arrive(q_empty);
+        mbar_arrive(q_empty + 8 * qb);
     }
 #else
     __trap();  // built without sm_90a; dispatch never launches this
