@@ -141,6 +141,22 @@ __device__ __forceinline__ void issue_qk(float (&s)[BC / 2], uint32_t q_rows, ui
     wgmma_commit();
 }
 
+// Issues O += P V for one V tile as one wgmma group. V is N-major: a 16-key
+// step moves 16 rows, a part (PV_N = 128 columns) moves 2 slabs.
+template <int BC, int PV_N, int PV_PARTS, typename T>
+__device__ __forceinline__ void issue_pv(float (&o)[PV_PARTS][PV_N / 2], const uint32_t (&pa)[BC / 16][4],
+                                         uint32_t v_tile) {
+    wgmma_fence();  // orders earlier register writes of o and pa before the async accumulation
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk)
+#pragma unroll
+        for (int pp = 0; pp < PV_PARTS; ++pp)
+            wgmma_pv<PV_N, T>(o[pp], pa[kk],
+                              wgmma_desc(v_tile + pp * 2 * BC * FC_SWZ_ROW_BYTES + kk * 16 * FC_SWZ_ROW_BYTES,
+                                         BC * FC_SWZ_ROW_BYTES, FC_SWZ_GROUP_BYTES));
+    wgmma_commit();
+}
+
 // Sets keys >= Sk, and (causal) keys > row + diag, of the tile at key0 to -inf.
 // row: this thread's first fragment row (the second is row + 8).
 template <int BC>
@@ -314,49 +330,46 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             pack_p<BC, T>(pa, s);
         }
         // Steady state: S of tile j+1 and P_j V_j run on the tensor cores while
-        // this warpgroup does the softmax of tile j+1.
-        for (int j = 0; j < t.n_blocks; ++j, ++it) {
-            const int st = it % STAGES;
-            const bool has_next = j + 1 < t.n_blocks;
-            if (has_next) {
-                const int sn = (it + 1) % STAGES;
-                mbar_wait(k_full + 8 * sn, ((it + 1) / STAGES) & 1);
-                issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES);
-            }
-            mbar_wait(v_full + 8 * st, (it / STAGES) & 1);
+        // this warpgroup does the softmax of tile j+1. The last tile is peeled
+        // off so that every wgmma group in the loop is issued unconditionally
+        // (ptxas must see that wait<1> retires the S group, or it serializes).
+        for (int j = 0; j + 1 < t.n_blocks; ++j, ++it) {
+            const int st = it % STAGES, sn = (it + 1) % STAGES;
+            // The O rescale (ordinary register writes) precedes both wgmma groups.
 #pragma unroll
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
-            wgmma_fence();  // orders the O rescale (ordinary writes) before the async accumulation
-            const uint32_t v_tile = sV + st * Tile::KV_BYTES;
-#pragma unroll
-            for (int kk = 0; kk < BC / 16; ++kk)
-#pragma unroll
-                for (int pp = 0; pp < PV_PARTS; ++pp)  // V is N-major: 16 keys = 16 rows, a part = 2 slabs
-                    wgmma_pv<PV_N, T>(o[pp], pa[kk],
-                                      wgmma_desc(v_tile + pp * 2 * BC * ROWB + kk * 16 * ROWB, BC * ROWB,
-                                                 FC_SWZ_GROUP_BYTES));
-            wgmma_commit();
-            float corr[2] = {1.f, 1.f};
-            bool rescale = false;
-            if (has_next) {
-                wgmma_wait<1>();  // S of tile j+1 is done; P_j V_j may still run
-                fence_regs(s);
-                if (needs_mask((j + 1) * BC)) mask_tile<BC>(s, (j + 1) * BC, frow, p, causal, diag, lane);
-                rescale = softmax_tile<BC>(s, m_i, l_i, corr, scale_log2);
-            }
+            mbar_wait(k_full + 8 * sn, ((it + 1) / STAGES) & 1);
+            issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES);
+            mbar_wait(v_full + 8 * st, (it / STAGES) & 1);
+            issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
+            wgmma_wait<1>();  // S of tile j+1 is done; P_j V_j may still run
+            fence_regs(s);
+            if (needs_mask((j + 1) * BC)) mask_tile<BC>(s, (j + 1) * BC, frow, p, causal, diag, lane);
+            float corr[2];
+            const bool rescale = softmax_tile<BC>(s, m_i, l_i, corr, scale_log2);
             wgmma_wait<0>();
 #pragma unroll
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
             mbar_arrive(kv_empty + 8 * st);  // this thread is done with slot st (K and V)
-            if (has_next) {
-                if (rescale) {  // skipped once the row maxima settle
+            if (rescale) {                   // skipped once the row maxima settle
 #pragma unroll
-                    for (int pp = 0; pp < PV_PARTS; ++pp)
+                for (int pp = 0; pp < PV_PARTS; ++pp)
 #pragma unroll
-                        for (int i = 0; i < PV_N / 2; ++i) o[pp][i] *= corr[(i / 2) % 2];
-                }
-                pack_p<BC, T>(pa, s);
+                    for (int i = 0; i < PV_N / 2; ++i) o[pp][i] *= corr[(i / 2) % 2];
             }
+            pack_p<BC, T>(pa, s);
+        }
+        if (t.n_blocks > 0) {  // last tile: P V only
+            const int st = it % STAGES;
+#pragma unroll
+            for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
+            mbar_wait(v_full + 8 * st, (it / STAGES) & 1);
+            issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
+            wgmma_wait<0>();
+#pragma unroll
+            for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
+            mbar_arrive(kv_empty + 8 * st);
+            ++it;
         }
 
         // Epilogue: O /= l into this warpgroup's own Q rows (same swizzle as
