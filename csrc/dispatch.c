@@ -333,6 +333,9 @@ fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
                      : p->D <= 128 ? fc_sm80_decode_d128(p, &sp, stream)
                                    : fc_sm80_decode_d256(p, &sp, stream);
             }
+            /* D <= 64 with fewer 128-row CTAs than SMs: 64-row CTAs (twice as many) */
+            if (p->D <= 64 && (int64_t)((p->Sq + 127) / 128) * p->B * p->Hq < dev->sm_count)
+                return fc_sm80_fwd_small_d64(p, stream);
             return p->D <= 64 ? fc_sm80_fwd_d64(p, stream)
                  : p->D <= 128 ? fc_sm80_fwd_d128(p, stream)
                                : fc_sm80_fwd_d256(p, stream);

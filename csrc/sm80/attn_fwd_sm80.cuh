@@ -38,10 +38,12 @@
 //  128 |   4   |    2    | 128 | 32 |  32 + 32 = 64 KB  | BC = 64 spills (O 128 + S 64 fp32 regs/thread)
 //  256 |   4   |    1    |  64 | 32 |  32 + 64 = 96 KB  | O alone is 128 fp32 regs/thread, so one m-tile/warp
 // Every config fits the 99 KB per-block limit of sm86/sm89.
-template <int DP>
+// Small grids at DP = 64 (fewer 128-row CTAs than SMs, e.g. B=2 H=8 S=512)
+// use M_TILES = 1 (BR = 64, 40 KB): twice the CTAs, each half as long.
+template <int DP, int MT = (DP <= 128 ? 2 : 1)>
 struct Sm80Tile {
     static constexpr int WARPS = 4;
-    static constexpr int M_TILES = DP <= 128 ? 2 : 1;  // 16-row mma tiles per warp
+    static constexpr int M_TILES = MT;                 // 16-row mma tiles per warp
     static constexpr int BR = WARPS * M_TILES * 16;    // query rows per CTA
     static constexpr int BC = DP <= 64 ? 64 : 32;      // keys per K/V tile
     static constexpr int KV_STAGES = 2;                // K/V tiles in flight
@@ -53,10 +55,10 @@ struct Sm80Tile {
 // ---------------------------------------------------------------------------
 // Kernel
 
-template <int DP, typename T>
-__global__ void __launch_bounds__(Sm80Tile<DP>::THREADS)
+template <int DP, int MT, typename T>
+__global__ void __launch_bounds__(Sm80Tile<DP, MT>::THREADS)
 attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
-    using Tile = Sm80Tile<DP>;
+    using Tile = Sm80Tile<DP, MT>;
     constexpr int BR = Tile::BR, BC = Tile::BC, M_TILES = Tile::M_TILES, THREADS = Tile::THREADS;
     constexpr int STAGES = Tile::KV_STAGES;
     constexpr int N_TILES = BC / 8;   // 8-key column tiles of S
@@ -316,22 +318,30 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
 // ---------------------------------------------------------------------------
 // Launcher and the C entry points of one padded head dim (see kernels.h)
 
-template <int DP, typename T>
+template <int DP, int MT, typename T>
 static fc_status attn_fwd_sm80_launch(const fc_attn_params* p, cudaStream_t stream) {
-    using Tile = Sm80Tile<DP>;
+    using Tile = Sm80Tile<DP, MT>;
     const size_t smem = Tile::SMEM_BYTES;
-    if (cudaFuncSetAttribute(attn_fwd_sm80_kernel<DP, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    if (cudaFuncSetAttribute(attn_fwd_sm80_kernel<DP, MT, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)smem) != cudaSuccess)
         return FC_ERR_CUDA;
     const unsigned grid = (unsigned)((p->Sq + Tile::BR - 1) / Tile::BR) * (unsigned)(p->B * p->Hq);
-    attn_fwd_sm80_kernel<DP, T><<<grid, Tile::THREADS, smem, stream>>>(*p);
+    attn_fwd_sm80_kernel<DP, MT, T><<<grid, Tile::THREADS, smem, stream>>>(*p);
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 
 #define FC_SM80_DEFINE(DP)                                                                    \
     extern "C" fc_status fc_sm80_fwd_d##DP(const fc_attn_params* p, fc_stream_t stream) {    \
         return p->dtype == FC_DTYPE_BF16                                                      \
-                   ? attn_fwd_sm80_launch<DP, __nv_bfloat16>(p, (cudaStream_t)stream)         \
-                   : attn_fwd_sm80_launch<DP, __half>(p, (cudaStream_t)stream);               \
+                   ? attn_fwd_sm80_launch<DP, Sm80Tile<DP>::M_TILES, __nv_bfloat16>(p, (cudaStream_t)stream) \
+                   : attn_fwd_sm80_launch<DP, Sm80Tile<DP>::M_TILES, __half>(p, (cudaStream_t)stream); \
     }                                                                                         \
     extern "C" size_t fc_sm80_smem_d##DP(void) { return Sm80Tile<DP>::SMEM_BYTES; }
+
+// The BR = 64 variant for small grids (see the tile table).
+#define FC_SM80_DEFINE_SMALL(DP)                                                              \
+    extern "C" fc_status fc_sm80_fwd_small_d##DP(const fc_attn_params* p, fc_stream_t stream) { \
+        return p->dtype == FC_DTYPE_BF16                                                      \
+                   ? attn_fwd_sm80_launch<DP, 1, __nv_bfloat16>(p, (cudaStream_t)stream)      \
+                   : attn_fwd_sm80_launch<DP, 1, __half>(p, (cudaStream_t)stream);            \
+    }
