@@ -89,11 +89,38 @@ fc_dtype to_fc_dtype(at::ScalarType t) {
     return t == at::kHalf ? FC_DTYPE_FP16 : t == at::kBFloat16 ? FC_DTYPE_BF16 : FC_DTYPE_FP32;
 }
 
-// fwd(q, k, v, scale, causal_mode, kernel, return_lse) -> (out, lse | None)
+void check_num_splits(int64_t num_splits) {
+    if (num_splits < 0 || num_splits > INT32_MAX)
+        value_error("num_splits: got " + std::to_string(num_splits) + "; pass None or 0 (heuristic), 1 (no split) "
+                    "or n > 1 (split Sk n ways)");
+}
+
+// Everything but the output pointers; o borrows q's pointer and strides (the
+// size and plan queries look at shapes only).
+fc_attn_params fill_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                           int causal, int kernel, int64_t num_splits) {
+    fc_attn_params p = {};
+    p.q = q.data_ptr(); p.k = k.data_ptr(); p.v = v.data_ptr(); p.o = q.data_ptr();
+    p.q_batch_stride = q.stride(0); p.q_head_stride = q.stride(1); p.q_row_stride = q.stride(2);
+    p.k_batch_stride = k.stride(0); p.k_head_stride = k.stride(1); p.k_row_stride = k.stride(2);
+    p.v_batch_stride = v.stride(0); p.v_head_stride = v.stride(1); p.v_row_stride = v.stride(2);
+    p.o_batch_stride = q.stride(0); p.o_head_stride = q.stride(1); p.o_row_stride = q.stride(2);
+    p.B = (int)q.size(0); p.Hq = (int)q.size(1); p.Hkv = (int)k.size(1);
+    p.Sq = (int)q.size(2); p.Sk = (int)k.size(2); p.D = (int)q.size(3);
+    p.dtype = to_fc_dtype(q.scalar_type());
+    p.scale = (float)scale;
+    p.causal = (fc_causal)causal;
+    p.kernel = q.is_cpu() ? FC_KERNEL_CPU : (fc_kernel)kernel;
+    p.num_splits = (int)num_splits;
+    return p;
+}
+
+// fwd(q, k, v, scale, causal_mode, kernel, return_lse, num_splits) -> (out, lse | None)
 std::tuple<at::Tensor, c10::optional<at::Tensor>> fwd(const at::Tensor& q, const at::Tensor& k,
                                                       const at::Tensor& v, double scale, int causal,
-                                                      int kernel, bool return_lse) {
+                                                      int kernel, bool return_lse, int64_t num_splits) {
     check_inputs(q, k, v);
+    check_num_splits(num_splits);
     if (!std::isfinite(scale) || scale <= 0.0)
         value_error("scale: must be finite and > 0, got " + std::to_string(scale) +
                     "; pass None for 1/sqrt(D)");
@@ -113,19 +140,20 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>> fwd(const at::Tensor& q, const
     c10::optional<at::Tensor> lse;
     if (return_lse) lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
 
-    fc_attn_params p = {};
-    p.q = q.data_ptr(); p.k = k.data_ptr(); p.v = v.data_ptr(); p.o = out.data_ptr();
-    p.lse = return_lse ? lse->data_ptr<float>() : nullptr;
-    p.q_batch_stride = q.stride(0); p.q_head_stride = q.stride(1); p.q_row_stride = q.stride(2);
-    p.k_batch_stride = k.stride(0); p.k_head_stride = k.stride(1); p.k_row_stride = k.stride(2);
-    p.v_batch_stride = v.stride(0); p.v_head_stride = v.stride(1); p.v_row_stride = v.stride(2);
+    fc_attn_params p = fill_params(q, k, v, scale, causal, kernel, num_splits);
+    p.o = out.data_ptr();
     p.o_batch_stride = out.stride(0); p.o_head_stride = out.stride(1); p.o_row_stride = out.stride(2);
-    p.B = (int)q.size(0); p.Hq = (int)q.size(1); p.Hkv = (int)k.size(1);
-    p.Sq = (int)q.size(2); p.Sk = (int)k.size(2); p.D = (int)q.size(3);
-    p.dtype = to_fc_dtype(q.scalar_type());
-    p.scale = (float)scale;
-    p.causal = (fc_causal)causal;
-    p.kernel = q.is_cpu() ? FC_KERNEL_CPU : (fc_kernel)kernel;
+    p.lse = return_lse ? lse->data_ptr<float>() : nullptr;
+
+    // Split-KV scratch from torch's caching allocator (stream-ordered, so it
+    // is safe to free on return and fine under CUDA-graph capture).
+    at::Tensor workspace;
+    const size_t ws_bytes = q.is_cuda() ? fc_attn_fwd_workspace_size(&p) : 0;
+    if (ws_bytes > 0) {
+        workspace = at::empty({(int64_t)ws_bytes}, q.options().dtype(at::kByte));
+        p.workspace = workspace.data_ptr();
+        p.workspace_bytes = ws_bytes;
+    }
 
     // One call does check + launch; the reasons are only formatted on failure.
     fc_stream_t stream = q.is_cuda() ? (fc_stream_t)c10::cuda::getCurrentCUDAStream().stream() : nullptr;
@@ -139,6 +167,18 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>> fwd(const at::Tensor& q, const
         value_error(std::string("flashcore: ") + why);
     }
     return {out, lse};
+}
+
+// Split-KV plan for these inputs: 0 when the tile kernel runs, else the number
+// of Sk splits (1 = split-KV kernel without a combine). For tests and benchmarks.
+int num_splits_for(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int causal, int kernel,
+                   int64_t num_splits) {
+    check_inputs(q, k, v);
+    check_num_splits(num_splits);
+    if (q.is_cpu()) return 0;
+    c10::OptionalDeviceGuard guard(q.device());
+    fc_attn_params p = fill_params(q, k, v, 1.0, causal, kernel, num_splits);
+    return fc_attn_fwd_num_splits(&p);
 }
 
 // Which kernel 'auto' resolves to for these inputs (for tests and benchmarks).
@@ -162,6 +202,8 @@ PYBIND11_MODULE(_C, m) {
     m.doc() = "flashcore C core binding";
     m.def("fwd", &fwd, "attention forward (see flashcore.attention)");
     m.def("picked_kernel", &picked_kernel, "kernel that kernel='auto' runs for (q, k)");
+    m.def("num_splits", &num_splits_for, "split-KV plan for (q, k, v, causal_mode, kernel, num_splits): "
+          "0 = tile kernel, n >= 1 = split-KV kernel with n splits");
     m.def("arch_reason", [](int kernel, int cc_major, int cc_minor) {
         const char* r = fc_arch_reason((fc_kernel)kernel, cc_major, cc_minor);
         return r ? std::string(r) : std::string();

@@ -2,12 +2,15 @@
  *
  * fc_attn_fwd_check collects every reason a call is unsupported (naming the
  * field and the fix), fc_attn_fwd_pick resolves FC_KERNEL_AUTO from the current
- * device's compute capability, and fc_attn_fwd checks then launches. Device
- * attributes are read once per device and cached; nothing here synchronizes.
+ * device's compute capability, plan_split chooses between the tile kernel and
+ * the split-KV kernel (and how many splits), and fc_attn_fwd checks then
+ * launches. Device attributes are read once per device and cached; nothing
+ * here synchronizes.
  *
  * Kernel choice: the Hopper kernel (wgmma + TMA) on compute capability 9.0
  * when the build has sm_90a code (FC_HAVE_SM90), the portable mma.sync
- * kernel on every other sm80+ GPU. FC_KERNEL_SM80/SM90 force one.
+ * kernel on every other sm80+ GPU. FC_KERNEL_SM80/SM90 force one. Decode-like
+ * calls (few query rows per KV head) take the split-KV kernel on any GPU.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -35,6 +38,7 @@ const char* fc_status_string(fc_status s) {
         case FC_ERR_INVALID_ARGUMENT: return "invalid argument";
         case FC_ERR_ARCH: return "unsupported GPU architecture";
         case FC_ERR_CUDA: return "CUDA error";
+        case FC_ERR_WORKSPACE: return "workspace missing or too small";
     }
     return "unknown status";
 }
@@ -45,7 +49,8 @@ typedef struct {
     int valid;       /* 1 once read */
     int major, minor;
     int smem_optin;  /* max dynamic shared memory per block, bytes */
-    int num_sms;     /* streaming multiprocessors (persistent grid size) */
+    int sm_count;    /* streaming multiprocessors */
+    int decode_ctas_per_sm[3];  /* resident split-KV CTAs per SM at padded D 64, 128, 256 (0: cannot run) */
 } fc_device_info;
 
 static fc_device_info g_devices[FC_MAX_DEVICES];
@@ -55,12 +60,17 @@ static const fc_device_info* current_device(void) {
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= FC_MAX_DEVICES) return NULL;
     fc_device_info* d = &g_devices[dev];
     if (!d->valid) {
-        fc_device_info t = {1, 0, 0, 0, 0};
+        fc_device_info t = {1, 0, 0, 0, 0, {0, 0, 0}};
         if (cudaDeviceGetAttribute(&t.major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
             cudaDeviceGetAttribute(&t.minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
             cudaDeviceGetAttribute(&t.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&t.num_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            cudaDeviceGetAttribute(&t.sm_count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
             return NULL;
+        if (t.major >= 8) {  /* the occupancy query needs a device the kernels were built for */
+            t.decode_ctas_per_sm[0] = fc_sm80_decode_ctas_per_sm_d64();
+            t.decode_ctas_per_sm[1] = fc_sm80_decode_ctas_per_sm_d128();
+            t.decode_ctas_per_sm[2] = fc_sm80_decode_ctas_per_sm_d256();
+        }
         *d = t;  /* concurrent first calls write the same values */
     }
     return d;
@@ -106,6 +116,95 @@ fc_kernel fc_attn_fwd_pick(const fc_attn_params* p) {
     return FC_KERNEL_SM80;
 }
 
+/* ---- split-KV planning ----
+ *
+ * Kernel choice. The tile kernel gives each CTA 64-128 query rows of one query
+ * head; with few rows per KV head (decode) most of its M dimension is padding
+ * and each KV head is read once per query head. The split-KV kernel packs the
+ * Hq/Hkv query heads of one KV head times Sq into 16-row tiles, so it is
+ * chosen when those packed rows fit in FC_DECODE_MAX_ROW_BLOCKS tiles, or when
+ * num_splits > 1 forces it.
+ *
+ * Number of splits (num_splits == 0). The kernel is bandwidth-bound: time ~
+ * (waves of CTAs) x (key tiles per CTA + a fixed per-CTA cost). With `groups`
+ * CTAs per split (B x Hkv x row blocks) and `slots` resident CTAs on the GPU
+ * (SM count x CTAs per SM, from the occupancy API), n splits cost
+ *     ceil(groups * n / slots) * (ceil(tiles / n) + FC_SPLIT_OVERHEAD_TILES)
+ * and the smallest cost wins (ties: fewer splits), for n up to FC_SPLIT_MAX_AUTO.
+ * The overhead term keeps splits from shrinking to a tile or two (pipeline
+ * fill, epilogue and the combine's extra traffic) and makes a grid that
+ * already fills the GPU keep one split. Then the tiles are spread evenly:
+ * tiles_per_split = ceil(tiles / n), n = ceil(tiles / tiles_per_split), so no
+ * split is empty. Only visible keys count: top-left causal decode sees few.
+ */
+#define FC_DECODE_MAX_ROW_BLOCKS 4  /* auto: split-KV kernel when Hq/Hkv * Sq <= 4 * 16 = 64 */
+#define FC_SPLIT_MAX_AUTO 128       /* the heuristic never picks more splits than this */
+#define FC_SPLIT_OVERHEAD_TILES 2   /* fixed cost of one CTA, in key tiles of streaming */
+
+static int padded_dim_index(int D) { return D <= 64 ? 0 : D <= 128 ? 1 : 2; }
+static int decode_bc(int D) { return D <= 64 ? FC_DECODE_BC(64) : D <= 128 ? FC_DECODE_BC(128) : FC_DECODE_BC(256); }
+
+/* Fills sp (all but the workspace pointers) and returns 1 when the split-KV
+ * kernel runs, 0 for the tile kernel. p's shapes must already be valid. */
+static int plan_split(const fc_attn_params* p, const fc_device_info* dev, fc_split_plan* sp) {
+    const int G = p->Hq / p->Hkv;
+    const int64_t rows = (int64_t)G * p->Sq;
+    const int64_t row_blocks = (rows + FC_DECODE_ROWS - 1) / FC_DECODE_ROWS;
+    if (p->num_splits <= 1 && row_blocks > FC_DECODE_MAX_ROW_BLOCKS) return 0;
+    const int ctas_per_sm = dev->decode_ctas_per_sm[padded_dim_index(p->D)];
+    if (ctas_per_sm == 0) return 0;  /* cannot run here; check reports it when forced */
+
+    /* keys any row can see: the last query row's limit */
+    int64_t visible = p->Sk;
+    if (p->causal != FC_CAUSAL_NONE) {
+        const int64_t diag = p->causal == FC_CAUSAL_BOTTOM_RIGHT ? (int64_t)p->Sk - p->Sq : 0;
+        const int64_t last = (int64_t)p->Sq - 1 + diag + 1;
+        visible = last < visible ? last : visible;
+    }
+    const int bc = decode_bc(p->D);
+    const int64_t tiles = visible <= 0 ? 1 : (visible + bc - 1) / bc;
+    const int64_t groups = row_blocks * p->B * p->Hkv;  /* CTAs per split */
+    if (groups > FC_GRID_X_MAX) return 0;               /* 1-D grid limit; check rejects it when forced */
+
+    int64_t n;
+    if (p->num_splits >= 1) {
+        n = p->num_splits;
+    } else {
+        const int64_t slots = (int64_t)dev->sm_count * ctas_per_sm;
+        const int64_t n_max = tiles < FC_SPLIT_MAX_AUTO ? tiles : FC_SPLIT_MAX_AUTO;
+        int64_t best_cost = -1;
+        n = 1;
+        for (int64_t c = 1; c <= n_max; ++c) {
+            const int64_t waves = (groups * c + slots - 1) / slots;
+            const int64_t cost = waves * ((tiles + c - 1) / c + FC_SPLIT_OVERHEAD_TILES);
+            if (best_cost < 0 || cost < best_cost) { best_cost = cost; n = c; }
+        }
+    }
+    if (n > tiles) n = tiles;
+    if (n > FC_MAX_SPLITS) n = FC_MAX_SPLITS;
+    if (n > FC_GRID_X_MAX / groups) n = FC_GRID_X_MAX / groups;  /* 1-D grid limit */
+    if (n < 1) n = 1;
+    const int64_t per = (tiles + n - 1) / n;
+    sp->splits = (int)((tiles + per - 1) / per);
+    sp->tiles_per_split = (int)per;
+    sp->row_blocks = (int)row_blocks;
+    sp->o_part = NULL;
+    sp->lse_part = NULL;
+    return 1;
+}
+
+static size_t split_workspace_bytes(const fc_attn_params* p, const fc_split_plan* sp) {
+    if (sp->splits <= 1) return 0;
+    return (size_t)sp->splits * (size_t)p->B * p->Hq * p->Sq * ((size_t)p->D + 1) * sizeof(float);
+}
+
+/* Whether the call runs the split-KV kernel (sp filled): with kernel auto or
+ * sm80 when plan_split says so. A forced sm90 call never splits. */
+static int use_split(const fc_attn_params* p, fc_kernel k, const fc_device_info* dev, fc_split_plan* sp) {
+    if (k == FC_KERNEL_SM90 && p->kernel == FC_KERNEL_SM90) return 0;
+    return plan_split(p, dev, sp);
+}
+
 /* ---- check ---- */
 
 typedef struct {
@@ -135,10 +234,13 @@ static void check_aligned(fc_reasons* r, const char* name, const void* ptr, int6
              "pass %s.contiguous()", name, (long long)sb, (long long)sh, (long long)sr, name);
 }
 
-fc_status fc_attn_fwd_check(const fc_attn_params* p, char* why, size_t why_len) {
-    fc_reasons r = {FC_OK, why, why_len, 0};
-    if (why && why_len) why[0] = '\0';
-    if (!p) { fail(&r, FC_ERR_NULL_POINTER, "params: NULL"); return r.first; }
+/* Every check; the workspace is checked only when check_workspace is set
+ * (the size queries run before the caller has one). On FC_OK with a GPU
+ * kernel, *dev_out is the current device. */
+static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_workspace,
+                            const fc_device_info** dev_out) {
+    fc_reasons r = *rp;
+    if (!p) { fail(&r, FC_ERR_NULL_POINTER, "params: NULL"); *rp = r; return r.first; }
 
     if (!p->q || !p->k || !p->v || !p->o)
         fail(&r, FC_ERR_NULL_POINTER, "q, k, v, o: every tensor pointer must be non-NULL");
@@ -156,11 +258,15 @@ fc_status fc_attn_fwd_check(const fc_attn_params* p, char* why, size_t why_len) 
         fail(&r, FC_ERR_INVALID_ARGUMENT, "causal: unknown mode %d", (int)p->causal);
     if (p->dtype != FC_DTYPE_FP16 && p->dtype != FC_DTYPE_BF16 && p->dtype != FC_DTYPE_FP32)
         fail(&r, FC_ERR_UNSUPPORTED_DTYPE, "dtype: unknown value %d", (int)p->dtype);
+    if (p->num_splits < 0)
+        fail(&r, FC_ERR_INVALID_ARGUMENT, "num_splits: %d is negative; use 0 (heuristic), 1 (no split) or n > 1 "
+             "(split Sk n ways)", p->num_splits);
 
     const fc_kernel k = fc_attn_fwd_pick(p);
-    if (k == FC_KERNEL_CPU) return r.first;
+    if (k == FC_KERNEL_CPU) { *rp = r; return r.first; }
     if (k != FC_KERNEL_SM80 && k != FC_KERNEL_SM90) {
         fail(&r, FC_ERR_INVALID_ARGUMENT, "kernel: unknown value %d", (int)p->kernel);
+        *rp = r;
         return r.first;
     }
 
@@ -178,6 +284,7 @@ fc_status fc_attn_fwd_check(const fc_attn_params* p, char* why, size_t why_len) 
     const fc_device_info* dev = current_device();
     if (!dev) {
         fail(&r, FC_ERR_CUDA, "device: no usable CUDA device (cudaGetDevice or cudaDeviceGetAttribute failed)");
+        *rp = r;
         return r.first;
     }
     const char* reason = fc_arch_reason(k, dev->major, dev->minor);
@@ -187,26 +294,87 @@ fc_status fc_attn_fwd_check(const fc_attn_params* p, char* why, size_t why_len) 
         fail(&r, FC_ERR_ARCH, "device: head dim %d needs %zu bytes of shared memory per block, this GPU "
              "allows %d", p->D, kernel_smem(k, p->D), dev->smem_optin);
     }
+
+    /* split-KV: only once the shapes are known to be valid */
+    if (r.first == FC_OK) {
+        const int64_t row_blocks = ((int64_t)(p->Hq / p->Hkv) * p->Sq + FC_DECODE_ROWS - 1) / FC_DECODE_ROWS;
+        fc_split_plan sp;
+        if (p->num_splits > 1 && p->kernel == FC_KERNEL_SM90)
+            fail(&r, FC_ERR_INVALID_ARGUMENT, "num_splits: the sm90 kernel does not split Sk; pass "
+                 "num_splits=None, or kernel='auto' (split-KV runs the portable decode kernel)");
+        else if (p->num_splits > 1 && dev->decode_ctas_per_sm[padded_dim_index(p->D)] == 0)
+            fail(&r, FC_ERR_ARCH, "num_splits: the split-KV kernel cannot run on this GPU at head dim %d "
+                 "(too little shared memory); pass num_splits=None", p->D);
+        else if (p->num_splits > 1 && row_blocks * p->B * p->Hkv > FC_GRID_X_MAX)
+            fail(&r, FC_ERR_INVALID_SHAPE, "num_splits: B=%d x Hkv=%d x Hq/Hkv*Sq/16 needs more than 2^31-1 "
+                 "thread blocks; pass num_splits=None", p->B, p->Hkv);
+        else if (check_workspace && use_split(p, k, dev, &sp)) {
+            const size_t need = split_workspace_bytes(p, &sp);
+            if (need > 0 && (!p->workspace || p->workspace_bytes < need))
+                fail(&r, FC_ERR_WORKSPACE, "workspace: %zu bytes given, %zu needed for %d splits; allocate "
+                     "fc_attn_fwd_workspace_size(params) bytes", p->workspace ? p->workspace_bytes : (size_t)0,
+                     need, sp.splits);
+            else if (need > 0 && (uintptr_t)p->workspace % 16 != 0)
+                fail(&r, FC_ERR_WORKSPACE, "workspace: pointer is not 16-byte aligned");
+        }
+    }
+    if (dev_out) *dev_out = dev;
+    *rp = r;
     return r.first;
 }
 
+fc_status fc_attn_fwd_check(const fc_attn_params* p, char* why, size_t why_len) {
+    fc_reasons r = {FC_OK, why, why_len, 0};
+    if (why && why_len) why[0] = '\0';
+    return check_impl(p, &r, 1, NULL);
+}
+
+int fc_attn_fwd_num_splits(const fc_attn_params* p) {
+    fc_reasons r = {FC_OK, NULL, 0, 0};
+    const fc_device_info* dev = NULL;
+    if (check_impl(p, &r, 0, &dev) != FC_OK || !dev || fc_attn_fwd_pick(p) == FC_KERNEL_CPU) return 0;
+    fc_split_plan sp;
+    return use_split(p, fc_attn_fwd_pick(p), dev, &sp) ? sp.splits : 0;
+}
+
+size_t fc_attn_fwd_workspace_size(const fc_attn_params* p) {
+    fc_reasons r = {FC_OK, NULL, 0, 0};
+    const fc_device_info* dev = NULL;
+    if (check_impl(p, &r, 0, &dev) != FC_OK || !dev || fc_attn_fwd_pick(p) == FC_KERNEL_CPU) return 0;
+    fc_split_plan sp;
+    return use_split(p, fc_attn_fwd_pick(p), dev, &sp) ? split_workspace_bytes(p, &sp) : 0;
+}
+
 fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
-    fc_status s = fc_attn_fwd_check(p, NULL, 0);
+    fc_reasons r = {FC_OK, NULL, 0, 0};
+    const fc_device_info* dev = NULL;
+    fc_status s = check_impl(p, &r, 1, &dev);
     if (s != FC_OK) return s;
-    switch (fc_attn_fwd_pick(p)) {
-        case FC_KERNEL_CPU: return fc_cpu_fwd(p);
+    const fc_kernel k = fc_attn_fwd_pick(p);
+    if (k == FC_KERNEL_CPU) return fc_cpu_fwd(p);
+    fc_split_plan sp;
+    if (use_split(p, k, dev, &sp)) {  /* decode-like: the split-KV kernel, on any sm80+ GPU */
+        if (sp.splits > 1) {  /* workspace layout: see fc_attn_fwd_workspace_size */
+            sp.o_part = (float*)p->workspace;
+            sp.lse_part = sp.o_part + (size_t)sp.splits * p->B * p->Hq * p->Sq * p->D;
+        }
+        return p->D <= 64 ? fc_sm80_decode_d64(p, &sp, stream)
+             : p->D <= 128 ? fc_sm80_decode_d128(p, &sp, stream)
+                           : fc_sm80_decode_d256(p, &sp, stream);
+    }
+    switch (k) {
         case FC_KERNEL_SM80:
+            /* D <= 64 with fewer 128-row CTAs than SMs: 64-row CTAs (twice as many) */
+            if (p->D <= 64 && (int64_t)((p->Sq + 127) / 128) * p->B * p->Hq < dev->sm_count)
+                return fc_sm80_fwd_small_d64(p, stream);
             return p->D <= 64 ? fc_sm80_fwd_d64(p, stream)
                  : p->D <= 128 ? fc_sm80_fwd_d128(p, stream)
                                : fc_sm80_fwd_d256(p, stream);
 #ifdef FC_HAVE_SM90
-        case FC_KERNEL_SM90: {
-            const fc_device_info* dev = current_device();  /* cached, valid after the check */
-            if (!dev) return FC_ERR_CUDA;
-            return p->D <= 64 ? fc_sm90_fwd_d64(p, dev->num_sms, stream)
-                 : p->D <= 128 ? fc_sm90_fwd_d128(p, dev->num_sms, stream)
-                               : fc_sm90_fwd_d256(p, dev->num_sms, stream);
-        }
+        case FC_KERNEL_SM90:
+            return p->D <= 64 ? fc_sm90_fwd_d64(p, dev->sm_count, stream)
+                 : p->D <= 128 ? fc_sm90_fwd_d128(p, dev->sm_count, stream)
+                               : fc_sm90_fwd_d256(p, dev->sm_count, stream);
 #endif
         default: return FC_ERR_ARCH;
     }

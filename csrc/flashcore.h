@@ -10,6 +10,8 @@
  *
  * The library never allocates device memory, never exits, never synchronizes
  * the device, and launches only on the stream it is given. No torch, no C++.
+ * Scratch memory (the split-KV partial results) is the caller's: ask
+ * fc_attn_fwd_workspace_size, allocate that many bytes, pass them in the params.
  */
 #ifndef FLASHCORE_H
 #define FLASHCORE_H
@@ -34,6 +36,7 @@ typedef enum {
     FC_ERR_INVALID_ARGUMENT,   /* an enum field holds an unknown value */
     FC_ERR_ARCH,               /* the GPU (or forced kernel) cannot run this */
     FC_ERR_CUDA,               /* a CUDA runtime call failed */
+    FC_ERR_WORKSPACE,          /* workspace NULL, misaligned or smaller than fc_attn_fwd_workspace_size */
 } fc_status;
 
 typedef enum {
@@ -78,6 +81,11 @@ typedef struct {
     float scale;      /* softmax scale, finite and > 0 (usually 1/sqrt(D)) */
     fc_causal causal; /* mask mode; see fc_causal */
     fc_kernel kernel; /* which implementation runs; FC_KERNEL_AUTO picks */
+
+    int num_splits;   /* split-KV: 0 = heuristic, 1 = no split, n > 1 = run the split-KV kernel with Sk
+                         split n ways (clamped to the key tiles and FC_MAX_SPLITS); the CPU path ignores it */
+    void* workspace;  /* device scratch for split-KV partials, 16-byte aligned; NULL when none is needed */
+    size_t workspace_bytes; /* bytes at workspace; must be >= fc_attn_fwd_workspace_size(p) */
 } fc_attn_params;
 
 /* Short English name of a status code. Never NULL. */
@@ -85,6 +93,9 @@ const char* fc_status_string(fc_status s);
 
 /* Largest head dim any kernel supports. */
 #define FC_MAX_HEAD_DIM 256
+
+/* Most ways Sk is ever split (forced num_splits above this are clamped). */
+#define FC_MAX_SPLITS 1024
 
 /*
  * Says whether fc_attn_fwd would accept p. On failure returns the first
@@ -106,6 +117,23 @@ const char* fc_arch_reason(fc_kernel k, int cc_major, int cc_minor);
 
 /* Which kernel FC_KERNEL_AUTO resolves to for p on the current device. */
 fc_kernel fc_attn_fwd_pick(const fc_attn_params* p);
+
+/*
+ * Split-KV plan for p on the current device: 0 when the tile kernel runs (no
+ * split-KV kernel), else the number of Sk splits of the split-KV kernel
+ * (1 = that kernel writes O directly, no workspace). Also 0 for the CPU path
+ * and for params that fc_attn_fwd_check rejects.
+ */
+int fc_attn_fwd_num_splits(const fc_attn_params* p);
+
+/*
+ * Bytes of workspace fc_attn_fwd needs for p: 0 when it needs none (no split,
+ * CPU path, or params fc_attn_fwd_check rejects). With n > 1 splits it is
+ * n * B*Hq*Sq * (D + 1) * 4: fp32 partial O (n, B, Hq, Sq, D) followed by the
+ * fp32 partial LSE (n, B, Hq, Sq). Depends on p's shapes, num_splits and the
+ * current device (its SM count), never on the pointers.
+ */
+size_t fc_attn_fwd_workspace_size(const fc_attn_params* p);
 
 #ifdef __cplusplus
 }

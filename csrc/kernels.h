@@ -14,6 +14,7 @@ extern "C" {
 fc_status fc_sm80_fwd_d64(const fc_attn_params* p, fc_stream_t stream);   /* D <= 64 */
 fc_status fc_sm80_fwd_d128(const fc_attn_params* p, fc_stream_t stream);  /* 64 < D <= 128 */
 fc_status fc_sm80_fwd_d256(const fc_attn_params* p, fc_stream_t stream);  /* 128 < D <= 256 */
+fc_status fc_sm80_fwd_small_d64(const fc_attn_params* p, fc_stream_t stream);  /* D <= 64, BR = 64 */
 size_t fc_sm80_smem_d64(void);   /* dynamic shared memory per CTA, bytes */
 size_t fc_sm80_smem_d128(void);
 size_t fc_sm80_smem_d256(void);
@@ -26,6 +27,32 @@ fc_status fc_sm90_fwd_d256(const fc_attn_params* p, int num_sms, fc_stream_t str
 size_t fc_sm90_smem_d64(void);   /* dynamic shared memory per CTA, bytes */
 size_t fc_sm90_smem_d128(void);
 size_t fc_sm90_smem_d256(void);
+
+/* Split-KV ("decode") kernel (csrc/sm80/attn_decode_sm80.cuh). One CTA owns
+ * FC_DECODE_ROWS packed query rows of one (batch, KV head) -- the Hq/Hkv query
+ * heads that share the KV head, times Sq -- and one range of whole key tiles
+ * of FC_DECODE_BC(DP) keys. */
+#define FC_DECODE_ROWS 16                        /* packed query rows per CTA: one m16 mma tile */
+#define FC_DECODE_BC(DP) ((DP) <= 128 ? 64 : 32) /* keys per K/V tile at padded head dim DP */
+
+typedef struct {
+    int splits;           /* key ranges (CTAs per row block); 1 = write O and LSE directly */
+    int tiles_per_split;  /* key tiles of FC_DECODE_BC keys in each range (the last may be short) */
+    int row_blocks;       /* ceil(Hq/Hkv * Sq / FC_DECODE_ROWS) */
+    float* o_part;        /* (splits, B, Hq, Sq, D) fp32 partial O, each normalized by its own sum; splits > 1 */
+    float* lse_part;      /* (splits, B, Hq, Sq) fp32 partial LSE (natural log), -inf where no key was seen */
+} fc_split_plan;
+
+/* Launch the split-KV kernel, then (splits > 1) the combine kernel. */
+fc_status fc_sm80_decode_d64(const fc_attn_params* p, const fc_split_plan* sp, fc_stream_t stream);
+fc_status fc_sm80_decode_d128(const fc_attn_params* p, const fc_split_plan* sp, fc_stream_t stream);
+fc_status fc_sm80_decode_d256(const fc_attn_params* p, const fc_split_plan* sp, fc_stream_t stream);
+/* Resident split-KV CTAs per SM on the current device (occupancy API), 0 on error. */
+int fc_sm80_decode_ctas_per_sm_d64(void);
+int fc_sm80_decode_ctas_per_sm_d128(void);
+int fc_sm80_decode_ctas_per_sm_d256(void);
+/* Merges the splits of sp into p->o (q's dtype) and p->lse (csrc/sm80/attn_combine.cu). */
+fc_status fc_split_combine(const fc_attn_params* p, const fc_split_plan* sp, fc_stream_t stream);
 
 /* Host reference path (csrc/cpu/), synchronous, on host memory. */
 fc_status fc_cpu_fwd(const fc_attn_params* p);

@@ -21,7 +21,7 @@ CAUSAL_ALIGNMENTS = {"top_left": 1, "bottom_right": 2}
 
 def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
               scale=None, enable_gqa=False, *, causal=None,
-              causal_alignment="top_left", return_lse=False, kernel="auto"):
+              causal_alignment="top_left", return_lse=False, kernel="auto", num_splits=None):
     """Scaled dot-product attention, ``softmax(scale * Q K^T) V``, fused.
 
     Args:
@@ -42,6 +42,12 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
             scaled scores, shape (B, Hq, Sq).
         kernel: ``"auto"`` (default), or force ``"sm80"`` (portable
             tensor-core kernel), ``"sm90"`` (Hopper kernel) or ``"cpu"``.
+        num_splits: split-KV (flash-decoding) for few query rows and long
+            keys. ``None`` or ``0``: a heuristic picks the kernel and how many
+            ways to split Sk across the SMs; ``1``: no split; ``n > 1``: run
+            the split-KV kernel with Sk split n ways (clamped to the number of
+            key tiles). GPU only; ignored on the CPU. The partial results live
+            in a scratch tensor from torch's allocator.
 
     Dtypes: fp16 and bf16 on CUDA; fp16, bf16 and fp32 on the CPU.
     Head dim D: any multiple of 8 from 8 to 256.
@@ -71,8 +77,15 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     k_id = KERNELS.get(kernel)
     if k_id is None:
         raise ValueError(f"kernel: expected one of {sorted(KERNELS)}, got {kernel!r}")
+    if num_splits is None:
+        num_splits = 0
+    elif isinstance(num_splits, bool) or not isinstance(num_splits, int):
+        raise TypeError(f"num_splits: expected None or an int, got {type(num_splits).__name__}")
+    elif num_splits < 0:
+        raise ValueError(f"num_splits: got {num_splits}; pass None or 0 (heuristic), 1 (no split) "
+                         f"or n > 1 (split Sk n ways)")
     if scale is None:
         d = query.shape[-1] if isinstance(query, torch.Tensor) and query.dim() > 0 else 0
         scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
-    out, lse = _C.fwd(query, key, value, float(scale), mode, k_id, bool(return_lse))
+    out, lse = _C.fwd(query, key, value, float(scale), mode, k_id, bool(return_lse), num_splits)
     return (out, lse) if return_lse else out

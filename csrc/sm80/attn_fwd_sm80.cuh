@@ -26,6 +26,7 @@
 #include <math.h>
 
 #include "../common/ptx.cuh"
+#include "../common/tile.cuh"
 #include "../flashcore.h"
 #include "../kernels.h"
 
@@ -37,10 +38,12 @@
 //  128 |   4   |    2    | 128 | 32 |  32 + 32 = 64 KB  | BC = 64 spills (O 128 + S 64 fp32 regs/thread)
 //  256 |   4   |    1    |  64 | 32 |  32 + 64 = 96 KB  | O alone is 128 fp32 regs/thread, so one m-tile/warp
 // Every config fits the 99 KB per-block limit of sm86/sm89.
-template <int DP>
+// Small grids at DP = 64 (fewer 128-row CTAs than SMs, e.g. B=2 H=8 S=512)
+// use M_TILES = 1 (BR = 64, 40 KB): twice the CTAs, each half as long.
+template <int DP, int MT = (DP <= 128 ? 2 : 1)>
 struct Sm80Tile {
     static constexpr int WARPS = 4;
-    static constexpr int M_TILES = DP <= 128 ? 2 : 1;  // 16-row mma tiles per warp
+    static constexpr int M_TILES = MT;                 // 16-row mma tiles per warp
     static constexpr int BR = WARPS * M_TILES * 16;    // query rows per CTA
     static constexpr int BC = DP <= 64 ? 64 : 32;      // keys per K/V tile
     static constexpr int KV_STAGES = 2;                // K/V tiles in flight
@@ -50,46 +53,12 @@ struct Sm80Tile {
 };
 
 // ---------------------------------------------------------------------------
-// Device helpers
-
-// Copies rows [0, ROWS) of a (rows, D) tile into swizzled smem; rows >= n_rows
-// and columns >= D are zero-filled so no garbage (or NaN) enters the mma.
-// `g_thr` points at this thread's first element (row tid / CHUNKS, chunk
-// tid % CHUNKS) and `fallback` at any valid address; walking one running
-// pointer keeps the per-row addresses out of the register file.
-template <int DP, int ROWS, int THREADS, typename T>
-__device__ __forceinline__ void load_tile(T* smem, const T* g_thr, const T* fallback, int64_t row_stride,
-                                          int n_rows, int D, int tid) {
-    constexpr int CHUNKS = DP / 8;
-    constexpr int ROW_STEP = THREADS / CHUNKS;  // rows covered by one pass of the CTA
-    static_assert(THREADS % CHUNKS == 0 && ROWS % ROW_STEP == 0, "tile must split evenly over the CTA");
-    const int c = tid % CHUNKS, r0 = tid / CHUNKS;  // this thread's chunk column and first row
-    const bool col_ok = c * 8 < D;
-#pragma unroll
-    for (int i = 0; i < ROWS / ROW_STEP; ++i) {
-        const int r = r0 + i * ROW_STEP;
-        const bool valid = col_ok && r < n_rows;
-        cp_async_16(smem + swz<DP>(r, c), valid ? g_thr : fallback, valid);
-        g_thr += ROW_STEP * row_stride;
-    }
-}
-
-// Byte address of the 16x16 block `step` chunk-pairs to the right of the
-// per-lane ldmatrix address `lane_addr` (taken at chunk 0 or 1 of a swizzled
-// row). Steps 0-3 flip the XOR-ed chunk bits 1-2; bit 3 and up lie outside the
-// 8-chunk swizzle, so step 4+ is a plain add. Only four distinct bases exist
-// per lane, and the adds fold into ldmatrix's immediate offset.
-__device__ __forceinline__ uint32_t chunk_step(uint32_t lane_addr, int step) {
-    return (lane_addr ^ ((step & 3) << 5)) + ((step >> 2) << 7);
-}
-
-// ---------------------------------------------------------------------------
 // Kernel
 
-template <int DP, typename T>
-__global__ void __launch_bounds__(Sm80Tile<DP>::THREADS)
+template <int DP, int MT, typename T>
+__global__ void __launch_bounds__(Sm80Tile<DP, MT>::THREADS)
 attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
-    using Tile = Sm80Tile<DP>;
+    using Tile = Sm80Tile<DP, MT>;
     constexpr int BR = Tile::BR, BC = Tile::BC, M_TILES = Tile::M_TILES, THREADS = Tile::THREADS;
     constexpr int STAGES = Tile::KV_STAGES;
     constexpr int N_TILES = BC / 8;   // 8-key column tiles of S
@@ -349,22 +318,30 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
 // ---------------------------------------------------------------------------
 // Launcher and the C entry points of one padded head dim (see kernels.h)
 
-template <int DP, typename T>
+template <int DP, int MT, typename T>
 static fc_status attn_fwd_sm80_launch(const fc_attn_params* p, cudaStream_t stream) {
-    using Tile = Sm80Tile<DP>;
+    using Tile = Sm80Tile<DP, MT>;
     const size_t smem = Tile::SMEM_BYTES;
-    if (cudaFuncSetAttribute(attn_fwd_sm80_kernel<DP, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    if (cudaFuncSetAttribute(attn_fwd_sm80_kernel<DP, MT, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)smem) != cudaSuccess)
         return FC_ERR_CUDA;
     const unsigned grid = (unsigned)((p->Sq + Tile::BR - 1) / Tile::BR) * (unsigned)(p->B * p->Hq);
-    attn_fwd_sm80_kernel<DP, T><<<grid, Tile::THREADS, smem, stream>>>(*p);
+    attn_fwd_sm80_kernel<DP, MT, T><<<grid, Tile::THREADS, smem, stream>>>(*p);
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 
 #define FC_SM80_DEFINE(DP)                                                                    \
     extern "C" fc_status fc_sm80_fwd_d##DP(const fc_attn_params* p, fc_stream_t stream) {    \
         return p->dtype == FC_DTYPE_BF16                                                      \
-                   ? attn_fwd_sm80_launch<DP, __nv_bfloat16>(p, (cudaStream_t)stream)         \
-                   : attn_fwd_sm80_launch<DP, __half>(p, (cudaStream_t)stream);               \
+                   ? attn_fwd_sm80_launch<DP, Sm80Tile<DP>::M_TILES, __nv_bfloat16>(p, (cudaStream_t)stream) \
+                   : attn_fwd_sm80_launch<DP, Sm80Tile<DP>::M_TILES, __half>(p, (cudaStream_t)stream); \
     }                                                                                         \
     extern "C" size_t fc_sm80_smem_d##DP(void) { return Sm80Tile<DP>::SMEM_BYTES; }
+
+// The BR = 64 variant for small grids (see the tile table).
+#define FC_SM80_DEFINE_SMALL(DP)                                                              \
+    extern "C" fc_status fc_sm80_fwd_small_d##DP(const fc_attn_params* p, fc_stream_t stream) { \
+        return p->dtype == FC_DTYPE_BF16                                                      \
+                   ? attn_fwd_sm80_launch<DP, 1, __nv_bfloat16>(p, (cudaStream_t)stream)      \
+                   : attn_fwd_sm80_launch<DP, 1, __half>(p, (cudaStream_t)stream);            \
+    }

@@ -2,3 +2,4 @@
 #include "attn_fwd_sm80.cuh"
 
 FC_SM80_DEFINE(64)
+FC_SM80_DEFINE_SMALL(64)

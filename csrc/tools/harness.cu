@@ -92,6 +92,8 @@ static bool check_case(const Case& c, fc_kernel kernel, std::mt19937& rng) {
     CUDA_OK(cudaMemcpy(dk, hk.data(), nk * 2, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dv, hv.data(), nk * 2, cudaMemcpyHostToDevice));
     fill_params(&p, c, dq, dk, dv, dout, dlse, c.dtype, kernel);
+    p.workspace_bytes = fc_attn_fwd_workspace_size(&p);  // split-KV scratch, 0 when none
+    if (p.workspace_bytes) CUDA_OK(cudaMalloc(&p.workspace, p.workspace_bytes));
 
     std::vector<uint16_t> out[2];
     std::vector<float> lse[2];
@@ -110,6 +112,7 @@ static bool check_case(const Case& c, fc_kernel kernel, std::mt19937& rng) {
         CUDA_OK(cudaMemcpy(lse[run].data(), dlse, nlse * 4, cudaMemcpyDeviceToHost));
     }
     cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(dlse);
+    if (p.workspace) cudaFree(p.workspace);
     if (!ok) return false;
 
     const float tol = c.dtype == FC_DTYPE_FP16 ? 4e-3f : 3e-2f;  // abs, on O(1) outputs; P is rounded to dtype

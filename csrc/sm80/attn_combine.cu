@@ -1,0 +1,85 @@
+// attn_combine.cu -- merges the splits of the split-KV kernel.
+//
+// Algorithm. Split s left, for every query row, an fp32 partial output O_s
+// normalized by its own softmax sum and its log-sum-exp lse_s (natural log,
+// -inf when the split saw no key of that row). With M = max_s lse_s:
+//     O = sum_s exp(lse_s - M) O_s / L,   L = sum_s exp(lse_s - M),
+//     LSE = M + ln L,
+// which is the softmax over all keys. One warp per query row: the lanes first
+// reduce M and L over the splits (lane l takes splits l, l+32, ...), then lane
+// l accumulates 8 output columns starting at 8l (D <= 256 needs <= 32 lanes)
+// over every split, and stores them in the input dtype with one 16-byte store.
+// A row no split saw (M = -inf) gives O = 0 and LSE = -inf, never NaN.
+//
+// Limits. D a multiple of 8 up to 256; any number of splits (each row reads
+// splits * (D + 1) floats); B * Hq * Sq rows up to 2^31 - 1 warps.
+#include <cuda_runtime.h>
+#include <math.h>
+
+#include "../common/ptx.cuh"
+#include "../flashcore.h"
+#include "../kernels.h"
+
+static constexpr int COMBINE_WARPS = 4;  // rows per CTA
+static constexpr int WARP_SIZE = 32;
+
+// ---------------------------------------------------------------------------
+// Kernel
+
+template <typename T>
+__global__ void __launch_bounds__(COMBINE_WARPS * WARP_SIZE)
+split_combine_kernel(const __grid_constant__ fc_attn_params p, const fc_split_plan sp) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int64_t total_rows = (int64_t)p.B * p.Hq * p.Sq;
+    const int64_t row = (int64_t)blockIdx.x * COMBINE_WARPS + threadIdx.x / WARP_SIZE;  // row of (B, Hq, Sq)
+    if (row >= total_rows) return;
+    const float* lse_s = sp.lse_part + row;  // split s at lse_s[s * total_rows]
+
+    float mx = -INFINITY;
+    for (int s = lane; s < sp.splits; s += WARP_SIZE) mx = fmaxf(mx, lse_s[s * total_rows]);
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float l = 0.f;
+    if (mx != -INFINITY)
+        for (int s = lane; s < sp.splits; s += WARP_SIZE) l += __expf(lse_s[s * total_rows] - mx);
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o /= 2) l += __shfl_xor_sync(0xffffffffu, l, o);
+
+    const int i = (int)(row % p.Sq), h = (int)(row / p.Sq % p.Hq), b = (int)(row / p.Sq / p.Hq);
+    const int c = lane * 8;  // this lane's first column
+    if (c < p.D) {
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        if (l > 0.f) {
+            const float* o_s = sp.o_part + row * p.D + c;  // split s at o_s[s * total_rows * D]
+            for (int s = 0; s < sp.splits; ++s) {
+                const float wt = __expf(lse_s[s * total_rows] - mx);  // 0 for a split that saw no key
+                const float4* src = reinterpret_cast<const float4*>(o_s + s * total_rows * p.D);
+                const float4 x0 = src[0], x1 = src[1];
+                acc[0] += wt * x0.x; acc[1] += wt * x0.y; acc[2] += wt * x0.z; acc[3] += wt * x0.w;
+                acc[4] += wt * x1.x; acc[5] += wt * x1.y; acc[6] += wt * x1.z; acc[7] += wt * x1.w;
+            }
+        }
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        uint4 packed;
+        packed.x = pack2<T>(acc[0] * inv, acc[1] * inv);
+        packed.y = pack2<T>(acc[2] * inv, acc[3] * inv);
+        packed.z = pack2<T>(acc[4] * inv, acc[5] * inv);
+        packed.w = pack2<T>(acc[6] * inv, acc[7] * inv);
+        T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (int64_t)i * p.o_row_stride + c;
+        *reinterpret_cast<uint4*>(o) = packed;
+    }
+    if (p.lse && lane == 0) p.lse[row] = l > 0.f ? mx + logf(l) : -INFINITY;
+}
+
+// ---------------------------------------------------------------------------
+// Launcher
+
+extern "C" fc_status fc_split_combine(const fc_attn_params* p, const fc_split_plan* sp, fc_stream_t stream) {
+    const int64_t rows = (int64_t)p->B * p->Hq * p->Sq;
+    const unsigned grid = (unsigned)((rows + COMBINE_WARPS - 1) / COMBINE_WARPS);
+    if (p->dtype == FC_DTYPE_BF16)
+        split_combine_kernel<__nv_bfloat16><<<grid, COMBINE_WARPS * WARP_SIZE, 0, (cudaStream_t)stream>>>(*p, *sp);
+    else
+        split_combine_kernel<__half><<<grid, COMBINE_WARPS * WARP_SIZE, 0, (cudaStream_t)stream>>>(*p, *sp);
+    return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
+}
