@@ -12,10 +12,11 @@
 // Per K/V tile j a consumer computes S = Q K^T with wgmma (both operands in
 // shared memory, 128-byte swizzle) and P_j V with wgmma taking P from
 // registers (the S accumulator layout is the A-operand layout) and V from
-// shared memory (N-major). The two are software-pipelined: S_{j+1} and P_j V_j
-// are issued back to back, and the masking and online softmax of tile j+1
-// (exp2, log2(e) folded into the scale) run while P_j V_j is still on the
-// tensor cores; the O rescale waits for it. The epilogue divides by the row
+// shared memory (N-major). At D = 128 the two are software-pipelined: S_{j+1}
+// and P_j V_j are issued back to back, and the masking and online softmax of
+// tile j+1 (exp2, log2(e) folded into the scale) run while P_j V_j is still
+// on the tensor cores; the O rescale waits for it. At D = 64 and 256 they run
+// in order, and the two consumer warpgroups overlap each other instead. The epilogue divides by the row
 // sum, stages O in the warpgroup's own Q rows, writes it with 16-byte
 // coalesced stores, and writes LSE. CTAs are persistent: grid = SM count, tile
 // t goes to CTA t % grid, and causal tiles are numbered longest first.
@@ -57,6 +58,10 @@ struct Sm90Tile {
     static constexpr int BC = DP <= 128 ? 128 : 64;   // keys per K/V tile
     static constexpr int STAGES = DP <= 64 ? 3 : 2;   // K/V tiles in flight
     static constexpr int Q_BUFS = DP <= 128 ? 2 : 1;  // Q tiles: the next tile's Q loads during this one
+    // Software-pipeline S(j+1) with P(j)V inside a warpgroup. Measured (perf
+    // notes, sm90 v3): +3-12 % at D = 128, but 12-18 % slower at D = 64 and 256,
+    // where the in-order schedule of the two warpgroups overlaps better.
+    static constexpr bool OVERLAP = DP == 128;
     static constexpr int THREADS = 128 * (1 + CONSUMERS);
     static constexpr int SLABS = DP / FC_SLAB_COLS;   // 128-byte swizzle slabs across a row
     static constexpr uint32_t Q_BYTES = BR * DP * 2;
@@ -329,8 +334,8 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             softmax_tile<BC>(s, m_i, l_i, corr, scale_log2);  // O is still 0: nothing to rescale
             pack_p<BC, T>(pa, s);
         }
-        // Steady state: S of tile j+1 and P_j V_j run on the tensor cores while
-        // this warpgroup does the softmax of tile j+1. The last tile is peeled
+        // Steady state (OVERLAP): S of tile j+1 and P_j V_j run on the tensor
+        // cores while this warpgroup does the softmax of tile j+1. The last tile is peeled
         // off so that every wgmma group in the loop is issued unconditionally
         // (ptxas must see that wait<1> retires the S group, or it serializes).
         for (int j = 0; j + 1 < t.n_blocks; ++j, ++it) {
@@ -338,19 +343,35 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             // The O rescale (ordinary register writes) precedes both wgmma groups.
 #pragma unroll
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
-            mbar_wait(k_full + 8 * sn, ((it + 1) / STAGES) & 1);
-            issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES);
-            mbar_wait(v_full + 8 * st, (it / STAGES) & 1);
-            issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
-            wgmma_wait<1>();  // S of tile j+1 is done; P_j V_j may still run
-            fence_regs(s);
-            if (needs_mask((j + 1) * BC)) mask_tile<BC>(s, (j + 1) * BC, frow, p, causal, diag, lane);
             float corr[2];
-            const bool rescale = softmax_tile<BC>(s, m_i, l_i, corr, scale_log2);
-            wgmma_wait<0>();
+            bool rescale;
+            if constexpr (Tile::OVERLAP) {
+                mbar_wait(k_full + 8 * sn, ((it + 1) / STAGES) & 1);
+                issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES);
+                mbar_wait(v_full + 8 * st, (it / STAGES) & 1);
+                issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
+                wgmma_wait<1>();  // S of tile j+1 is done; P_j V_j may still run
+                fence_regs(s);
+                if (needs_mask((j + 1) * BC)) mask_tile<BC>(s, (j + 1) * BC, frow, p, causal, diag, lane);
+                rescale = softmax_tile<BC>(s, m_i, l_i, corr, scale_log2);
+                wgmma_wait<0>();
 #pragma unroll
-            for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
-            mbar_arrive(kv_empty + 8 * st);  // this thread is done with slot st (K and V)
+                for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
+                mbar_arrive(kv_empty + 8 * st);  // this thread is done with slot st (K and V)
+            } else {  // in order: P_j V_j, then S of tile j+1 and its softmax
+                mbar_wait(v_full + 8 * st, (it / STAGES) & 1);
+                issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
+                wgmma_wait<0>();
+#pragma unroll
+                for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
+                mbar_arrive(kv_empty + 8 * st);  // this thread is done with slot st (K and V)
+                mbar_wait(k_full + 8 * sn, ((it + 1) / STAGES) & 1);
+                issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES);
+                wgmma_wait<0>();
+                fence_regs(s);
+                if (needs_mask((j + 1) * BC)) mask_tile<BC>(s, (j + 1) * BC, frow, p, causal, diag, lane);
+                rescale = softmax_tile<BC>(s, m_i, l_i, corr, scale_log2);
+            }
             if (rescale) {                   // skipped once the row maxima settle
 #pragma unroll
                 for (int pp = 0; pp < PV_PARTS; ++pp)
