@@ -20,8 +20,8 @@ harness) is skipped. ptxas writes its -v lines to stderr, which is parsed:
 
 Names are demangled with c++filt when it is on PATH. Exit status: 0 when no
 function uses local memory, 1 when any has spill stores/loads or a stack frame
-(local memory, which a tuned kernel should never touch), 2 when a compile
-fails or nothing could be parsed.
+(local memory, which a tuned kernel should never touch) or when ptxas reports
+serialized wgmma (C7514), 2 when a compile fails or nothing could be parsed.
 """
 import argparse
 import concurrent.futures
@@ -44,6 +44,11 @@ RE_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+)
 RE_USED = re.compile(r"Used (\d+) registers")
 RE_SMEM = re.compile(r"(\d+) bytes smem")
 RE_WARN = re.compile(r"ptxas (?:warning|error)\s*:.*")
+# ptxas turning a wgmma pipeline into serialized wgmmas (a silent 20-30 % loss
+# on the Hopper kernel): "(C7514) Potential Performance Loss: wgmma.mma_async
+# instructions are serialized ..."
+RE_SERIAL = re.compile(r"\(C7514\).*")
+SERIALIZED = []  # C7514 lines seen by every parse() call
 RE_CU_ARG = re.compile(r"(\S+\.cu)\b")
 
 
@@ -68,6 +73,7 @@ def parse(text, src="?", root_dir=None):
     a .cu file switches it (ninja prints each command before its output).
     """
     funcs, warnings = [], []
+    serialized = []
     entry = None      # the entry function whose "Used ..." line comes next
     props = None      # the function whose "N bytes stack frame" line comes next
     arch = "?"
@@ -109,9 +115,14 @@ def parse(text, src="?", root_dir=None):
             entry.smem = int(sm.group(1)) if sm else 0
             entry = None
             continue
+        m = RE_SERIAL.search(line)
+        if m:
+            serialized.append(f"{src}: {m.group(0).strip()}")
+            continue
         m = RE_WARN.search(line)
         if m:
             warnings.append(f"{src}: {m.group(0).strip()}")
+    SERIALIZED.extend(serialized)
     return funcs, warnings
 
 
@@ -256,7 +267,9 @@ def main(argv=None):
           + (f"; {len(failed)} file(s) failed to compile: {' '.join(failed)}" if failed else ""))
     if failed:
         return 2
-    return 1 if bad else 0
+    for w in SERIALIZED:
+        print("wgmma serialized:", w)
+    return 1 if bad or SERIALIZED else 0
 
 
 if __name__ == "__main__":
