@@ -323,9 +323,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         float s[BC / 2];                        // S, then P, of the next tile
         uint32_t pa[BC / 16][4];                // P of the current tile, as A fragments
 
-        mbar_wait(q_full + 8 * qb, (local / Q_BUFS) & 1);
+        mbar_wait(q_full + 8 * qb, (local / Q_BUFS) & 1);  // this tile's Q has landed (TMA)
         if (t.n_blocks > 0) {  // prologue: P of tile 0
-            mbar_wait(k_full + 8 * (it % STAGES), (it / STAGES) & 1);
+            mbar_wait(k_full + 8 * (it % STAGES), (it / STAGES) & 1);  // K of tile 0 has landed
             issue_qk<DP, BR, BC, T>(s, q_rows, sK + (it % STAGES) * Tile::KV_BYTES);
             wgmma_wait<0>();
             fence_regs(s);
@@ -346,9 +346,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             float corr[2];
             bool rescale;
             if constexpr (Tile::OVERLAP) {
-                mbar_wait(k_full + 8 * sn, ((it + 1) / STAGES) & 1);
+                mbar_wait(k_full + 8 * sn, ((it + 1) / STAGES) & 1);  // K of tile j+1 has landed
                 issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES);
-                mbar_wait(v_full + 8 * st, (it / STAGES) & 1);
+                mbar_wait(v_full + 8 * st, (it / STAGES) & 1);  // V of tile j has landed
                 issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
                 wgmma_wait<1>();  // S of tile j+1 is done; P_j V_j may still run
                 fence_regs(s);
@@ -359,13 +359,13 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
                 mbar_arrive(kv_empty + 8 * st);  // this thread is done with slot st (K and V)
             } else {  // in order: P_j V_j, then S of tile j+1 and its softmax
-                mbar_wait(v_full + 8 * st, (it / STAGES) & 1);
+                mbar_wait(v_full + 8 * st, (it / STAGES) & 1);  // V of tile j has landed
                 issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
                 wgmma_wait<0>();
 #pragma unroll
                 for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
                 mbar_arrive(kv_empty + 8 * st);  // this thread is done with slot st (K and V)
-                mbar_wait(k_full + 8 * sn, ((it + 1) / STAGES) & 1);
+                mbar_wait(k_full + 8 * sn, ((it + 1) / STAGES) & 1);  // K of tile j+1 has landed
                 issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES);
                 wgmma_wait<0>();
                 fence_regs(s);
@@ -384,7 +384,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             const int st = it % STAGES;
 #pragma unroll
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
-            mbar_wait(v_full + 8 * st, (it / STAGES) & 1);
+            mbar_wait(v_full + 8 * st, (it / STAGES) & 1);  // V of tile j has landed
             issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
             wgmma_wait<0>();
 #pragma unroll
