@@ -234,12 +234,22 @@ static void check_aligned(fc_reasons* r, const char* name, const void* ptr, int6
              "pass %s.contiguous()", name, (long long)sb, (long long)sh, (long long)sr, name);
 }
 
+/* What the checks decided; the launch and the size queries reuse it. */
+typedef struct {
+    fc_kernel kernel;           /* the resolved kernel (never FC_KERNEL_AUTO) */
+    const fc_device_info* dev;  /* the current device; NULL for the CPU kernel */
+    int split;                  /* 1: the split-KV kernel runs with `plan` */
+    fc_split_plan plan;         /* valid when split (workspace pointers unset) */
+} fc_choice;
+
 /* Every check; the workspace is checked only when check_workspace is set
- * (the size queries run before the caller has one). On FC_OK with a GPU
- * kernel, *dev_out is the current device. */
-static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_workspace,
-                            const fc_device_info** dev_out) {
+ * (the size queries run before the caller has one). On FC_OK, *c says which
+ * kernel runs and how. */
+static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_workspace, fc_choice* c) {
     fc_reasons r = *rp;
+    c->kernel = FC_KERNEL_CPU;
+    c->dev = NULL;
+    c->split = 0;
     if (!p) { fail(&r, FC_ERR_NULL_POINTER, "params: NULL"); *rp = r; return r.first; }
 
     if (!p->q || !p->k || !p->v || !p->o)
@@ -263,6 +273,7 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
              "(split Sk n ways)", p->num_splits);
 
     const fc_kernel k = fc_attn_fwd_pick(p);
+    c->kernel = k;
     if (k == FC_KERNEL_CPU) { *rp = r; return r.first; }
     if (k != FC_KERNEL_SM80 && k != FC_KERNEL_SM90) {
         fail(&r, FC_ERR_INVALID_ARGUMENT, "kernel: unknown value %d", (int)p->kernel);
@@ -298,7 +309,6 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
     /* split-KV: only once the shapes are known to be valid */
     if (r.first == FC_OK) {
         const int64_t row_blocks = ((int64_t)(p->Hq / p->Hkv) * p->Sq + FC_DECODE_ROWS - 1) / FC_DECODE_ROWS;
-        fc_split_plan sp;
         if (p->num_splits > 1 && p->kernel == FC_KERNEL_SM90)
             fail(&r, FC_ERR_INVALID_ARGUMENT, "num_splits: the sm90 kernel does not split Sk; pass "
                  "num_splits=None, or kernel='auto' (split-KV runs the portable decode kernel)");
@@ -308,17 +318,17 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
         else if (p->num_splits > 1 && row_blocks * p->B * p->Hkv > FC_GRID_X_MAX)
             fail(&r, FC_ERR_INVALID_SHAPE, "num_splits: B=%d x Hkv=%d x Hq/Hkv*Sq/16 needs more than 2^31-1 "
                  "thread blocks; pass num_splits=None", p->B, p->Hkv);
-        else if (check_workspace && use_split(p, k, dev, &sp)) {
-            const size_t need = split_workspace_bytes(p, &sp);
+        else if ((c->split = use_split(p, k, dev, &c->plan)) && check_workspace) {
+            const size_t need = split_workspace_bytes(p, &c->plan);
             if (need > 0 && (!p->workspace || p->workspace_bytes < need))
                 fail(&r, FC_ERR_WORKSPACE, "workspace: %zu bytes given, %zu needed for %d splits; allocate "
                      "fc_attn_fwd_workspace_size(params) bytes", p->workspace ? p->workspace_bytes : (size_t)0,
-                     need, sp.splits);
+                     need, c->plan.splits);
             else if (need > 0 && (uintptr_t)p->workspace % 16 != 0)
                 fail(&r, FC_ERR_WORKSPACE, "workspace: pointer is not 16-byte aligned");
         }
     }
-    if (dev_out) *dev_out = dev;
+    c->dev = dev;
     *rp = r;
     return r.first;
 }
@@ -326,34 +336,31 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
 fc_status fc_attn_fwd_check(const fc_attn_params* p, char* why, size_t why_len) {
     fc_reasons r = {FC_OK, why, why_len, 0};
     if (why && why_len) why[0] = '\0';
-    return check_impl(p, &r, 1, NULL);
+    fc_choice c;
+    return check_impl(p, &r, 1, &c);
 }
 
 int fc_attn_fwd_num_splits(const fc_attn_params* p) {
     fc_reasons r = {FC_OK, NULL, 0, 0};
-    const fc_device_info* dev = NULL;
-    if (check_impl(p, &r, 0, &dev) != FC_OK || !dev || fc_attn_fwd_pick(p) == FC_KERNEL_CPU) return 0;
-    fc_split_plan sp;
-    return use_split(p, fc_attn_fwd_pick(p), dev, &sp) ? sp.splits : 0;
+    fc_choice c;
+    return check_impl(p, &r, 0, &c) == FC_OK && c.split ? c.plan.splits : 0;
 }
 
 size_t fc_attn_fwd_workspace_size(const fc_attn_params* p) {
     fc_reasons r = {FC_OK, NULL, 0, 0};
-    const fc_device_info* dev = NULL;
-    if (check_impl(p, &r, 0, &dev) != FC_OK || !dev || fc_attn_fwd_pick(p) == FC_KERNEL_CPU) return 0;
-    fc_split_plan sp;
-    return use_split(p, fc_attn_fwd_pick(p), dev, &sp) ? split_workspace_bytes(p, &sp) : 0;
+    fc_choice c;
+    return check_impl(p, &r, 0, &c) == FC_OK && c.split ? split_workspace_bytes(p, &c.plan) : 0;
 }
 
 fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
     fc_reasons r = {FC_OK, NULL, 0, 0};
-    const fc_device_info* dev = NULL;
-    fc_status s = check_impl(p, &r, 1, &dev);
+    fc_choice c;
+    fc_status s = check_impl(p, &r, 1, &c);
     if (s != FC_OK) return s;
-    const fc_kernel k = fc_attn_fwd_pick(p);
-    if (k == FC_KERNEL_CPU) return fc_cpu_fwd(p);
-    fc_split_plan sp;
-    if (use_split(p, k, dev, &sp)) {  /* decode-like: the split-KV kernel, on any sm80+ GPU */
+    if (c.kernel == FC_KERNEL_CPU) return fc_cpu_fwd(p);
+    const fc_device_info* dev = c.dev;
+    if (c.split) {  /* decode-like: the split-KV kernel, on any sm80+ GPU */
+        fc_split_plan sp = c.plan;
         if (sp.splits > 1) {  /* workspace layout: see fc_attn_fwd_workspace_size */
             sp.o_part = (float*)p->workspace;
             sp.lse_part = sp.o_part + (size_t)sp.splits * p->B * p->Hq * p->Sq * p->D;
@@ -362,7 +369,7 @@ fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
              : p->D <= 128 ? fc_sm80_decode_d128(p, &sp, stream)
                            : fc_sm80_decode_d256(p, &sp, stream);
     }
-    switch (k) {
+    switch (c.kernel) {
         case FC_KERNEL_SM80:
             /* D <= 64 with fewer 128-row CTAs than SMs: 64-row CTAs (twice as many) */
             if (p->D <= 64 && (int64_t)((p->Sq + 127) / 128) * p->B * p->Hq < dev->sm_count)
