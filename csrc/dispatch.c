@@ -127,8 +127,7 @@ fc_kernel fc_attn_fwd_pick(const fc_attn_params* p) {
  *
  * Number of splits (num_splits == 0). The kernel is bandwidth-bound: time ~
  * (waves of CTAs) x (key tiles per CTA + a fixed per-CTA cost). With `groups`
- * CTAs per split (B x Hkv x row blocks) and `slots` resident CTAs on the GPU
- * (SM count x CTAs per SM, from the occupancy API), n splits cost
+ * CTAs per split (B x Hkv x row blocks) and `slots` = the SM count, n splits cost
  *     ceil(groups * n / slots) * (ceil(tiles / n) + FC_SPLIT_OVERHEAD_TILES)
  * and the smallest cost wins (ties: fewer splits), for n up to FC_SPLIT_MAX_AUTO.
  * The overhead term keeps splits from shrinking to a tile or two (pipeline
@@ -136,6 +135,13 @@ fc_kernel fc_attn_fwd_pick(const fc_attn_params* p) {
  * already fills the GPU keep one split. Then the tiles are spread evenly:
  * tiles_per_split = ceil(tiles / n), n = ceil(tiles / tiles_per_split), so no
  * split is empty. Only visible keys count: top-left causal decode sees few.
+ *
+ * Why slots is the SM count and not SMs x resident CTAs per SM: one split CTA
+ * already keeps 64 KB or more of K/V in flight, and on an H100 a second CTA
+ * per SM only added DRAM streams. Measured (perf notes, decode retune):
+ * B=1 Hq=32 Hkv=8 Sk=128k D=128 took 193.6 us with 16 splits (128 CTAs, one
+ * per SM) and 200.8 us with 33 (two per SM); 17-24 splits (a few SMs with
+ * two) took 200-210 us.
  */
 #define FC_DECODE_MAX_ROW_BLOCKS 4  /* auto: split-KV kernel when Hq/Hkv * Sq <= 4 * 16 = 64 */
 #define FC_SPLIT_MAX_AUTO 128       /* the heuristic never picks more splits than this */
@@ -170,7 +176,7 @@ static int plan_split(const fc_attn_params* p, const fc_device_info* dev, fc_spl
     if (p->num_splits >= 1) {
         n = p->num_splits;
     } else {
-        const int64_t slots = (int64_t)dev->sm_count * ctas_per_sm;
+        const int64_t slots = dev->sm_count;
         const int64_t n_max = tiles < FC_SPLIT_MAX_AUTO ? tiles : FC_SPLIT_MAX_AUTO;
         int64_t best_cost = -1;
         n = 1;

@@ -21,6 +21,14 @@
 // coalesced stores, and writes LSE. CTAs are persistent: grid = SM count, tile
 // t goes to CTA t % grid, and causal tiles are numbered longest first.
 //
+// Key-split mode (small grids). When 64-row tiles number no more than the
+// SMs (e.g. B=2, H=8, S=512) and DP <= 128, a tile is 64 query rows and the
+// two consumers share its Q but take alternate K/V tiles (consumer c takes
+// tiles c, c+2, ...), so twice as many SMs work and each consumer streams
+// half the keys. At the end consumer 2 leaves its (m, l, O) partials in the
+// upper halves of the Q buffers (unused with 64-row tiles) and consumer 1
+// merges them by their maxima and writes the tile.
+//
 // Limits. D is any multiple of 8 up to DP (64, 128 or 256): TMA zero-fills the
 // columns past D and the rows past Sq or Sk, and those rows/keys are masked or
 // never stored. Any Sq, Sk >= 1; both causal alignments; strided inputs whose
@@ -71,17 +79,24 @@ struct Sm90Tile {
     static constexpr int PRODUCER_REGS = 40;           // after setmaxnreg: 40*128 + 232*256 <= 64K
     static constexpr int CONSUMER_REGS = 232;
     static constexpr int N_BARRIERS = 2 * Q_BUFS + 3 * STAGES;  // q_full[], q_empty[], k_full[], v_full[], kv_empty[]
+    // Key-split mode: consumer 2's O partials fill the upper 64 rows of every
+    // slab of every Q buffer (16 fp32 registers x 128 threads per 8 KB), so
+    // it needs DP / 2 <= 16 * Q_BUFS * SLABS, true for DP <= 128.
+    static constexpr bool KV_SPLIT_OK = DP <= 128;
+    static constexpr uint32_t ML_BYTES = 4 * 128 * 4;  // key-split: consumer 2's m and l, 4 floats per thread
     static constexpr size_t SMEM_BYTES = FC_SWZ_GROUP_BYTES /* alignment slack */ + Q_BUFS * Q_BYTES +
-                                         2 * STAGES * (size_t)KV_BYTES + 8 * N_BARRIERS;
+                                         2 * STAGES * (size_t)KV_BYTES + 8 * N_BARRIERS + ML_BYTES;
+    static_assert(!KV_SPLIT_OK || DP / 2 <= 16 * Q_BUFS * SLABS, "key-split partials must fit the Q buffers");
     static_assert(DP % FC_SLAB_COLS == 0, "DP must be a whole number of 64-column slabs");
 };
 
 // Kernel parameters: the three TMA maps plus the call's params.
 struct Sm90Args {
-    CUtensorMap q_map;  // Q as (D, Sq, Hq, B), box (64, BR)
+    CUtensorMap q_map;  // Q as (D, Sq, Hq, B), box (64, tile rows: BR, or WG_ROWS in key-split mode)
     CUtensorMap k_map;  // K as (D, Sk, Hkv, B), box (64, BC)
     CUtensorMap v_map;  // V as (D, Sk, Hkv, B), box (64, BC)
     fc_attn_params p;   // shapes, strides, O/LSE pointers, scale, causal mode
+    int kv_split;       // 1: key-split mode (64-row tiles, consumers take alternate K/V tiles)
 };
 
 // Where tile `tile` lies and how many K/V tiles it visits. Producer and
@@ -92,8 +107,8 @@ struct Sm90TileCoord {
     int n_blocks;   // K/V tiles with at least one visible key
 };
 
-template <int BR, int BC>
-__device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int tile, int n_mblocks) {
+template <int BC>
+__device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int tile, int n_mblocks, int br) {
     const int n_bh = p.B * p.Hq;
     int mblock, bh;
     if (p.causal != FC_CAUSAL_NONE) {  // longest tiles (last query blocks) first
@@ -107,11 +122,11 @@ __device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int 
     t.h = bh % p.Hq;
     t.b = bh / p.Hq;
     t.hk = t.h / (p.Hq / p.Hkv);
-    t.row0 = mblock * BR;
+    t.row0 = mblock * br;
     t.n_blocks = (p.Sk + BC - 1) / BC;
     if (p.causal != FC_CAUSAL_NONE) {
         const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
-        const int last_key = min(t.row0 + BR, p.Sq) - 1 + diag;
+        const int last_key = min(t.row0 + br, p.Sq) - 1 + diag;
         t.n_blocks = last_key < 0 ? 0 : min(t.n_blocks, last_key / BC + 1);
     }
     return t;
@@ -242,6 +257,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     const uint32_t bar0 = sV + STAGES * Tile::KV_BYTES;
     const uint32_t q_full = bar0, q_empty = q_full + 8 * Q_BUFS;  // one per Q buffer
     const uint32_t k_full = q_empty + 8 * Q_BUFS, v_full = k_full + 8 * STAGES, kv_empty = v_full + 8 * STAGES;
+    const uint32_t ml = kv_empty + 8 * STAGES;  // key-split: consumer 2's m and l
+    const bool split = Tile::KV_SPLIT_OK && args.kv_split;
+    const int br = split ? Tile::WG_ROWS : BR;  // query rows per tile
 
     const int tid = threadIdx.x;
     if (tid == 0) {
@@ -252,13 +270,13 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         for (int i = 0; i < STAGES; ++i) {
             mbar_init(k_full + 8 * i, 1);
             mbar_init(v_full + 8 * i, 1);
-            mbar_init(kv_empty + 8 * i, Tile::CONSUMERS * 128);
+            mbar_init(kv_empty + 8 * i, (split ? 1 : Tile::CONSUMERS) * 128);  // key-split: one consumer per K/V tile
         }
         mbar_init_fence();
     }
     __syncthreads();  // the barriers are initialized before any thread waits on or arrives at them
 
-    const int n_mblocks = (p.Sq + BR - 1) / BR;
+    const int n_mblocks = (p.Sq + br - 1) / br;
     const int n_tiles = n_mblocks * p.B * p.Hq;
     const int wg = tid / 128;
 
@@ -272,10 +290,10 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         int it = 0;  // K/V tiles issued so far: position in the ring
         int local = 0;
         for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++local) {
-            const Sm90TileCoord t = sm90_tile<BR, BC>(p, tile, n_mblocks);
+            const Sm90TileCoord t = sm90_tile<BC>(p, tile, n_mblocks, br);
             const int qb = local % Q_BUFS;
             mbar_wait(q_empty + 8 * qb, ((local / Q_BUFS) & 1) ^ 1);  // buffer qb's previous tile is finished
-            mbar_expect_tx(q_full + 8 * qb, Tile::Q_BYTES);
+            mbar_expect_tx(q_full + 8 * qb, br * DP * 2);
             for (int s = 0; s < SLABS; ++s)
                 tma_load_4d(sQ + qb * Tile::Q_BYTES + s * BR * ROWB, &args.q_map, q_full + 8 * qb,
                             s * FC_SLAB_COLS, t.row0, t.h, t.b);
@@ -297,18 +315,25 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 
     // ---------------- consumer warpgroups ----------------
     setmaxnreg_inc<Tile::CONSUMER_REGS>();
-    const int cw = wg - 1;  // this warpgroup owns tile rows cw*64 .. cw*64+63
+    const int cw = wg - 1;  // rows cw*64 .. cw*64+63 of the tile (key-split: all 64 rows, K/V tiles cw, cw+2, ...)
     const int t128 = tid % 128, warp = t128 / 32, lane = tid % 32;
     const float scale_log2 = p.scale * FC_LOG2E;
     const bool causal = p.causal != FC_CAUSAL_NONE;
     const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
+    const int step = split ? 2 : 1;      // K/V tiles from one of this warpgroup's to the next
+    const int first = split ? cw : 0;    // this warpgroup's first K/V tile
+    const int row_off = split ? 0 : cw * Tile::WG_ROWS;
+    // Key-split mode runs in order: with 2 stages a warpgroup's next K/V tile
+    // (two ahead) reuses the slot of its current one, so it must release that
+    // slot before waiting for the next.
+    const bool overlap = Tile::OVERLAP && !split;
 
-    int it = 0, local = 0;
+    int base = 0, local = 0;  // base: ring position of the current tile's K/V tile 0
     for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++local) {
-        const Sm90TileCoord t = sm90_tile<BR, BC>(p, tile, n_mblocks);
+        const Sm90TileCoord t = sm90_tile<BC>(p, tile, n_mblocks, br);
         const int qb = local % Q_BUFS;
-        const uint32_t q_rows = sQ + qb * Tile::Q_BYTES + cw * Tile::WG_ROWS * ROWB;  // our rows of slab 0
-        const int wrow0 = t.row0 + cw * Tile::WG_ROWS;  // first query row of this warpgroup
+        const uint32_t q_rows = sQ + qb * Tile::Q_BYTES + row_off * ROWB;  // our rows of slab 0
+        const int wrow0 = t.row0 + row_off;             // first query row of this warpgroup
         const int frow = wrow0 + warp * 16 + lane / 4;  // this thread's first fragment row
         // Masking is needed on the key tail and on tiles reaching past the diagonal.
         auto needs_mask = [&](int key0) { return key0 + BC > p.Sk || (causal && key0 + BC - 1 > wrow0 + diag); };
@@ -324,52 +349,56 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         uint32_t pa[BC / 16][4];                // P of the current tile, as A fragments
 
         mbar_wait(q_full + 8 * qb, (local / Q_BUFS) & 1);  // this tile's Q has landed (TMA)
-        if (t.n_blocks > 0) {  // prologue: P of tile 0
-            mbar_wait(k_full + 8 * (it % STAGES), (it / STAGES) & 1);  // K of tile 0 has landed
-            issue_qk<DP, BR, BC, T>(s, q_rows, sK + (it % STAGES) * Tile::KV_BYTES);
+        const bool any = first < t.n_blocks;              // this warpgroup has a K/V tile
+        int j = first;
+        if (any) {  // prologue: P of tile `first`
+            const int g = base + j;
+            mbar_wait(k_full + 8 * (g % STAGES), (g / STAGES) & 1);  // K of tile j has landed
+            issue_qk<DP, BR, BC, T>(s, q_rows, sK + (g % STAGES) * Tile::KV_BYTES);
             wgmma_wait<0>();
             fence_regs(s);
-            if (needs_mask(0)) mask_tile<BC>(s, 0, frow, p, causal, diag, lane);
+            if (needs_mask(j * BC)) mask_tile<BC>(s, j * BC, frow, p, causal, diag, lane);
             float corr[2];
             softmax_tile<BC>(s, m_i, l_i, corr, scale_log2);  // O is still 0: nothing to rescale
             pack_p<BC, T>(pa, s);
         }
-        // Steady state (OVERLAP): S of tile j+1 and P_j V_j run on the tensor
-        // cores while this warpgroup does the softmax of tile j+1. The last tile is peeled
+        // Steady state (OVERLAP): S of tile j+step and P_j V_j run on the tensor
+        // cores while this warpgroup does the softmax of tile j+step. The last tile is peeled
         // off so that every wgmma group in the loop is issued unconditionally
         // (ptxas must see that wait<1> retires the S group, or it serializes).
-        for (int j = 0; j + 1 < t.n_blocks; ++j, ++it) {
-            const int st = it % STAGES, sn = (it + 1) % STAGES;
+        for (; j + step < t.n_blocks; j += step) {
+            const int g = base + j, gn = g + step, st = g % STAGES, sn = gn % STAGES;
+            const int key_n = (j + step) * BC;  // first key of the next tile
             // The O rescale (ordinary register writes) precedes both wgmma groups.
 #pragma unroll
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
             float corr[2];
             bool rescale;
-            if constexpr (Tile::OVERLAP) {
-                mbar_wait(k_full + 8 * sn, ((it + 1) / STAGES) & 1);  // K of tile j+1 has landed
+            if (overlap) {
+                mbar_wait(k_full + 8 * sn, (gn / STAGES) & 1);  // K of the next tile has landed
                 issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES);
-                mbar_wait(v_full + 8 * st, (it / STAGES) & 1);  // V of tile j has landed
+                mbar_wait(v_full + 8 * st, (g / STAGES) & 1);  // V of tile j has landed
                 issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
-                wgmma_wait<1>();  // S of tile j+1 is done; P_j V_j may still run
+                wgmma_wait<1>();  // S of the next tile is done; P_j V_j may still run
                 fence_regs(s);
-                if (needs_mask((j + 1) * BC)) mask_tile<BC>(s, (j + 1) * BC, frow, p, causal, diag, lane);
+                if (needs_mask(key_n)) mask_tile<BC>(s, key_n, frow, p, causal, diag, lane);
                 rescale = softmax_tile<BC>(s, m_i, l_i, corr, scale_log2);
                 wgmma_wait<0>();
 #pragma unroll
                 for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
                 mbar_arrive(kv_empty + 8 * st);  // this thread is done with slot st (K and V)
-            } else {  // in order: P_j V_j, then S of tile j+1 and its softmax
-                mbar_wait(v_full + 8 * st, (it / STAGES) & 1);  // V of tile j has landed
+            } else {  // in order: P_j V_j, then S of the next tile and its softmax
+                mbar_wait(v_full + 8 * st, (g / STAGES) & 1);  // V of tile j has landed
                 issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
                 wgmma_wait<0>();
 #pragma unroll
                 for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
                 mbar_arrive(kv_empty + 8 * st);  // this thread is done with slot st (K and V)
-                mbar_wait(k_full + 8 * sn, ((it + 1) / STAGES) & 1);  // K of tile j+1 has landed
+                mbar_wait(k_full + 8 * sn, (gn / STAGES) & 1);  // K of the next tile has landed
                 issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES);
                 wgmma_wait<0>();
                 fence_regs(s);
-                if (needs_mask((j + 1) * BC)) mask_tile<BC>(s, (j + 1) * BC, frow, p, causal, diag, lane);
+                if (needs_mask(key_n)) mask_tile<BC>(s, key_n, frow, p, causal, diag, lane);
                 rescale = softmax_tile<BC>(s, m_i, l_i, corr, scale_log2);
             }
             if (rescale) {                   // skipped once the row maxima settle
@@ -380,54 +409,101 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             }
             pack_p<BC, T>(pa, s);
         }
-        if (t.n_blocks > 0) {  // last tile: P V only
-            const int st = it % STAGES;
+        if (any) {  // last tile: P V only
+            const int g = base + j, st = g % STAGES;
 #pragma unroll
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
-            mbar_wait(v_full + 8 * st, (it / STAGES) & 1);  // V of tile j has landed
+            mbar_wait(v_full + 8 * st, (g / STAGES) & 1);  // V of tile j has landed
             issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
             wgmma_wait<0>();
 #pragma unroll
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
             mbar_arrive(kv_empty + 8 * st);
-            ++it;
+        }
+        base += t.n_blocks;
+
+        if (split) {  // merge the two warpgroups' partials; warpgroup 1 (cw = 0) writes the tile
+            // Thread t128 of both warpgroups holds the same rows and columns, so the
+            // partials go through smem as [register][thread]: register f of O in
+            // 8 KB chunk f / 16 (Q buffer c % Q_BUFS, slab c / Q_BUFS, rows 64-127).
+            float* mlp = reinterpret_cast<float*>(smem_raw + (ml - raw));
+            auto part = [&](int f) {
+                const int c = f / 16;
+                return reinterpret_cast<float*>(smem_raw + (sQ - raw) + (c % Q_BUFS) * Tile::Q_BYTES +
+                                                (c / Q_BUFS) * BR * ROWB + Tile::WG_ROWS * ROWB) +
+                       (f % 16) * 128 + t128;
+            };
+            if (cw == 1) {
+#pragma unroll
+                for (int pp = 0; pp < PV_PARTS; ++pp)
+#pragma unroll
+                    for (int i = 0; i < PV_N / 2; ++i) *part(pp * (PV_N / 2) + i) = o[pp][i];
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    mlp[hr * 128 + t128] = m_i[hr];
+                    mlp[(2 + hr) * 128 + t128] = l_i[hr];
+                }
+                named_barrier_arrive(3, 256);  // the partials are in smem before warpgroup 1 reads them
+                named_barrier_sync(4, 256);    // warpgroup 1 has read them: the next tile may overwrite
+            } else {
+                named_barrier_sync(3, 256);    // warpgroup 2's partials are in smem
+                float c0[2], c1[2];
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    const float m1 = mlp[hr * 128 + t128], l1 = mlp[(2 + hr) * 128 + t128];
+                    const float m = fmaxf(m_i[hr], m1);
+                    const float m_use = m == -INFINITY ? 0.f : m;  // no key in either half: both factors 0
+                    c0[hr] = fast_exp2(m_i[hr] - m_use);
+                    c1[hr] = fast_exp2(m1 - m_use);
+                    m_i[hr] = m;
+                    l_i[hr] = l_i[hr] * c0[hr] + l1 * c1[hr];
+                }
+#pragma unroll
+                for (int pp = 0; pp < PV_PARTS; ++pp)
+#pragma unroll
+                    for (int i = 0; i < PV_N / 2; ++i)
+                        o[pp][i] = o[pp][i] * c0[(i / 2) % 2] + *part(pp * (PV_N / 2) + i) * c1[(i / 2) % 2];
+                named_barrier_arrive(4, 256);  // the partials are read: warpgroup 2 may go on
+            }
         }
 
-        // Epilogue: O /= l into this warpgroup's own Q rows (same swizzle as
-        // TMA's, conflict-free), then 16-byte coalesced stores; LSE = (m + log2 l) ln 2.
-        unsigned char* q_stage = smem_raw + (q_rows - raw);  // generic pointer to our rows of slab 0
-        T* o_bh = static_cast<T*>(p.o) + t.b * p.o_batch_stride + t.h * p.o_head_stride;
+        if (!split || cw == 0) {
+            // Epilogue: O /= l into this warpgroup's own Q rows (same swizzle as
+            // TMA's, conflict-free), then 16-byte coalesced stores; LSE = (m + log2 l) ln 2.
+            unsigned char* q_stage = smem_raw + (q_rows - raw);  // generic pointer to our rows of slab 0
+            T* o_bh = static_cast<T*>(p.o) + t.b * p.o_batch_stride + t.h * p.o_head_stride;
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-            const float l = quad_sum(l_i[hr]);
-            const float inv = l > 0.f ? 1.f / l : 0.f;
-            const int r = warp * 16 + lane / 4 + hr * 8;  // row within the warpgroup
+            for (int hr = 0; hr < 2; ++hr) {
+                const float l = quad_sum(l_i[hr]);
+                const float inv = l > 0.f ? 1.f / l : 0.f;
+                const int r = warp * 16 + lane / 4 + hr * 8;  // row within the warpgroup
 #pragma unroll
-            for (int pp = 0; pp < PV_PARTS; ++pp)
+                for (int pp = 0; pp < PV_PARTS; ++pp)
 #pragma unroll
-                for (int nt = 0; nt < PV_N / 8; ++nt) {
-                    const int col = pp * PV_N + nt * 8;  // first column of this 8-column tile
-                    const uint32_t off = (col / FC_SLAB_COLS) * BR * ROWB + r * ROWB +
-                                         ((((col % FC_SLAB_COLS) / 8) ^ (r & 7)) << 4) + (lane % 4) * 4;
-                    *reinterpret_cast<uint32_t*>(q_stage + off) =
-                        pack2<T>(o[pp][4 * nt + 2 * hr] * inv, o[pp][4 * nt + 2 * hr + 1] * inv);
-                }
-            if (p.lse && lane % 4 == 0 && wrow0 + r < p.Sq)
-                p.lse[((int64_t)t.b * p.Hq + t.h) * p.Sq + wrow0 + r] =
-                    l > 0.f ? (m_i[hr] + log2f(l)) * FC_LN2 : -INFINITY;
-        }
-        named_barrier_sync(1 + cw, 128);  // this warpgroup's O rows are in smem before its threads read them back
-        constexpr int CH = DP / 8;        // 16-byte chunks per row
-        constexpr int ROWS_PER_PASS = 128 / CH;
-        const int c = t128 % CH;
-        if (c * 8 < p.D) {
+                    for (int nt = 0; nt < PV_N / 8; ++nt) {
+                        const int col = pp * PV_N + nt * 8;  // first column of this 8-column tile
+                        const uint32_t off = (col / FC_SLAB_COLS) * BR * ROWB + r * ROWB +
+                                             ((((col % FC_SLAB_COLS) / 8) ^ (r & 7)) << 4) + (lane % 4) * 4;
+                        *reinterpret_cast<uint32_t*>(q_stage + off) =
+                            pack2<T>(o[pp][4 * nt + 2 * hr] * inv, o[pp][4 * nt + 2 * hr + 1] * inv);
+                    }
+                if (p.lse && lane % 4 == 0 && wrow0 + r < p.Sq)
+                    p.lse[((int64_t)t.b * p.Hq + t.h) * p.Sq + wrow0 + r] =
+                        l > 0.f ? (m_i[hr] + log2f(l)) * FC_LN2 : -INFINITY;
+            }
+            named_barrier_sync(1 + cw, 128);  // this warpgroup's O rows are in smem before its threads read them back
+            constexpr int CH = DP / 8;        // 16-byte chunks per row
+            constexpr int ROWS_PER_PASS = 128 / CH;
+            const int c = t128 % CH;
+            if (c * 8 < p.D) {
 #pragma unroll
-            for (int i = 0; i < Tile::WG_ROWS / ROWS_PER_PASS; ++i) {
-                const int r = i * ROWS_PER_PASS + t128 / CH;
-                if (wrow0 + r < p.Sq) {
-                    const uint32_t off = (c / 8) * BR * ROWB + r * ROWB + (((c % 8) ^ (r & 7)) << 4);
-                    *reinterpret_cast<uint4*>(o_bh + (int64_t)(wrow0 + r) * p.o_row_stride + c * 8) =
-                        *reinterpret_cast<const uint4*>(q_stage + off);
+                for (int i = 0; i < Tile::WG_ROWS / ROWS_PER_PASS; ++i) {
+                    const int r = i * ROWS_PER_PASS + t128 / CH;
+                    if (wrow0 + r < p.Sq) {
+                        const uint32_t off = (c / 8) * BR * ROWB + r * ROWB + (((c % 8) ^ (r & 7)) << 4);
+                        *reinterpret_cast<uint4*>(o_bh + (int64_t)(wrow0 + r) * p.o_row_stride + c * 8) =
+                            *reinterpret_cast<const uint4*>(q_stage + off);
+                    }
                 }
             }
         }
@@ -449,8 +525,13 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     using Tile = Sm90Tile<DP>;
     Sm90Args a;
     a.p = *p;
+    // Key-split mode when the 64-row tiles fit on the SMs in one wave: twice
+    // the SMs at work, each on half the keys of its tile.
+    const long long tiles64 = (long long)((p->Sq + Tile::WG_ROWS - 1) / Tile::WG_ROWS) * p->B * p->Hq;
+    a.kv_split = Tile::KV_SPLIT_OK && tiles64 <= num_sms;
+    const int br = a.kv_split ? Tile::WG_ROWS : Tile::BR;
     fc_status s = fc_sm90_tensor_map(&a.q_map, p->dtype, p->q, p->D, p->Sq, p->Hq, p->B, p->q_row_stride,
-                                     p->q_head_stride, p->q_batch_stride, Tile::BR);
+                                     p->q_head_stride, p->q_batch_stride, br);
     if (s == FC_OK)
         s = fc_sm90_tensor_map(&a.k_map, p->dtype, p->k, p->D, p->Sk, p->Hkv, p->B, p->k_row_stride,
                                p->k_head_stride, p->k_batch_stride, Tile::BC);
@@ -461,7 +542,7 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     if (cudaFuncSetAttribute(attn_fwd_sm90_kernel<DP, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)Tile::SMEM_BYTES) != cudaSuccess)
         return FC_ERR_CUDA;
-    const long long n_tiles = (long long)((p->Sq + Tile::BR - 1) / Tile::BR) * p->B * p->Hq;
+    const long long n_tiles = (long long)((p->Sq + br - 1) / br) * p->B * p->Hq;
     const unsigned grid = (unsigned)(n_tiles < num_sms ? n_tiles : num_sms);
     attn_fwd_sm90_kernel<DP, T><<<grid, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(a);
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;

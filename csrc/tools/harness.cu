@@ -3,6 +3,8 @@
 //   build/harness check [kernel] [small]  correctness grid vs the C CPU path (fp32 reference);
 //                                     `small` keeps the cases small enough for compute-sanitizer
 //   build/harness bench [kernel]      TFLOP/s on the standard grid (CUDA events, median of runs)
+//   build/harness shape kernel B Hq Hkv Sq Sk D causal reps
+//                                     times one fp16 case (for ncu or a quick A/B)
 //
 // kernel: auto (default), sm80 or sm90. Builds with nvcc on a machine without
 // a GPU (scripts/build_harness.sh) and runs on the GPU machine as is. Exit
@@ -165,6 +167,7 @@ static int run_check(fc_kernel kernel, bool small) {
             cases.push_back({2, 8, 2, 130, 129, 128, m, dt, false});    // GQA 4:1
             cases.push_back({1, 4, 1, 64, 1100, 256, m, dt, false});    // MQA
             cases.push_back({3, 16, 4, 700, 900, 64, m, dt, false});    // more tiles than SMs (persistent CTAs)
+            cases.push_back({2, 16, 8, 640, 700, 128, m, dt, false});   // sm90: 128-row tiles (no key split)
         }
     for (int D : {8, 40, 72, 96, 136, 200, 248})
         cases.push_back({1, 2, 1, 150, 170, D, FC_CAUSAL_TOP_LEFT, FC_DTYPE_FP16, D % 16 == 8});
@@ -178,48 +181,70 @@ static int run_check(fc_kernel kernel, bool small) {
     return fails ? 1 : 0;
 }
 
+// Times one case (median of `reps` launches, CUDA events, no L2 flush); -1 if a launch fails.
+static double time_case(const Case& c, fc_kernel kernel, int reps) {
+    const size_t nq = (size_t)c.B * c.Hq * c.Sq * c.D, nk = (size_t)c.B * c.Hkv * c.Sk * c.D;
+    std::vector<uint16_t> hq(nq), hk(nk);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (auto& x : hq) x = to_bits(nd(rng), c.dtype);
+    for (auto& x : hk) x = to_bits(nd(rng), c.dtype);
+    void *dq, *dk, *dv, *dout;
+    CUDA_OK(cudaMalloc(&dq, nq * 2)); CUDA_OK(cudaMalloc(&dk, nk * 2));
+    CUDA_OK(cudaMalloc(&dv, nk * 2)); CUDA_OK(cudaMalloc(&dout, nq * 2));
+    CUDA_OK(cudaMemcpy(dq, hq.data(), nq * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dk, hk.data(), nk * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dv, hk.data(), nk * 2, cudaMemcpyHostToDevice));
+    fc_attn_params p;
+    fill_params(&p, c, dq, dk, dv, dout, nullptr, c.dtype, kernel);
+    p.workspace_bytes = fc_attn_fwd_workspace_size(&p);
+    if (p.workspace_bytes) CUDA_OK(cudaMalloc(&p.workspace, p.workspace_bytes));
+    cudaEvent_t e0, e1;
+    CUDA_OK(cudaEventCreate(&e0)); CUDA_OK(cudaEventCreate(&e1));
+    double us = -1;
+    for (int i = 0; i < 5; ++i) fc_attn_fwd(&p, nullptr);
+    std::vector<float> ts;
+    for (int r = 0; r < reps; ++r) {
+        CUDA_OK(cudaEventRecord(e0));
+        if (fc_attn_fwd(&p, nullptr) != FC_OK) { printf("launch failed\n"); ts.clear(); break; }
+        CUDA_OK(cudaEventRecord(e1));
+        CUDA_OK(cudaEventSynchronize(e1));
+        float ms; CUDA_OK(cudaEventElapsedTime(&ms, e0, e1)); ts.push_back(ms);
+    }
+    if (!ts.empty()) { std::sort(ts.begin(), ts.end()); us = ts[ts.size() / 2] * 1e3; }
+    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout);
+    if (p.workspace) cudaFree(p.workspace);
+    cudaEventDestroy(e0); cudaEventDestroy(e1);
+    return us;
+}
+
+static void print_time(const Case& c, double us) {
+    const double flops = 4.0 * c.B * c.Hq * (double)c.Sq * c.Sk * c.D * (c.causal ? 0.5 : 1.0);
+    printf("%-4d %-4d %-4d %-6d %-6d %-4d %-7d %10.1f %9.1f\n", c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, (int)c.causal,
+           us, us > 0 ? flops / us * 1e-6 : 0.0);
+}
+
+static void print_header() {
+    printf("%-4s %-4s %-4s %-6s %-6s %-4s %-7s %10s %9s\n", "B", "Hq", "Hkv", "Sq", "Sk", "D", "causal", "us",
+           "TFLOP/s");
+}
+
 static int run_bench(fc_kernel kernel) {
-    printf("%-6s %-6s %-4s %-4s %-7s %10s %9s\n", "B", "S", "H", "D", "causal", "us", "TFLOP/s");
+    print_header();
     for (int D : {64, 128, 256})
         for (int S : {512, 1024, 2048, 4096, 8192, 16384})
             for (int causal = 0; causal < 2; ++causal) {
                 const int H = 2048 / D, B = 16384 / S;
-                Case c = {B, H, H, S, S, D, causal ? FC_CAUSAL_TOP_LEFT : FC_CAUSAL_NONE, FC_DTYPE_FP16, false};
-                const size_t n = (size_t)B * H * S * D;
-                std::vector<uint16_t> h(n);
-                std::mt19937 rng(7);
-                std::normal_distribution<float> nd(0.f, 1.f);
-                for (auto& x : h) x = to_bits(nd(rng), c.dtype);
-                void *dq, *dk, *dv, *dout;
-                CUDA_OK(cudaMalloc(&dq, n * 2)); CUDA_OK(cudaMalloc(&dk, n * 2));
-                CUDA_OK(cudaMalloc(&dv, n * 2)); CUDA_OK(cudaMalloc(&dout, n * 2));
-                CUDA_OK(cudaMemcpy(dq, h.data(), n * 2, cudaMemcpyHostToDevice));
-                CUDA_OK(cudaMemcpy(dk, h.data(), n * 2, cudaMemcpyHostToDevice));
-                CUDA_OK(cudaMemcpy(dv, h.data(), n * 2, cudaMemcpyHostToDevice));
-                fc_attn_params p;
-                fill_params(&p, c, dq, dk, dv, dout, nullptr, c.dtype, kernel);
-                cudaEvent_t e0, e1;
-                CUDA_OK(cudaEventCreate(&e0)); CUDA_OK(cudaEventCreate(&e1));
-                for (int i = 0; i < 5; ++i) fc_attn_fwd(&p, nullptr);
-                std::vector<float> ts;
-                for (int r = 0; r < 20; ++r) {
-                    CUDA_OK(cudaEventRecord(e0));
-                    if (fc_attn_fwd(&p, nullptr) != FC_OK) { printf("launch failed\n"); return 1; }
-                    CUDA_OK(cudaEventRecord(e1));
-                    CUDA_OK(cudaEventSynchronize(e1));
-                    float ms; CUDA_OK(cudaEventElapsedTime(&ms, e0, e1)); ts.push_back(ms);
-                }
-                std::sort(ts.begin(), ts.end());
-                const double us = ts[ts.size() / 2] * 1e3;
-                const double flops = 4.0 * B * H * (double)S * S * D * (causal ? 0.5 : 1.0);
-                printf("%-6d %-6d %-4d %-4d %-7d %10.1f %9.1f\n", B, S, H, D, causal, us, flops / us * 1e-6);
-                cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout);
-                cudaEventDestroy(e0); cudaEventDestroy(e1);
+                const Case c = {B, H, H, S, S, D, causal ? FC_CAUSAL_TOP_LEFT : FC_CAUSAL_NONE, FC_DTYPE_FP16, false};
+                const double us = time_case(c, kernel, 20);
+                if (us < 0) return 1;
+                print_time(c, us);
             }
     return 0;
 }
 
 int main(int argc, char** argv) {
+    setvbuf(stdout, nullptr, _IOLBF, 0);  // line-buffered: a log cut off by a timeout still shows the last case
     const std::string mode = argc > 1 ? argv[1] : "check";
     const std::string kname = argc > 2 ? argv[2] : "auto";
     const fc_kernel kernel = kname == "sm80" ? FC_KERNEL_SM80 : kname == "sm90" ? FC_KERNEL_SM90 : FC_KERNEL_AUTO;
@@ -228,6 +253,17 @@ int main(int argc, char** argv) {
     printf("device: %s (sm_%d%d), kernel=%s\n", prop.name, prop.major, prop.minor, kname.c_str());
     if (mode == "check") return run_check(kernel, argc > 3 && std::string(argv[3]) == "small");
     if (mode == "bench") return run_bench(kernel);
-    fprintf(stderr, "usage: harness check [auto|sm80|sm90] [small] | bench [auto|sm80|sm90]\n");
+    if (mode == "shape" && argc == 11) {  // one case, fp16, e.g. for ncu or compute-sanitizer
+        const int causal = atoi(argv[9]);
+        const Case c = {atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), atoi(argv[8]),
+                        causal == 2 ? FC_CAUSAL_BOTTOM_RIGHT : causal ? FC_CAUSAL_TOP_LEFT : FC_CAUSAL_NONE,
+                        FC_DTYPE_FP16, false};
+        print_header();
+        const double us = time_case(c, kernel, atoi(argv[10]));
+        print_time(c, us);
+        return us < 0;
+    }
+    fprintf(stderr, "usage: harness check [auto|sm80|sm90] [small] | bench [auto|sm80|sm90] |\n"
+                    "       shape [auto|sm80|sm90] B Hq Hkv Sq Sk D causal(0,1,2) reps\n");
     return 2;
 }
