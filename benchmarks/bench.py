@@ -49,6 +49,7 @@ REP_MS = 200
 
 # Host-clock and graph loops for the seed shapes.
 EAGER_CALLS = 1000       # back-to-back eager calls timed with perf_counter
+EAGER_LOOPS = 5          # ... in this many loops; eager_us is the median loop
 GRAPH_CALLS = 20         # calls captured in one CUDA graph
 GRAPH_REPLAYS = 100      # replays of that graph timed with CUDA events
 
@@ -205,15 +206,21 @@ def bench_us(fn):
     return do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median") * 1e3
 
 
-def eager_us(fn, calls=EAGER_CALLS):
+def eager_us(fn, calls=EAGER_CALLS, loops=EAGER_LOOPS):
+    """Median over `loops` host-clock loops of calls // loops back-to-back calls, so one
+    host hiccup (a page fault, a GC pass) does not set the figure."""
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
+    n = calls // loops
+    per = []
+    for _ in range(loops):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        per.append((time.perf_counter() - t0) / n * 1e6)
+    return sorted(per)[loops // 2]
 
 
 def graph_us(fn, calls=GRAPH_CALLS, replays=GRAPH_REPLAYS):
@@ -725,7 +732,7 @@ def main(argv=None):
             "suites": suites, "quick": args.quick, "impls": impls,
             "note": f"do_bench(warmup={WARMUP_MS}, rep={REP_MS}, median), L2 flushed; "
                     "FLOPs 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk; "
-                    f"eager_us over {EAGER_CALLS} back-to-back calls, graph_us from "
+                    f"eager_us median of {EAGER_LOOPS} loops of {EAGER_CALLS // EAGER_LOOPS} back-to-back calls, graph_us from "
                     f"{GRAPH_CALLS} calls per graph x {GRAPH_REPLAYS} replays"}
 
     new_rows = []
