@@ -96,7 +96,6 @@ struct Sm90Args {
     CUtensorMap k_map;  // K as (D, Sk, Hkv, B), box (64, BC)
     CUtensorMap v_map;  // V as (D, Sk, Hkv, B), box (64, BC)
     fc_attn_params p;   // shapes, strides, O/LSE pointers, scale, causal mode
-    int kv_split;       // 1: key-split mode (64-row tiles, consumers take alternate K/V tiles)
 };
 
 // Where tile `tile` lies and how many K/V tiles it visits. Producer and
@@ -239,7 +238,9 @@ __device__ __forceinline__ void pack_p(uint32_t (&pa)[BC / 16][4], const float (
 // ---------------------------------------------------------------------------
 // Kernel
 
-template <int DP, typename T>
+// KV_SPLIT selects key-split mode at compile time: as a runtime flag the
+// extra paths cost the ordinary mode 13 % at D = 64 (perf notes, sm90 v4).
+template <int DP, typename T, bool KV_SPLIT>
 __global__ void __launch_bounds__(Sm90Tile<DP>::THREADS, 1)
 attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 #ifdef FC_SM90_BODY
@@ -258,8 +259,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     const uint32_t q_full = bar0, q_empty = q_full + 8 * Q_BUFS;  // one per Q buffer
     const uint32_t k_full = q_empty + 8 * Q_BUFS, v_full = k_full + 8 * STAGES, kv_empty = v_full + 8 * STAGES;
     const uint32_t ml = kv_empty + 8 * STAGES;  // key-split: consumer 2's m and l
-    const bool split = Tile::KV_SPLIT_OK && args.kv_split;
-    const int br = split ? Tile::WG_ROWS : BR;  // query rows per tile
+    static_assert(!KV_SPLIT || Tile::KV_SPLIT_OK, "key-split mode needs DP <= 128");
+    constexpr bool split = KV_SPLIT;
+    constexpr int br = split ? Tile::WG_ROWS : BR;  // query rows per tile
 
     const int tid = threadIdx.x;
     if (tid == 0) {
@@ -326,7 +328,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     // Key-split mode runs in order: with 2 stages a warpgroup's next K/V tile
     // (two ahead) reuses the slot of its current one, so it must release that
     // slot before waiting for the next.
-    const bool overlap = Tile::OVERLAP && !split;
+    constexpr bool overlap = Tile::OVERLAP && !split;
 
     int base = 0, local = 0;  // base: ring position of the current tile's K/V tile 0
     for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++local) {
@@ -374,7 +376,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
             float corr[2];
             bool rescale;
-            if (overlap) {
+            if constexpr (overlap) {
                 mbar_wait(k_full + 8 * sn, (gn / STAGES) & 1);  // K of the next tile has landed
                 issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES);
                 mbar_wait(v_full + 8 * st, (g / STAGES) & 1);  // V of tile j has landed
@@ -422,7 +424,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         }
         base += t.n_blocks;
 
-        if (split) {  // merge the two warpgroups' partials; warpgroup 1 (cw = 0) writes the tile
+        if constexpr (split) {  // merge the two warpgroups' partials; warpgroup 1 (cw = 0) writes the tile
             // Thread t128 of both warpgroups holds the same rows and columns, so the
             // partials go through smem as [register][thread]: register f of O in
             // 8 KB chunk f / 16 (Q buffer c % Q_BUFS, slab c / Q_BUFS, rows 64-127).
@@ -520,6 +522,17 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 // ---------------------------------------------------------------------------
 // Launcher and the C entry points of one padded head dim (see kernels.h)
 
+// Sets the smem limit of one instantiation and launches it.
+template <int DP, typename T, bool KV_SPLIT>
+static fc_status attn_fwd_sm90_run(const Sm90Args& a, unsigned grid, cudaStream_t stream) {
+    using Tile = Sm90Tile<DP>;
+    if (cudaFuncSetAttribute(attn_fwd_sm90_kernel<DP, T, KV_SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)Tile::SMEM_BYTES) != cudaSuccess)
+        return FC_ERR_CUDA;
+    attn_fwd_sm90_kernel<DP, T, KV_SPLIT><<<grid, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(a);
+    return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
+}
+
 template <int DP, typename T>
 static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cudaStream_t stream) {
     using Tile = Sm90Tile<DP>;
@@ -528,8 +541,8 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     // Key-split mode when the 64-row tiles fit on the SMs in one wave: twice
     // the SMs at work, each on half the keys of its tile.
     const long long tiles64 = (long long)((p->Sq + Tile::WG_ROWS - 1) / Tile::WG_ROWS) * p->B * p->Hq;
-    a.kv_split = Tile::KV_SPLIT_OK && tiles64 <= num_sms;
-    const int br = a.kv_split ? Tile::WG_ROWS : Tile::BR;
+    const bool kv_split = Tile::KV_SPLIT_OK && tiles64 <= num_sms;
+    const int br = kv_split ? Tile::WG_ROWS : Tile::BR;
     fc_status s = fc_sm90_tensor_map(&a.q_map, p->dtype, p->q, p->D, p->Sq, p->Hq, p->B, p->q_row_stride,
                                      p->q_head_stride, p->q_batch_stride, br);
     if (s == FC_OK)
@@ -539,13 +552,12 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
         s = fc_sm90_tensor_map(&a.v_map, p->dtype, p->v, p->D, p->Sk, p->Hkv, p->B, p->v_row_stride,
                                p->v_head_stride, p->v_batch_stride, Tile::BC);
     if (s != FC_OK) return s;
-    if (cudaFuncSetAttribute(attn_fwd_sm90_kernel<DP, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)Tile::SMEM_BYTES) != cudaSuccess)
-        return FC_ERR_CUDA;
     const long long n_tiles = (long long)((p->Sq + br - 1) / br) * p->B * p->Hq;
     const unsigned grid = (unsigned)(n_tiles < num_sms ? n_tiles : num_sms);
-    attn_fwd_sm90_kernel<DP, T><<<grid, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(a);
-    return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
+    if constexpr (Tile::KV_SPLIT_OK) {
+        if (kv_split) return attn_fwd_sm90_run<DP, T, true>(a, grid, stream);
+    }
+    return attn_fwd_sm90_run<DP, T, false>(a, grid, stream);
 }
 
 #define FC_SM90_DEFINE(DP)                                                                              \
