@@ -22,15 +22,11 @@ import flashcore  # noqa: E402
 from flashcore import _C  # noqa: E402
 
 sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(__file__)))
-from bench import bench_us, copy_tbps, graph_us  # noqa: E402
+from bench import bench_us, copy_tbps, graph_us, io_bytes  # noqa: E402
 
 DECODE = [(8, 32, 8, 1, 4096, 128), (8, 32, 8, 1, 32768, 128), (1, 32, 8, 1, 131072, 128),
           (8, 32, 8, 4, 32768, 128), (8, 32, 8, 1, 32768, 64), (8, 32, 8, 1, 32768, 256)]
 SPLITS = [None, 1, 2, 4, 8, 16, 32, 64]
-
-
-def io_bytes(B, Hq, Hkv, Sq, Sk, D):
-    return 2 * (2 * B * Hq * Sq * D + 2 * B * Hkv * Sk * D)
 
 
 def sdpa(q, k, v, backend=None):
@@ -72,7 +68,7 @@ def main():
         q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=torch.float16)
         k = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.float16)
         v = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.float16)
-        nbytes = io_bytes(B, Hq, Hkv, Sq, Sk, D)
+        nbytes = io_bytes({"B": B, "Hq": Hq, "Hkv": Hkv, "Sq": Sq, "Sk": Sk, "D": D})
         ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=True).float()
         impls = {"sdpa-default": sdpa(q, k, v), "sdpa-flash": sdpa(q, k, v, SDPBackend.FLASH_ATTENTION),
                  "sdpa-cudnn": sdpa(q, k, v, SDPBackend.CUDNN_ATTENTION)}
