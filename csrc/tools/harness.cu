@@ -181,8 +181,22 @@ static int run_check(fc_kernel kernel, bool small) {
     return fails ? 1 : 0;
 }
 
-// Times one case (median of `reps` launches, CUDA events, no L2 flush); -1 if a launch fails.
-static double time_case(const Case& c, fc_kernel kernel, int reps) {
+// Reads n int4 so that L2 holds only clean lines of `p` afterwards.
+__global__ void read_flush(const int4* p, size_t n, int* sink) {
+    int acc = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        acc ^= p[i].x;
+    if (acc == 0x7fffffff) *sink = acc;  // keeps the loads; almost never stores
+}
+
+enum Flush { FLUSH_NONE = 0, FLUSH_ZERO = 1, FLUSH_READ = 2 };
+static const size_t FLUSH_BYTES = 256u << 20;  // several times any L2
+
+// Times one case: median of `reps` launches, CUDA events. Before each launch L2
+// is left as is (FLUSH_NONE), zero-filled from a 256 MB buffer, which leaves it
+// full of dirty lines (FLUSH_ZERO, as triton's do_bench does), or filled with
+// clean lines by reading that buffer (FLUSH_READ). -1 if a launch fails.
+static double time_case(const Case& c, fc_kernel kernel, int reps, Flush flush = FLUSH_NONE) {
     const size_t nq = (size_t)c.B * c.Hq * c.Sq * c.D, nk = (size_t)c.B * c.Hkv * c.Sk * c.D;
     std::vector<uint16_t> hq(nq), hk(nk);
     std::mt19937 rng(7);
@@ -202,9 +216,15 @@ static double time_case(const Case& c, fc_kernel kernel, int reps) {
     cudaEvent_t e0, e1;
     CUDA_OK(cudaEventCreate(&e0)); CUDA_OK(cudaEventCreate(&e1));
     double us = -1;
+    void* fbuf = nullptr;
+    int* sink = nullptr;
+    if (flush != FLUSH_NONE) { CUDA_OK(cudaMalloc(&fbuf, FLUSH_BYTES)); CUDA_OK(cudaMalloc(&sink, 4)); }
+    if (flush == FLUSH_READ) CUDA_OK(cudaMemset(fbuf, 0, FLUSH_BYTES));
     for (int i = 0; i < 5; ++i) fc_attn_fwd(&p, nullptr);
     std::vector<float> ts;
     for (int r = 0; r < reps; ++r) {
+        if (flush == FLUSH_ZERO) CUDA_OK(cudaMemsetAsync(fbuf, 0, FLUSH_BYTES));
+        if (flush == FLUSH_READ) read_flush<<<1024, 256>>>((const int4*)fbuf, FLUSH_BYTES / 16, sink);
         CUDA_OK(cudaEventRecord(e0));
         if (fc_attn_fwd(&p, nullptr) != FC_OK) { printf("launch failed\n"); ts.clear(); break; }
         CUDA_OK(cudaEventRecord(e1));
@@ -214,6 +234,7 @@ static double time_case(const Case& c, fc_kernel kernel, int reps) {
     if (!ts.empty()) { std::sort(ts.begin(), ts.end()); us = ts[ts.size() / 2] * 1e3; }
     cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout);
     if (p.workspace) cudaFree(p.workspace);
+    if (fbuf) { cudaFree(fbuf); cudaFree(sink); }
     cudaEventDestroy(e0); cudaEventDestroy(e1);
     return us;
 }
@@ -253,17 +274,17 @@ int main(int argc, char** argv) {
     printf("device: %s (sm_%d%d), kernel=%s\n", prop.name, prop.major, prop.minor, kname.c_str());
     if (mode == "check") return run_check(kernel, argc > 3 && std::string(argv[3]) == "small");
     if (mode == "bench") return run_bench(kernel);
-    if (mode == "shape" && argc == 11) {  // one case, fp16, e.g. for ncu or compute-sanitizer
+    if (mode == "shape" && (argc == 11 || argc == 12)) {  // one case, fp16, e.g. for ncu or compute-sanitizer
         const int causal = atoi(argv[9]);
         const Case c = {atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), atoi(argv[8]),
                         causal == 2 ? FC_CAUSAL_BOTTOM_RIGHT : causal ? FC_CAUSAL_TOP_LEFT : FC_CAUSAL_NONE,
                         FC_DTYPE_FP16, false};
         print_header();
-        const double us = time_case(c, kernel, atoi(argv[10]));
+        const double us = time_case(c, kernel, atoi(argv[10]), argc == 12 ? (Flush)atoi(argv[11]) : FLUSH_NONE);
         print_time(c, us);
         return us < 0;
     }
     fprintf(stderr, "usage: harness check [auto|sm80|sm90] [small] | bench [auto|sm80|sm90] |\n"
-                    "       shape [auto|sm80|sm90] B Hq Hkv Sq Sk D causal(0,1,2) reps\n");
+                    "       shape [auto|sm80|sm90] B Hq Hkv Sq Sk D causal(0,1,2) reps [flush: 0 none, 1 zero, 2 read]\n");
     return 2;
 }
