@@ -10,7 +10,7 @@
 // `g_thr` points at this thread's first element (row tid / CHUNKS, chunk
 // tid % CHUNKS) and `fallback` at any valid address; walking one running
 // pointer keeps the per-row addresses out of the register file. With
-// STREAM, the copies carry `l2_policy` (see l2_policy in ptx.cuh).
+// STREAM, the copies carry `l2_policy` (see l2_evict_first in ptx.cuh).
 template <int DP, int ROWS, int THREADS, typename T, bool STREAM = false>
 __device__ __forceinline__ void load_tile(T* smem, const T* g_thr, const T* fallback, int64_t row_stride,
                                           int n_rows, int D, int tid, uint64_t l2_policy = 0) {
