@@ -24,7 +24,7 @@ size_t fc_sm80_smem_d256(void);
 fc_status fc_sm90_fwd_d64(const fc_attn_params* p, int num_sms, fc_stream_t stream);   /* D <= 64 */
 fc_status fc_sm90_fwd_d128(const fc_attn_params* p, int num_sms, fc_stream_t stream);  /* 64 < D <= 128 */
 fc_status fc_sm90_fwd_d256(const fc_attn_params* p, int num_sms, fc_stream_t stream);  /* 128 < D <= 256 */
-size_t fc_sm90_smem_d64(void);   /* dynamic shared memory per CTA, bytes */
+size_t fc_sm90_smem_d64(void);   /* dynamic shared memory per CTA, bytes (the larger mode) */
 size_t fc_sm90_smem_d128(void);
 size_t fc_sm90_smem_d256(void);
 

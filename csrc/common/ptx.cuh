@@ -40,20 +40,6 @@ FC_DEVICE void cp_async_16(void* smem_dst, const void* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem_dst)), "l"(src),
                  "r"(valid ? 16 : 0));
 }
-// The same copy with an L2 cache policy (from l2_evict_first).
-FC_DEVICE void cp_async_16_hint(void* smem_dst, const void* src, bool valid, uint64_t policy) {
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_u32(smem_dst)),
-                 "l"(src), "r"(valid ? 16 : 0), "l"(policy));
-}
-// An L2 policy for cp_async_16_hint that marks lines evict-first. It suits
-// data read once (a decode call's K/V stream): those lines then displace each
-// other instead of whatever else L2 holds -- other tensors, or dirty lines
-// whose write-back would share HBM bandwidth with the stream.
-FC_DEVICE uint64_t l2_evict_first() {
-    uint64_t policy;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-    return policy;
-}
 FC_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most N of this thread's committed groups are still in flight.
 template <int N>

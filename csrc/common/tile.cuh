@@ -9,11 +9,10 @@
 // and columns >= D are zero-filled so no garbage (or NaN) enters the mma.
 // `g_thr` points at this thread's first element (row tid / CHUNKS, chunk
 // tid % CHUNKS) and `fallback` at any valid address; walking one running
-// pointer keeps the per-row addresses out of the register file. With
-// STREAM, the copies carry `l2_policy` (see l2_evict_first in ptx.cuh).
-template <int DP, int ROWS, int THREADS, typename T, bool STREAM = false>
+// pointer keeps the per-row addresses out of the register file.
+template <int DP, int ROWS, int THREADS, typename T>
 __device__ __forceinline__ void load_tile(T* smem, const T* g_thr, const T* fallback, int64_t row_stride,
-                                          int n_rows, int D, int tid, uint64_t l2_policy = 0) {
+                                          int n_rows, int D, int tid) {
     constexpr int CHUNKS = DP / 8;
     constexpr int ROW_STEP = THREADS / CHUNKS;  // rows covered by one pass of the CTA
     static_assert(THREADS % CHUNKS == 0 && ROWS % ROW_STEP == 0, "tile must split evenly over the CTA");
@@ -23,10 +22,7 @@ __device__ __forceinline__ void load_tile(T* smem, const T* g_thr, const T* fall
     for (int i = 0; i < ROWS / ROW_STEP; ++i) {
         const int r = r0 + i * ROW_STEP;
         const bool valid = col_ok && r < n_rows;
-        if constexpr (STREAM)
-            cp_async_16_hint(smem + swz<DP>(r, c), valid ? g_thr : fallback, valid, l2_policy);
-        else
-            cp_async_16(smem + swz<DP>(r, c), valid ? g_thr : fallback, valid);
+        cp_async_16(smem + swz<DP>(r, c), valid ? g_thr : fallback, valid);
         g_thr += ROW_STEP * row_stride;
     }
 }

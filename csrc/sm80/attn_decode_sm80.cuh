@@ -152,21 +152,14 @@ attn_decode_sm80_kernel(const __grid_constant__ fc_attn_params p, const fc_split
     const T* v_thr = v + ((int64_t)t_begin * BC + thr_row) * p.v_row_stride + thr_col;
     const int64_t k_tile_stride = BC * p.k_row_stride, v_tile_stride = BC * p.v_row_stride;
     const int keys_left = p.Sk - t_begin * BC;  // keys from this split's first tile to the end
-    // K/V lines are evict-first, so the stream leaves the rest of L2 alone. The row blocks of a
-    // KV head (when G * Sq > ROWS) run side by side and still meet each other's lines in L2.
-    const uint64_t l2_stream = l2_evict_first();
 
-    // Prologue: the first STAGES-1 tiles, one commit group each. Kept rolled: unrolled, nvcc 13.0
-    // folds the constant slot offsets into a uniform-register smem address for the cache-hinted
-    // cp.async, an encoding that faulted (illegal instruction) on an H100.
-#pragma unroll 1
+    // Prologue: the first STAGES-1 tiles, one commit group each.
+#pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < n_tiles) {
             const int keys = min(BC, keys_left - s * BC);
-            load_tile<DP, BC, THREADS, T, true>(sK + s * BC * DP, k_thr + s * k_tile_stride, k, p.k_row_stride,
-                                                keys, p.D, tid, l2_stream);
-            load_tile<DP, BC, THREADS, T, true>(sV + s * BC * DP, v_thr + s * v_tile_stride, v, p.v_row_stride,
-                                                keys, p.D, tid, l2_stream);
+            load_tile<DP, BC, THREADS>(sK + s * BC * DP, k_thr + s * k_tile_stride, k, p.k_row_stride, keys, p.D, tid);
+            load_tile<DP, BC, THREADS>(sV + s * BC * DP, v_thr + s * v_tile_stride, v, p.v_row_stride, keys, p.D, tid);
         }
         cp_async_commit();
     }
@@ -190,10 +183,8 @@ attn_decode_sm80_kernel(const __grid_constant__ fc_attn_params p, const fc_split
         const int jn = j + STAGES - 1;
         if (jn < n_tiles) {
             const int slot = jn % STAGES, keys = min(BC, keys_left - jn * BC);
-            load_tile<DP, BC, THREADS, T, true>(sK + slot * BC * DP, k_thr + jn * k_tile_stride, k, p.k_row_stride,
-                                                keys, p.D, tid, l2_stream);
-            load_tile<DP, BC, THREADS, T, true>(sV + slot * BC * DP, v_thr + jn * v_tile_stride, v, p.v_row_stride,
-                                                keys, p.D, tid, l2_stream);
+            load_tile<DP, BC, THREADS>(sK + slot * BC * DP, k_thr + jn * k_tile_stride, k, p.k_row_stride, keys, p.D, tid);
+            load_tile<DP, BC, THREADS>(sV + slot * BC * DP, v_thr + jn * v_tile_stride, v, p.v_row_stride, keys, p.D, tid);
         }
         cp_async_commit();
 

@@ -84,8 +84,13 @@ struct Sm90Tile {
     // it needs DP / 2 <= 16 * Q_BUFS * SLABS, true for DP <= 128.
     static constexpr bool KV_SPLIT_OK = DP <= 128;
     static constexpr uint32_t ML_BYTES = 4 * 128 * 4;  // key-split: consumer 2's m and l, 4 floats per thread
+    // Dynamic smem of the ordinary mode; key-split mode adds ML_BYTES. Kept apart:
+    // the 2 KB pushed every head dim's CTA past an L1/smem carveout step (132, 164
+    // or 196 KB with the 1 KB the system reserves per CTA) and cost the ordinary
+    // mode 15 % at D = 64 (perf notes, "carveout").
     static constexpr size_t SMEM_BYTES = FC_SWZ_GROUP_BYTES /* alignment slack */ + Q_BUFS * Q_BYTES +
-                                         2 * STAGES * (size_t)KV_BYTES + 8 * N_BARRIERS + ML_BYTES;
+                                         2 * STAGES * (size_t)KV_BYTES + 8 * N_BARRIERS;
+    static constexpr size_t smem_bytes(bool kv_split) { return SMEM_BYTES + (kv_split ? ML_BYTES : 0); }
     static_assert(!KV_SPLIT_OK || DP / 2 <= 16 * Q_BUFS * SLABS, "key-split partials must fit the Q buffers");
     static_assert(DP % FC_SLAB_COLS == 0, "DP must be a whole number of 64-column slabs");
 };
@@ -258,7 +263,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     const uint32_t bar0 = sV + STAGES * Tile::KV_BYTES;
     const uint32_t q_full = bar0, q_empty = q_full + 8 * Q_BUFS;  // one per Q buffer
     const uint32_t k_full = q_empty + 8 * Q_BUFS, v_full = k_full + 8 * STAGES, kv_empty = v_full + 8 * STAGES;
-    const uint32_t ml = kv_empty + 8 * STAGES;  // key-split: consumer 2's m and l
+    const uint32_t ml = kv_empty + 8 * STAGES;  // key-split: consumer 2's m and l (ML_BYTES past the ordinary smem)
     static_assert(!KV_SPLIT || Tile::KV_SPLIT_OK, "key-split mode needs DP <= 128");
     constexpr bool split = KV_SPLIT;
     constexpr int br = split ? Tile::WG_ROWS : BR;  // query rows per tile
@@ -526,10 +531,11 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 template <int DP, typename T, bool KV_SPLIT>
 static fc_status attn_fwd_sm90_run(const Sm90Args& a, unsigned grid, cudaStream_t stream) {
     using Tile = Sm90Tile<DP>;
+    constexpr size_t smem = Tile::smem_bytes(KV_SPLIT);
     if (cudaFuncSetAttribute(attn_fwd_sm90_kernel<DP, T, KV_SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)Tile::SMEM_BYTES) != cudaSuccess)
+                             (int)smem) != cudaSuccess)
         return FC_ERR_CUDA;
-    attn_fwd_sm90_kernel<DP, T, KV_SPLIT><<<grid, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(a);
+    attn_fwd_sm90_kernel<DP, T, KV_SPLIT><<<grid, Tile::THREADS, smem, stream>>>(a);
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 
@@ -566,4 +572,4 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
                    ? attn_fwd_sm90_launch<DP, __nv_bfloat16>(p, num_sms, (cudaStream_t)stream)          \
                    : attn_fwd_sm90_launch<DP, __half>(p, num_sms, (cudaStream_t)stream);                \
     }                                                                                                   \
-    extern "C" size_t fc_sm90_smem_d##DP(void) { return Sm90Tile<DP>::SMEM_BYTES; }
+    extern "C" size_t fc_sm90_smem_d##DP(void) { return Sm90Tile<DP>::smem_bytes(Sm90Tile<DP>::KV_SPLIT_OK); }
