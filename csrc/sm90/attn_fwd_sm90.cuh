@@ -84,10 +84,8 @@ struct Sm90Tile {
     // it needs DP / 2 <= 16 * Q_BUFS * SLABS, true for DP <= 128.
     static constexpr bool KV_SPLIT_OK = DP <= 128;
     static constexpr uint32_t ML_BYTES = 4 * 128 * 4;  // key-split: consumer 2's m and l, 4 floats per thread
-    // Dynamic smem of the ordinary mode; key-split mode adds ML_BYTES. Kept apart:
-    // the 2 KB pushed every head dim's CTA past an L1/smem carveout step (132, 164
-    // or 196 KB with the 1 KB the system reserves per CTA) and cost the ordinary
-    // mode 15 % at D = 64 (perf notes, "carveout").
+    // Dynamic smem of the ordinary mode; key-split mode adds ML_BYTES for its
+    // merge, which the ordinary mode has no use for.
     static constexpr size_t SMEM_BYTES = FC_SWZ_GROUP_BYTES /* alignment slack */ + Q_BUFS * Q_BYTES +
                                          2 * STAGES * (size_t)KV_BYTES + 8 * N_BARRIERS;
     static constexpr size_t smem_bytes(bool kv_split) { return SMEM_BYTES + (kv_split ? ML_BYTES : 0); }
