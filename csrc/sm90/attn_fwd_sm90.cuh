@@ -333,7 +333,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     // slot before waiting for the next.
     constexpr bool overlap = Tile::OVERLAP && !split;
 
-    int it = 0, local = 0;  // it: ring position of this warpgroup's current K/V tile
+    int it = 0;    // ordinary mode: ring position of the current K/V tile
+    int base = 0;  // key-split mode: ring position of the current tile's K/V tile 0
+    int local = 0;
     for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++local) {
         const Sm90TileCoord t = sm90_tile<BC>(p, tile, n_mblocks, br);
         const int qb = local % Q_BUFS;
@@ -354,15 +356,14 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         uint32_t pa[BC / 16][4];                // P of the current tile, as A fragments
 
         mbar_wait(q_full + 8 * qb, (local / Q_BUFS) & 1);  // this tile's Q has landed (TMA)
-        // The ring index is kept as one running counter, advanced with the loop, as in
-        // 74b0e18: deriving it from the tile's base each step changed ptxas's softmax
-        // schedule and cost 15 % at D = 64 (perf notes, "D = 64 regression").
-        const int tile_base = it;  // ring position of this tile's K/V tile 0
-        if constexpr (split) it += first;
+        // Ring position g of K/V tile j: a running counter in ordinary mode, base + j in
+        // key-split mode. Ordinary mode with base + j got a different softmax schedule
+        // from ptxas and ran 15 % slower at D = 64 (perf notes, "D = 64 regression").
         const bool any = first < t.n_blocks;  // this warpgroup has a K/V tile
         if (any) {  // prologue: P of tile `first`
-            mbar_wait(k_full + 8 * (it % STAGES), (it / STAGES) & 1);  // K of tile `first` has landed
-            issue_qk<DP, BR, BC, T>(s, q_rows, sK + (it % STAGES) * Tile::KV_BYTES);
+            const int g = split ? base + first : it;
+            mbar_wait(k_full + 8 * (g % STAGES), (g / STAGES) & 1);  // K of tile `first` has landed
+            issue_qk<DP, BR, BC, T>(s, q_rows, sK + (g % STAGES) * Tile::KV_BYTES);
             wgmma_wait<0>();
             fence_regs(s);
             if (needs_mask(first * BC)) mask_tile<BC>(s, first * BC, frow, p, causal, diag, lane);
@@ -374,17 +375,18 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         // cores while this warpgroup does the softmax of tile j+step. The last tile is peeled
         // off so that every wgmma group in the loop is issued unconditionally
         // (ptxas must see that wait<1> retires the S group, or it serializes).
-        for (int j = first; j + step < t.n_blocks; j += step, it += step) {
-            const int st = it % STAGES, sn = (it + step) % STAGES;
+        int j = first;
+        for (; j + step < t.n_blocks; j += step, it += step) {
+            const int g = split ? base + j : it, gn = g + step, st = g % STAGES, sn = gn % STAGES;
             // The O rescale (ordinary register writes) precedes both wgmma groups.
 #pragma unroll
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
             float corr[2];
             bool rescale;
             if constexpr (overlap) {
-                mbar_wait(k_full + 8 * sn, ((it + step) / STAGES) & 1);  // K of the next tile has landed
+                mbar_wait(k_full + 8 * sn, (gn / STAGES) & 1);  // K of the next tile has landed
                 issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES);
-                mbar_wait(v_full + 8 * st, (it / STAGES) & 1);  // V of tile j has landed
+                mbar_wait(v_full + 8 * st, (g / STAGES) & 1);  // V of tile j has landed
                 issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
                 wgmma_wait<1>();  // S of the next tile is done; P_j V_j may still run
                 fence_regs(s);
@@ -395,13 +397,13 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
                 mbar_arrive(kv_empty + 8 * st);  // this thread is done with slot st (K and V)
             } else {  // in order: P_j V_j, then S of the next tile and its softmax
-                mbar_wait(v_full + 8 * st, (it / STAGES) & 1);  // V of tile j has landed
+                mbar_wait(v_full + 8 * st, (g / STAGES) & 1);  // V of tile j has landed
                 issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
                 wgmma_wait<0>();
 #pragma unroll
                 for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
                 mbar_arrive(kv_empty + 8 * st);  // this thread is done with slot st (K and V)
-                mbar_wait(k_full + 8 * sn, ((it + step) / STAGES) & 1);  // K of the next tile has landed
+                mbar_wait(k_full + 8 * sn, (gn / STAGES) & 1);  // K of the next tile has landed
                 issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES);
                 wgmma_wait<0>();
                 fence_regs(s);
@@ -417,10 +419,10 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             pack_p<BC, T>(pa, s);
         }
         if (any) {  // last tile: P V only
-            const int st = it % STAGES;
+            const int g = split ? base + j : it, st = g % STAGES;
 #pragma unroll
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
-            mbar_wait(v_full + 8 * st, (it / STAGES) & 1);  // V of tile j has landed
+            mbar_wait(v_full + 8 * st, (g / STAGES) & 1);  // V of tile j has landed
             issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
             wgmma_wait<0>();
 #pragma unroll
@@ -428,7 +430,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             mbar_arrive(kv_empty + 8 * st);
             if constexpr (!split) ++it;
         }
-        if constexpr (split) it = tile_base + t.n_blocks;  // both warpgroups: past this tile's K/V tiles
+        if constexpr (split) base += t.n_blocks;  // both warpgroups: past this tile's K/V tiles
 
         if constexpr (split) {  // merge the two warpgroups' partials; warpgroup 1 (cw = 0) writes the tile
             // Thread t128 of both warpgroups holds the same rows and columns, so the
