@@ -276,13 +276,15 @@ int main(int argc, char** argv) {
     printf("device: %s (sm_%d%d), kernel=%s\n", prop.name, prop.major, prop.minor, kname.c_str());
     if (mode == "check") return run_check(kernel, argc > 3 && std::string(argv[3]) == "small");
     if (mode == "bench") return run_bench(kernel);
-    if (mode == "shape" && (argc == 11 || argc == 12)) {  // one case, fp16, e.g. for ncu or compute-sanitizer
+    const int flush = argc == 12 ? atoi(argv[11]) : FLUSH_NONE;
+    if (mode == "shape" && (argc == 11 || argc == 12) && flush >= FLUSH_NONE && flush <= FLUSH_READ) {
+        // one case, fp16, e.g. for ncu or compute-sanitizer
         const int causal = atoi(argv[9]);
         const Case c = {atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), atoi(argv[8]),
                         causal == 2 ? FC_CAUSAL_BOTTOM_RIGHT : causal ? FC_CAUSAL_TOP_LEFT : FC_CAUSAL_NONE,
                         FC_DTYPE_FP16, false};
         print_header();
-        const double us = time_case(c, kernel, atoi(argv[10]), argc == 12 ? (Flush)atoi(argv[11]) : FLUSH_NONE);
+        const double us = time_case(c, kernel, atoi(argv[10]), (Flush)flush);
         print_time(c, us);
         return us < 0;
     }
