@@ -8,7 +8,9 @@
 // loads Q into one of Q_BUFS buffers per tile (so the next tile's Q arrives
 // while this one runs) and streams K and V tiles of BC keys through a
 // STAGES-deep ring; each load completes on an mbarrier (q_full, k_full,
-// v_full) and the consumers release a buffer by arriving on q_empty/kv_empty.
+// v_full) and the consumers release a buffer by arriving on q_empty, k_empty
+// (as soon as S = Q K^T is done, so the K tile two ahead loads during the
+// P V of this one) or v_empty.
 // Per K/V tile j a consumer computes S = Q K^T with wgmma (both operands in
 // shared memory, 128-byte swizzle) and P_j V with wgmma taking P from
 // registers (the S accumulator layout is the A-operand layout) and V from
@@ -19,7 +21,8 @@
 // in order, and the two consumer warpgroups overlap each other instead. The epilogue divides by the row
 // sum, stages O in the warpgroup's own Q rows, writes it with 16-byte
 // coalesced stores, and writes LSE. CTAs are persistent: grid = SM count, tile
-// t goes to CTA t % grid, and causal tiles are numbered longest first.
+// t goes to CTA t % grid, and causal tiles are numbered longest first (and
+// taken in reverse in odd stripes of grid tiles, see sm90_tile).
 //
 // Key-split mode (small grids). When 64-row tiles number no more than the
 // SMs (e.g. B=2, H=8, S=512) and DP <= 128, a tile is 64 query rows and the
@@ -78,7 +81,7 @@ struct Sm90Tile {
     static constexpr int PV_PARTS = DP / PV_N;         // P V wgmmas per 16-key step
     static constexpr int PRODUCER_REGS = 40;           // after setmaxnreg: 40*128 + 232*256 <= 64K
     static constexpr int CONSUMER_REGS = 232;
-    static constexpr int N_BARRIERS = 2 * Q_BUFS + 3 * STAGES;  // q_full[], q_empty[], k_full[], v_full[], kv_empty[]
+    static constexpr int N_BARRIERS = 2 * Q_BUFS + 4 * STAGES;  // q_full[], q_empty[], k_full[], v_full[], k_empty[], v_empty[]
     // Key-split mode: consumer 2's O partials fill the upper 64 rows of every
     // slab of every Q buffer (16 fp32 registers x 128 threads per 8 KB), so
     // it needs DP / 2 <= 16 * Q_BUFS * SLABS, true for DP <= 128.
@@ -109,8 +112,19 @@ struct Sm90TileCoord {
     int n_blocks;   // K/V tiles with at least one visible key
 };
 
+// CTA c runs tiles c, c + grid, c + 2 grid, ... (`tile`). Causal tiles are
+// numbered longest first, and the tiles of every odd full stripe of `grid` are
+// taken in reverse order (a snake): the CTA that gets the longest tile of one
+// stripe gets the shortest of the next, so CTAs' total work differs by about
+// one tile's length instead of growing with the number of stripes. Non-causal
+// tiles are all alike and keep the plain order (the snake measured 1-4 % slower
+// there, perf notes "sm90 v5").
 template <int BC>
-__device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int tile, int n_mblocks, int br) {
+__device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int tile, int n_tiles, int n_mblocks,
+                                                   int br) {
+    const int grid = gridDim.x, stripe = tile / grid;
+    if (p.causal != FC_CAUSAL_NONE && (stripe & 1) && (stripe + 1) * grid <= n_tiles)
+        tile = stripe * grid + grid - 1 - (tile - stripe * grid);
     const int n_bh = p.B * p.Hq;
     int mblock, bh;
     if (p.causal != FC_CAUSAL_NONE) {  // longest tiles (last query blocks) first
@@ -260,8 +274,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     const uint32_t sV = sK + STAGES * Tile::KV_BYTES;  // STAGES V tiles
     const uint32_t bar0 = sV + STAGES * Tile::KV_BYTES;
     const uint32_t q_full = bar0, q_empty = q_full + 8 * Q_BUFS;  // one per Q buffer
-    const uint32_t k_full = q_empty + 8 * Q_BUFS, v_full = k_full + 8 * STAGES, kv_empty = v_full + 8 * STAGES;
-    const uint32_t ml = kv_empty + 8 * STAGES;  // key-split: consumer 2's m and l (ML_BYTES past the ordinary smem)
+    const uint32_t k_full = q_empty + 8 * Q_BUFS, v_full = k_full + 8 * STAGES;
+    const uint32_t k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;
+    const uint32_t ml = v_empty + 8 * STAGES;  // key-split: consumer 2's m and l (ML_BYTES past the ordinary smem)
     static_assert(!KV_SPLIT || Tile::KV_SPLIT_OK, "key-split mode needs DP <= 128");
     constexpr bool split = KV_SPLIT;
     constexpr int br = split ? Tile::WG_ROWS : BR;  // query rows per tile
@@ -275,7 +290,8 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         for (int i = 0; i < STAGES; ++i) {
             mbar_init(k_full + 8 * i, 1);
             mbar_init(v_full + 8 * i, 1);
-            mbar_init(kv_empty + 8 * i, (split ? 1 : Tile::CONSUMERS) * 128);  // key-split: one consumer per K/V tile
+            mbar_init(k_empty + 8 * i, (split ? 1 : Tile::CONSUMERS) * 128);  // key-split: one consumer per K/V tile
+            mbar_init(v_empty + 8 * i, (split ? 1 : Tile::CONSUMERS) * 128);
         }
         mbar_init_fence();
     }
@@ -295,7 +311,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         int it = 0;  // K/V tiles issued so far: position in the ring
         int local = 0;
         for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++local) {
-            const Sm90TileCoord t = sm90_tile<BC>(p, tile, n_mblocks, br);
+            const Sm90TileCoord t = sm90_tile<BC>(p, tile, n_tiles, n_mblocks, br);
             const int qb = local % Q_BUFS;
             mbar_wait(q_empty + 8 * qb, ((local / Q_BUFS) & 1) ^ 1);  // buffer qb's previous tile is finished
             mbar_expect_tx(q_full + 8 * qb, br * DP * 2);
@@ -304,11 +320,13 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                             s * FC_SLAB_COLS, t.row0, t.h, t.b);
             for (int j = 0; j < t.n_blocks; ++j, ++it) {
                 const int st = it % STAGES;
-                mbar_wait(kv_empty + 8 * st, ((it / STAGES) & 1) ^ 1);  // slot st is free
+                const uint32_t free_parity = ((it / STAGES) & 1) ^ 1;
+                mbar_wait(k_empty + 8 * st, free_parity);  // K slot st is free
                 mbar_expect_tx(k_full + 8 * st, Tile::KV_BYTES);
                 for (int s = 0; s < SLABS; ++s)
                     tma_load_4d(sK + st * Tile::KV_BYTES + s * BC * ROWB, &args.k_map, k_full + 8 * st,
                                 s * FC_SLAB_COLS, j * BC, t.hk, t.b);
+                mbar_wait(v_empty + 8 * st, free_parity);  // V slot st is free
                 mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
                 for (int s = 0; s < SLABS; ++s)
                     tma_load_4d(sV + st * Tile::KV_BYTES + s * BC * ROWB, &args.v_map, v_full + 8 * st,
@@ -337,7 +355,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     int base = 0;  // key-split mode: ring position of the current tile's K/V tile 0
     int local = 0;
     for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++local) {
-        const Sm90TileCoord t = sm90_tile<BC>(p, tile, n_mblocks, br);
+        const Sm90TileCoord t = sm90_tile<BC>(p, tile, n_tiles, n_mblocks, br);
         const int qb = local % Q_BUFS;
         const uint32_t q_rows = sQ + qb * Tile::Q_BYTES + row_off * ROWB;  // our rows of slab 0
         const int wrow0 = t.row0 + row_off;             // first query row of this warpgroup
@@ -366,6 +384,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             issue_qk<DP, BR, BC, T>(s, q_rows, sK + (g % STAGES) * Tile::KV_BYTES);
             wgmma_wait<0>();
             fence_regs(s);
+            mbar_arrive(k_empty + 8 * (g % STAGES));  // this thread is done with K slot g % STAGES
             if (needs_mask(first * BC)) mask_tile<BC>(s, first * BC, frow, p, causal, diag, lane);
             float corr[2];
             softmax_tile<BC>(s, m_i, l_i, corr, scale_log2);  // O is still 0: nothing to rescale
@@ -390,23 +409,25 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
                 wgmma_wait<1>();  // S of the next tile is done; P_j V_j may still run
                 fence_regs(s);
+                mbar_arrive(k_empty + 8 * sn);  // this thread is done with K slot sn
                 if (needs_mask((j + step) * BC)) mask_tile<BC>(s, (j + step) * BC, frow, p, causal, diag, lane);
                 rescale = softmax_tile<BC>(s, m_i, l_i, corr, scale_log2);
                 wgmma_wait<0>();
 #pragma unroll
                 for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
-                mbar_arrive(kv_empty + 8 * st);  // this thread is done with slot st (K and V)
+                mbar_arrive(v_empty + 8 * st);  // this thread is done with V slot st
             } else {  // in order: P_j V_j, then S of the next tile and its softmax
                 mbar_wait(v_full + 8 * st, (g / STAGES) & 1);  // V of tile j has landed
                 issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
                 wgmma_wait<0>();
 #pragma unroll
                 for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
-                mbar_arrive(kv_empty + 8 * st);  // this thread is done with slot st (K and V)
+                mbar_arrive(v_empty + 8 * st);  // this thread is done with V slot st
                 mbar_wait(k_full + 8 * sn, (gn / STAGES) & 1);  // K of the next tile has landed
                 issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES);
                 wgmma_wait<0>();
                 fence_regs(s);
+                mbar_arrive(k_empty + 8 * sn);  // this thread is done with K slot sn
                 if (needs_mask((j + step) * BC)) mask_tile<BC>(s, (j + step) * BC, frow, p, causal, diag, lane);
                 rescale = softmax_tile<BC>(s, m_i, l_i, corr, scale_log2);
             }
@@ -427,7 +448,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             wgmma_wait<0>();
 #pragma unroll
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
-            mbar_arrive(kv_empty + 8 * st);
+            mbar_arrive(v_empty + 8 * st);  // this thread is done with V slot st
             if constexpr (!split) ++it;
         }
         if constexpr (split) base += t.n_blocks;  // both warpgroups: past this tile's K/V tiles
