@@ -74,7 +74,7 @@ LARGE_GRID_SHAPES = [(2, 16, 640, 700), (3, 12, 1025, 1000)]
 @pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("shape", LARGE_GRID_SHAPES, ids=shape_id)
 @kernel_param
-def test_gpu_large_grid(kernel, shape, D, mode, dtype):
+def test_gpu_ordinary_mode_grid(kernel, shape, D, mode, dtype):
     B, H, Sq, Sk = shape
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     assert -(-Sq // 64) * B * H > sms, "shape must have more 64-row tiles than SMs"
