@@ -194,23 +194,53 @@ __global__ void read_flush(const int4* p, size_t n, int* sink) {
 enum Flush { FLUSH_NONE = 0, FLUSH_ZERO = 1, FLUSH_READ = 2 };
 static const size_t FLUSH_BYTES = 256u << 20;  // several times any L2
 
+// Fills n elements with N(0, 1) values in fp16/bf16 bits, on the GPU: a hash of
+// (seed, index) gives two uniforms, Box-Muller turns them into one normal. Timing
+// needs random-looking inputs, not the host generator's exact stream, and a host
+// fill of a standard-grid case took about 2 s.
+__global__ void fill_normal(uint16_t* p, size_t n, uint32_t seed, fc_dtype dt) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ ((uint64_t)seed << 32);  // splitmix64 finalizer
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+        x ^= x >> 31;
+        const float u1 = ((uint32_t)x >> 8) * (1.f / 16777216.f) + (0.5f / 16777216.f);  // (0, 1)
+        const float u2 = ((uint32_t)(x >> 32) >> 8) * (1.f / 16777216.f);
+        const float z = sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
+        if (dt == FC_DTYPE_FP16) p[i] = __half_as_ushort(__float2half_rn(z));
+        else p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(z));
+    }
+}
+
+// fill_normal on the device buffer, then a look at its first values: finite,
+// mean near 0 and standard deviation near 1, or the timing inputs are wrong.
+static void fill_inputs(void* d, size_t n, uint32_t seed, fc_dtype dt) {
+    fill_normal<<<1024, 256>>>(static_cast<uint16_t*>(d), n, seed, dt);
+    CUDA_OK(cudaGetLastError());
+    const size_t m = std::min<size_t>(n, 1 << 16);
+    std::vector<uint16_t> h(m);
+    CUDA_OK(cudaMemcpy(h.data(), d, m * 2, cudaMemcpyDeviceToHost));
+    double s = 0, s2 = 0;
+    for (uint16_t b : h) { const double v = from_bits(b, dt); s += v; s2 += v * v; }
+    const double mean = s / m, sd = sqrt(std::max(0.0, s2 / m - mean * mean));
+    if (!std::isfinite(mean) || fabs(mean) > 0.05 || fabs(sd - 1) > 0.05) {
+        fprintf(stderr, "fill_inputs: %zu values with mean %.3f and sd %.3f, not N(0, 1)\n", m, mean, sd);
+        exit(2);
+    }
+}
+
 // Times one case: median of `reps` launches, CUDA events. Before each launch L2
 // is left as is (FLUSH_NONE), zero-filled from a 256 MB buffer, which leaves it
 // full of dirty lines (FLUSH_ZERO, as triton's do_bench does), or filled with
 // clean lines by reading that buffer (FLUSH_READ). -1 if a launch fails.
 static double time_case(const Case& c, fc_kernel kernel, int reps, Flush flush = FLUSH_NONE) {
     const size_t nq = (size_t)c.B * c.Hq * c.Sq * c.D, nk = (size_t)c.B * c.Hkv * c.Sk * c.D;
-    std::vector<uint16_t> hq(nq), hk(nk);
-    std::mt19937 rng(7);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    for (auto& x : hq) x = to_bits(nd(rng), c.dtype);
-    for (auto& x : hk) x = to_bits(nd(rng), c.dtype);
     void *dq, *dk, *dv, *dout;
     CUDA_OK(cudaMalloc(&dq, nq * 2)); CUDA_OK(cudaMalloc(&dk, nk * 2));
     CUDA_OK(cudaMalloc(&dv, nk * 2)); CUDA_OK(cudaMalloc(&dout, nq * 2));
-    CUDA_OK(cudaMemcpy(dq, hq.data(), nq * 2, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(dk, hk.data(), nk * 2, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(dv, hk.data(), nk * 2, cudaMemcpyHostToDevice));
+    fill_inputs(dq, nq, 1, c.dtype);
+    fill_inputs(dk, nk, 2, c.dtype);
+    fill_inputs(dv, nk, 3, c.dtype);
     fc_attn_params p;
     fill_params(&p, c, dq, dk, dv, dout, nullptr, c.dtype, kernel);
     p.workspace_bytes = fc_attn_fwd_workspace_size(&p);
