@@ -9,8 +9,8 @@
 // while this one runs) and streams K and V tiles of BC keys through a
 // STAGES-deep ring; each load completes on an mbarrier (q_full, k_full,
 // v_full) and the consumers release a buffer by arriving on q_empty, k_empty
-// (as soon as S = Q K^T is done, so the K tile two ahead loads during the
-// P V of this one) or v_empty.
+// (as soon as S = Q K^T is done, so the next K tile for that slot loads
+// during the P V of this one) or v_empty.
 // Per K/V tile j a consumer computes S = Q K^T with wgmma (both operands in
 // shared memory, 128-byte swizzle) and P_j V with wgmma taking P from
 // registers (the S accumulator layout is the A-operand layout) and V from
@@ -59,6 +59,7 @@
 //
 //  DP  | BR  | BC  | STAGES | Q bufs | smem (Q + K,V ring) | registers per consumer thread
 //  64  | 128 | 128 |   3    |   2    | 32 + 96  = 128 KB   | S 64 + O 32 + P 32
+//      |     |     | 4 (key-split mode: an even ring, see SPLIT_STAGES) | 32 + 128 = 160 KB |
 //  128 | 128 | 128 |   2    |   2    | 64 + 128 = 192 KB   | S 64 + O 64 + P 32
 //  256 | 128 |  64 |   2    |   1    | 64 + 128 = 192 KB   | S 32 + O 128 + P 16
 template <int DP>
@@ -67,7 +68,12 @@ struct Sm90Tile {
     static constexpr int WG_ROWS = 64;                // query rows per consumer (wgmma M)
     static constexpr int BR = CONSUMERS * WG_ROWS;    // query rows per tile
     static constexpr int BC = DP <= 128 ? 128 : 64;   // keys per K/V tile
-    static constexpr int STAGES = DP <= 64 ? 3 : 2;   // K/V tiles in flight
+    static constexpr int STAGES = DP <= 64 ? 3 : 2;   // K/V tiles in flight (ordinary mode)
+    // Key-split mode: warpgroup c takes the ring positions of one parity. With an
+    // even ring every slot then has one owner, which waits on every phase of the
+    // slot's barriers; with an odd one a warpgroup skips the other's phases, and
+    // its parity wait could pass on a phase two back while a load is in flight.
+    static constexpr int SPLIT_STAGES = DP <= 64 ? 4 : 2;
     static constexpr int Q_BUFS = DP <= 128 ? 2 : 1;  // Q tiles: the next tile's Q loads during this one
     // Software-pipeline S(j+1) with P(j)V inside a warpgroup. Measured (perf
     // notes, sm90 v3): +3-12 % at D = 128, but 12-18 % slower at D = 64 and 256,
@@ -81,17 +87,20 @@ struct Sm90Tile {
     static constexpr int PV_PARTS = DP / PV_N;         // P V wgmmas per 16-key step
     static constexpr int PRODUCER_REGS = 40;           // after setmaxnreg: 40*128 + 232*256 <= 64K
     static constexpr int CONSUMER_REGS = 232;
-    static constexpr int N_BARRIERS = 2 * Q_BUFS + 4 * STAGES;  // q_full[], q_empty[], k_full[], v_full[], k_empty[], v_empty[]
     // Key-split mode: consumer 2's O partials fill the upper 64 rows of every
     // slab of every Q buffer (16 fp32 registers x 128 threads per 8 KB), so
     // it needs DP / 2 <= 16 * Q_BUFS * SLABS, true for DP <= 128.
     static constexpr bool KV_SPLIT_OK = DP <= 128;
     static constexpr uint32_t ML_BYTES = 4 * 128 * 4;  // key-split: consumer 2's m and l, 4 floats per thread
-    // Dynamic smem of the ordinary mode; key-split mode adds ML_BYTES for its
-    // merge, which the ordinary mode has no use for.
-    static constexpr size_t SMEM_BYTES = FC_SWZ_GROUP_BYTES /* alignment slack */ + Q_BUFS * Q_BYTES +
-                                         2 * STAGES * (size_t)KV_BYTES + 8 * N_BARRIERS;
-    static constexpr size_t smem_bytes(bool kv_split) { return SMEM_BYTES + (kv_split ? ML_BYTES : 0); }
+    static constexpr int stages(bool kv_split) { return kv_split ? SPLIT_STAGES : STAGES; }
+    // q_full[], q_empty[], k_full[], v_full[], k_empty[], v_empty[]
+    static constexpr int n_barriers(bool kv_split) { return 2 * Q_BUFS + 4 * stages(kv_split); }
+    // Dynamic smem; key-split mode adds ML_BYTES for its merge.
+    static constexpr size_t smem_bytes(bool kv_split) {
+        return FC_SWZ_GROUP_BYTES /* alignment slack */ + Q_BUFS * Q_BYTES + 2 * stages(kv_split) * (size_t)KV_BYTES +
+               8 * n_barriers(kv_split) + (kv_split ? ML_BYTES : 0);
+    }
+    static_assert(SPLIT_STAGES % 2 == 0, "key-split mode needs an even K/V ring");
     static_assert(!KV_SPLIT_OK || DP / 2 <= 16 * Q_BUFS * SLABS, "key-split partials must fit the Q buffers");
     static_assert(DP % FC_SLAB_COLS == 0, "DP must be a whole number of 64-column slabs");
 };
@@ -262,7 +271,8 @@ __global__ void __launch_bounds__(Sm90Tile<DP>::THREADS, 1)
 attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 #ifdef FC_SM90_BODY
     using Tile = Sm90Tile<DP>;
-    constexpr int BR = Tile::BR, BC = Tile::BC, STAGES = Tile::STAGES, SLABS = Tile::SLABS, Q_BUFS = Tile::Q_BUFS;
+    constexpr int BR = Tile::BR, BC = Tile::BC, STAGES = KV_SPLIT ? Tile::SPLIT_STAGES : Tile::STAGES;
+    constexpr int SLABS = Tile::SLABS, Q_BUFS = Tile::Q_BUFS;
     constexpr int PV_N = Tile::PV_N, PV_PARTS = Tile::PV_PARTS;
     constexpr uint32_t ROWB = FC_SWZ_ROW_BYTES;
     const fc_attn_params& p = args.p;
@@ -346,9 +356,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     const int step = split ? 2 : 1;      // K/V tiles from one of this warpgroup's to the next
     const int first = split ? cw : 0;    // this warpgroup's first K/V tile
     const int row_off = split ? 0 : cw * Tile::WG_ROWS;
-    // Key-split mode runs in order: with 2 stages a warpgroup's next K/V tile
-    // (two ahead) reuses the slot of its current one, so it must release that
-    // slot before waiting for the next.
+    // Key-split mode runs in order: the pipelined order deadlocked there while K
+    // and V shared one release barrier (perf notes, sm90 v4). With separate
+    // releases it would not; that variant is not measured yet.
     constexpr bool overlap = Tile::OVERLAP && !split;
 
     int it = 0;    // ordinary mode: ring position of the current K/V tile
