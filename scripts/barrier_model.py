@@ -1,0 +1,205 @@
+"""barrier_model.py -- a model of the Hopper kernel's mbarrier protocol (csrc/sm90/attn_fwd_sm90.cuh).
+
+One actor per warpgroup (the producer thread, two consumer warpgroups) runs the kernel's sequence
+of barrier waits, arrivals, TMA loads and shared-memory reads; a random scheduler interleaves
+them, and TMA loads land in any order, sometimes much later than issued. Each run checks:
+  - no deadlock (some actor can always move until all are done);
+  - every read of a Q/K/V slot finds the tile it expects, landed;
+  - no TMA load writes a slot while a warpgroup is reading it.
+mbarrier.try_wait.parity is modelled exactly: it passes when the barrier's current phase has the
+other parity, so a wait that skips a phase can pass too early, as on the GPU.
+
+    python scripts/barrier_model.py            # every mode the kernel uses, 2000 schedules each
+    python scripts/barrier_model.py 500 split 3 2    # one mode: schedules, mode, K/V stages, Q buffers
+
+Modes: `overlap` (ordinary mode, S(j+1) and P(j)V issued together), `inorder` (ordinary mode,
+P(j)V then S(j+1)), `split` (key-split mode: the two warpgroups take alternate K/V tiles, one
+consumer per tile). The model follows the kernel as of the commit that added it; change both
+together.
+"""
+import random
+import sys
+
+# (mode, K/V stages, Q buffers) of every kernel instantiation: D = 64, 128, 256 ordinary, then
+# key-split at D = 64 and 128.
+KERNEL_CONFIGS = [("inorder", 3, 2), ("overlap", 2, 2), ("inorder", 2, 1), ("split", 4, 2), ("split", 2, 2)]
+
+
+class Barrier:
+    def __init__(self, count):
+        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+
+    def arrive(self, n=1, tx=0):
+        self.pending -= n
+        self.tx += tx
+        assert self.pending >= 0, "more arrivals than the barrier's count"
+        self._maybe_complete()
+
+    def complete_tx(self):
+        self.tx -= 1
+        self._maybe_complete()
+
+    def _maybe_complete(self):
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending = self.count
+
+    def passes(self, parity):
+        return (self.phase & 1) != parity
+
+
+class Violation(Exception):
+    pass
+
+
+def producer(tiles, stages, qbufs):
+    it = 0
+    for local, n in enumerate(tiles):
+        qb = local % qbufs
+        yield ("wait", ("q_empty", qb), ((local // qbufs) & 1) ^ 1)
+        yield ("tma", "Q", qb, local, ("q_full", qb))
+        for _ in range(n):
+            st, free = it % stages, ((it // stages) & 1) ^ 1
+            yield ("wait", ("k_empty", st), free)
+            yield ("tma", "K", st, it, ("k_full", st))
+            yield ("wait", ("v_empty", st), free)
+            yield ("tma", "V", st, it, ("v_full", st))
+            it += 1
+
+
+def consumer(cw, mode, tiles, stages, qbufs):
+    split = mode == "split"
+    step, first = (2, cw) if split else (1, 0)
+    it = base = 0
+
+    def read(kind, g):  # wait for position g of the ring, read it, release it
+        st = g % stages
+        yield ("wait", ("k_full" if kind == "K" else "v_full", st), (g // stages) & 1)
+        yield ("read", kind, st, g)
+        yield ("done", kind, st)
+        yield ("arrive", ("k_empty" if kind == "K" else "v_empty", st), 128)
+
+    for local, n in enumerate(tiles):
+        qb = local % qbufs
+        yield ("wait", ("q_full", qb), (local // qbufs) & 1)
+        yield ("read", "Q", qb, local)
+        pos = (lambda j: base + j) if split else (lambda j: it + (j - first))
+        j = first
+        if first < n:
+            yield from read("K", pos(first))
+            while j + step < n:
+                g, gn = pos(j), pos(j + step)
+                if mode == "overlap":  # both groups in flight; K(next) done first, then V
+                    st, sn = g % stages, gn % stages
+                    yield ("wait", ("k_full", sn), (gn // stages) & 1)
+                    yield ("read", "K", sn, gn)
+                    yield ("wait", ("v_full", st), (g // stages) & 1)
+                    yield ("read", "V", st, g)
+                    yield ("done", "K", sn)
+                    yield ("arrive", ("k_empty", sn), 128)
+                    yield ("done", "V", st)
+                    yield ("arrive", ("v_empty", st), 128)
+                else:
+                    yield from read("V", g)
+                    yield from read("K", gn)
+                j += step
+            yield from read("V", pos(j))
+        if split:
+            base += n
+            yield ("named", 3 + cw)  # the merge's two named barriers: both warpgroups finish the tile
+        else:
+            it += n
+        yield ("done", "Q", qb)
+        yield ("arrive", ("q_empty", qb), 128)
+
+
+def run(mode, stages, qbufs, tiles, seed):
+    """One random schedule; returns "ok" or "deadlock ..."; raises Violation on a bad read/write."""
+    rnd = random.Random(seed)
+    per_tile = 128 if mode == "split" else 256  # consumer arrivals that free a K or V slot
+    bars = {}
+    for i in range(qbufs):
+        bars["q_full", i], bars["q_empty", i] = Barrier(1), Barrier(256)
+    for i in range(stages):
+        bars["k_full", i], bars["v_full", i] = Barrier(1), Barrier(1)
+        bars["k_empty", i], bars["v_empty", i] = Barrier(per_tile), Barrier(per_tile)
+    actors = {"P": producer(tiles, stages, qbufs)}
+    for cw in range(2):
+        actors["C%d" % cw] = consumer(cw, mode, tiles, stages, qbufs)
+    cur = {a: next(g, None) for a, g in actors.items()}
+    content, readers, inflight = {}, {}, []
+    named_count = [0]  # warpgroups waiting at the merge barrier of the current tile
+
+    def runnable(a):
+        op = cur[a]
+        if op is None:
+            return False
+        if op[0] == "wait":
+            return bars[op[1]].passes(op[2])
+        if op[0] == "named":  # the merge: both consumers must reach it
+            return sum(1 for o in cur.values() if o is not None and o[0] == "named") == 2
+        return True
+
+    while True:
+        choices = [a for a in cur if runnable(a)]
+        if not choices and not inflight:
+            if all(op is None for op in cur.values()):
+                return "ok"
+            return "deadlock " + str({a: op for a, op in cur.items() if op is not None})
+        if inflight and (not choices or rnd.random() < 0.3):  # a load lands, often late
+            kind, st, g, bar = inflight.pop(rnd.randrange(len(inflight)))
+            content[kind, st] = (g, True)
+            bars[bar].complete_tx()
+            continue
+        a = rnd.choice(choices)
+        op = cur[a]
+        if op[0] == "tma":
+            _, kind, st, g, bar = op
+            if readers.get((kind, st)):
+                raise Violation(f"TMA load of {kind}{g} into slot {st} while {sorted(readers[kind, st])} read it")
+            content[kind, st] = (g, False)
+            bars[bar].arrive(1, tx=1)
+            inflight.append((kind, st, g, bar))
+        elif op[0] == "read":
+            _, kind, st, g = op
+            if content.get((kind, st)) != (g, True):
+                raise Violation(f"{a} reads {kind} slot {st} for tile {g}, which holds {content.get((kind, st))}")
+            readers.setdefault((kind, st), set()).add(a)
+        elif op[0] == "done":
+            readers[op[1], op[2]].discard(a)
+        elif op[0] == "arrive":
+            bars[op[1]].arrive(op[2])
+        elif op[0] == "named":  # both are here (runnable); let both through
+            for b in cur:
+                if cur[b] is not None and cur[b][0] == "named" and b != a:
+                    cur[b] = next(actors[b], None)
+        cur[a] = next(actors[a], None)
+
+
+def check(mode, stages, qbufs, schedules, seed0=0):
+    """Runs `schedules` random schedules on random tile lists; returns the first failure or None."""
+    for seed in range(seed0, seed0 + schedules):
+        r = random.Random(seed * 7 + 1)
+        tiles = [r.choice([0, 1, 1, 2, 3, 4, 5, 6, 7]) for _ in range(r.randint(1, 5))]
+        try:
+            res = run(mode, stages, qbufs, tiles, seed)
+        except Violation as e:
+            res = "violation: " + str(e)
+        if res != "ok":
+            return f"{mode} stages={stages} qbufs={qbufs} tiles={tiles} seed={seed}: {res}"
+    return None
+
+
+def main(argv):
+    schedules = int(argv[1]) if len(argv) > 1 else 2000
+    configs = [(argv[2], int(argv[3]), int(argv[4]))] if len(argv) > 4 else KERNEL_CONFIGS
+    failed = False
+    for mode, stages, qbufs in configs:
+        res = check(mode, stages, qbufs, schedules)
+        print(f"{mode:8s} stages={stages} qbufs={qbufs}: {res or 'ok'}")
+        failed |= res is not None
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
