@@ -388,6 +388,15 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         // key-split mode. Ordinary mode with base + j got a different softmax schedule
         // from ptxas and ran 15 % slower at D = 64 (perf notes, "D = 64 regression").
         const bool any = first < t.n_blocks;  // this warpgroup has a K/V tile
+        // O += P V for the V tile at ring position g (slot st), waited for, then its slot released.
+        auto pv_tile = [&](int st, int g) {
+            mbar_wait(v_full + 8 * st, (g / STAGES) & 1);  // V of tile g has landed
+            issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
+            wgmma_wait<0>();
+#pragma unroll
+            for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
+            mbar_arrive(v_empty + 8 * st);  // this thread is done with V slot st
+        };
         if (any) {  // prologue: P of tile `first`
             const int g = split ? base + first : it;
             mbar_wait(k_full + 8 * (g % STAGES), (g / STAGES) & 1);  // K of tile `first` has landed
@@ -427,12 +436,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
                 mbar_arrive(v_empty + 8 * st);  // this thread is done with V slot st
             } else {  // in order: P_j V_j, then S of the next tile and its softmax
-                mbar_wait(v_full + 8 * st, (g / STAGES) & 1);  // V of tile j has landed
-                issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
-                wgmma_wait<0>();
-#pragma unroll
-                for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
-                mbar_arrive(v_empty + 8 * st);  // this thread is done with V slot st
+                pv_tile(st, g);
                 mbar_wait(k_full + 8 * sn, (gn / STAGES) & 1);  // K of the next tile has landed
                 issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES);
                 wgmma_wait<0>();
@@ -453,12 +457,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             const int g = split ? base + j : it, st = g % STAGES;
 #pragma unroll
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
-            mbar_wait(v_full + 8 * st, (g / STAGES) & 1);  // V of tile j has landed
-            issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
-            wgmma_wait<0>();
-#pragma unroll
-            for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
-            mbar_arrive(v_empty + 8 * st);  // this thread is done with V slot st
+            pv_tile(st, g);
             if constexpr (!split) ++it;
         }
         if constexpr (split) base += t.n_blocks;  // both warpgroups: past this tile's K/V tiles
