@@ -92,7 +92,7 @@ struct Sm90Tile {
     // it needs DP / 2 <= 16 * Q_BUFS * SLABS, true for DP <= 128.
     static constexpr bool KV_SPLIT_OK = DP <= 128;
     static constexpr uint32_t ML_BYTES = 4 * 128 * 4;  // key-split: consumer 2's m and l, 4 floats per thread
-    static constexpr int stages(bool kv_split) { return kv_split ? SPLIT_STAGES : STAGES; }
+    __host__ __device__ static constexpr int stages(bool kv_split) { return kv_split ? SPLIT_STAGES : STAGES; }
     // q_full[], q_empty[], k_full[], v_full[], k_empty[], v_empty[]
     static constexpr int n_barriers(bool kv_split) { return 2 * Q_BUFS + 4 * stages(kv_split); }
     // Dynamic smem; key-split mode adds ML_BYTES for its merge.
@@ -271,7 +271,7 @@ __global__ void __launch_bounds__(Sm90Tile<DP>::THREADS, 1)
 attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 #ifdef FC_SM90_BODY
     using Tile = Sm90Tile<DP>;
-    constexpr int BR = Tile::BR, BC = Tile::BC, STAGES = KV_SPLIT ? Tile::SPLIT_STAGES : Tile::STAGES;
+    constexpr int BR = Tile::BR, BC = Tile::BC, STAGES = Tile::stages(KV_SPLIT);
     constexpr int SLABS = Tile::SLABS, Q_BUFS = Tile::Q_BUFS;
     constexpr int PV_N = Tile::PV_N, PV_PARTS = Tile::PV_PARTS;
     constexpr uint32_t ROWB = FC_SWZ_ROW_BYTES;
@@ -388,8 +388,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         // key-split mode. Ordinary mode with base + j got a different softmax schedule
         // from ptxas and ran 15 % slower at D = 64 (perf notes, "D = 64 regression").
         const bool any = first < t.n_blocks;  // this warpgroup has a K/V tile
-        // O += P V for the V tile at ring position g (slot st), waited for, then its slot released.
-        auto pv_tile = [&](int st, int g) {
+        // O += P V for the V tile at ring position g, waited for, then its slot released.
+        auto pv_tile = [&](int g) {
+            const int st = g % STAGES;
             mbar_wait(v_full + 8 * st, (g / STAGES) & 1);  // V of tile g has landed
             issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
             wgmma_wait<0>();
@@ -436,7 +437,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
                 mbar_arrive(v_empty + 8 * st);  // this thread is done with V slot st
             } else {  // in order: P_j V_j, then S of the next tile and its softmax
-                pv_tile(st, g);
+                pv_tile(g);
                 mbar_wait(k_full + 8 * sn, (gn / STAGES) & 1);  // K of the next tile has landed
                 issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES);
                 wgmma_wait<0>();
@@ -454,10 +455,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             pack_p<BC, T>(pa, s);
         }
         if (any) {  // last tile: P V only
-            const int g = split ? base + j : it, st = g % STAGES;
 #pragma unroll
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
-            pv_tile(st, g);
+            pv_tile(split ? base + j : it);
             if constexpr (!split) ++it;
         }
         if constexpr (split) base += t.n_blocks;  // both warpgroups: past this tile's K/V tiles

@@ -3,8 +3,9 @@
 //   build/harness check [kernel] [small]  correctness grid vs the C CPU path (fp32 reference);
 //                                     `small` keeps the cases small enough for compute-sanitizer
 //   build/harness bench [kernel]      TFLOP/s on the standard grid (CUDA events, median of runs)
-//   build/harness shape kernel B Hq Hkv Sq Sk D causal reps
-//                                     times one fp16 case (for ncu or a quick A/B)
+//   build/harness shape kernel B Hq Hkv Sq Sk D causal reps [flush]
+//                                     times one fp16 case (for ncu or a quick A/B); flush before
+//                                     each launch: 0 none (default), 1 zero-fill (as do_bench), 2 read
 //
 // kernel: auto (default), sm80 or sm90. Builds with nvcc on a machine without
 // a GPU (scripts/build_harness.sh) and runs on the GPU machine as is. Exit
