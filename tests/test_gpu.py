@@ -51,33 +51,26 @@ SHAPES = [
 ]
 
 
-@dtype_param
-@mode_param
-@pytest.mark.parametrize("D", [64, 128, 256])
-@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
-@kernel_param
-def test_gpu_matches_reference(kernel, shape, D, mode, dtype):
-    B, H, Sq, Sk = shape
-    q, k, v = make_qkv(B, H, H, Sq, Sk, D, dtype, DEV)
-    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
-    check_attention(out, lse, q, k, v, None, mode)
-
-
 # Every SHAPES entry fits on an H100's 132 SMs as 64-row tiles, so the sm90
 # kernel runs them in key-split mode. These grids have more 64-row tiles than
 # SMs and run its ordinary mode (128-row tiles, persistent CTAs).
 LARGE_GRID_SHAPES = [(2, 16, 640, 700), (3, 12, 1025, 1000)]
 
 
-@dtype_param
-@mode_param
-@pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("shape", LARGE_GRID_SHAPES, ids=shape_id)
-@kernel_param
-def test_gpu_ordinary_mode_grid(kernel, shape, D, mode, dtype):
+def test_large_grid_shapes_leave_key_split_mode(shape):
     B, H, Sq, Sk = shape
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     assert -(-Sq // 64) * B * H > sms, "shape must have more 64-row tiles than SMs"
+
+
+@dtype_param
+@mode_param
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("shape", SHAPES + LARGE_GRID_SHAPES, ids=shape_id)
+@kernel_param
+def test_gpu_matches_reference(kernel, shape, D, mode, dtype):
+    B, H, Sq, Sk = shape
     q, k, v = make_qkv(B, H, H, Sq, Sk, D, dtype, DEV)
     out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
     check_attention(out, lse, q, k, v, None, mode)
