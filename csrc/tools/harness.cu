@@ -6,6 +6,8 @@
 //   build/harness shape kernel B Hq Hkv Sq Sk D causal reps [flush]
 //                                     times one fp16 case (for ncu or a quick A/B); flush before
 //                                     each launch: 0 none (default), 1 zero-fill (as do_bench), 2 read
+//   build/harness host kernel B Hq Hkv Sq Sk D causal
+//                                     host time of one fc_attn_fwd call (loops of back-to-back calls)
 //
 // kernel: auto (default), sm80 or sm90. Builds with nvcc on a machine without
 // a GPU (scripts/build_harness.sh) and runs on the GPU machine as is. Exit
@@ -15,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -232,22 +235,34 @@ static void fill_inputs(void* d, size_t n, uint32_t seed, fc_dtype dt) {
     }
 }
 
+// Device inputs of one case: q, k, v filled with N(0, 1), out and the split-KV
+// workspace allocated, and the params that point at them.
+struct DeviceCase {
+    void *dq = nullptr, *dk = nullptr, *dv = nullptr, *dout = nullptr;
+    fc_attn_params p;
+    DeviceCase(const Case& c, fc_kernel kernel) {
+        const size_t nq = (size_t)c.B * c.Hq * c.Sq * c.D, nk = (size_t)c.B * c.Hkv * c.Sk * c.D;
+        CUDA_OK(cudaMalloc(&dq, nq * 2)); CUDA_OK(cudaMalloc(&dk, nk * 2));
+        CUDA_OK(cudaMalloc(&dv, nk * 2)); CUDA_OK(cudaMalloc(&dout, nq * 2));
+        fill_inputs(dq, nq, 1, c.dtype);
+        fill_inputs(dk, nk, 2, c.dtype);
+        fill_inputs(dv, nk, 3, c.dtype);
+        fill_params(&p, c, dq, dk, dv, dout, nullptr, c.dtype, kernel);
+        p.workspace_bytes = fc_attn_fwd_workspace_size(&p);
+        if (p.workspace_bytes) CUDA_OK(cudaMalloc(&p.workspace, p.workspace_bytes));
+    }
+    ~DeviceCase() {
+        cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout);
+        if (p.workspace) cudaFree(p.workspace);
+    }
+};
+
 // Times one case: median of `reps` launches, CUDA events. Before each launch L2
 // is left as is (FLUSH_NONE), zero-filled from a 256 MB buffer, which leaves it
 // full of dirty lines (FLUSH_ZERO, as triton's do_bench does), or filled with
 // clean lines by reading that buffer (FLUSH_READ). -1 if a launch fails.
 static double time_case(const Case& c, fc_kernel kernel, int reps, Flush flush = FLUSH_NONE) {
-    const size_t nq = (size_t)c.B * c.Hq * c.Sq * c.D, nk = (size_t)c.B * c.Hkv * c.Sk * c.D;
-    void *dq, *dk, *dv, *dout;
-    CUDA_OK(cudaMalloc(&dq, nq * 2)); CUDA_OK(cudaMalloc(&dk, nk * 2));
-    CUDA_OK(cudaMalloc(&dv, nk * 2)); CUDA_OK(cudaMalloc(&dout, nq * 2));
-    fill_inputs(dq, nq, 1, c.dtype);
-    fill_inputs(dk, nk, 2, c.dtype);
-    fill_inputs(dv, nk, 3, c.dtype);
-    fc_attn_params p;
-    fill_params(&p, c, dq, dk, dv, dout, nullptr, c.dtype, kernel);
-    p.workspace_bytes = fc_attn_fwd_workspace_size(&p);
-    if (p.workspace_bytes) CUDA_OK(cudaMalloc(&p.workspace, p.workspace_bytes));
+    DeviceCase d(c, kernel);
     cudaEvent_t e0, e1;
     CUDA_OK(cudaEventCreate(&e0)); CUDA_OK(cudaEventCreate(&e1));
     double us = -1;
@@ -255,23 +270,46 @@ static double time_case(const Case& c, fc_kernel kernel, int reps, Flush flush =
     int* sink = nullptr;
     if (flush != FLUSH_NONE) { CUDA_OK(cudaMalloc(&fbuf, FLUSH_BYTES)); CUDA_OK(cudaMalloc(&sink, 4)); }
     if (flush == FLUSH_READ) CUDA_OK(cudaMemset(fbuf, 0, FLUSH_BYTES));
-    for (int i = 0; i < 5; ++i) fc_attn_fwd(&p, nullptr);
+    for (int i = 0; i < 5; ++i) fc_attn_fwd(&d.p, nullptr);
     std::vector<float> ts;
     for (int r = 0; r < reps; ++r) {
         if (flush == FLUSH_ZERO) CUDA_OK(cudaMemsetAsync(fbuf, 0, FLUSH_BYTES));
         if (flush == FLUSH_READ) read_flush<<<1024, 256>>>((const int4*)fbuf, FLUSH_BYTES / 16, sink);
         CUDA_OK(cudaEventRecord(e0));
-        if (fc_attn_fwd(&p, nullptr) != FC_OK) { printf("launch failed\n"); ts.clear(); break; }
+        if (fc_attn_fwd(&d.p, nullptr) != FC_OK) { printf("launch failed\n"); ts.clear(); break; }
         CUDA_OK(cudaEventRecord(e1));
         CUDA_OK(cudaEventSynchronize(e1));
         float ms; CUDA_OK(cudaEventElapsedTime(&ms, e0, e1)); ts.push_back(ms);
     }
     if (!ts.empty()) { std::sort(ts.begin(), ts.end()); us = ts[ts.size() / 2] * 1e3; }
-    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout);
-    if (p.workspace) cudaFree(p.workspace);
     if (fbuf) { cudaFree(fbuf); cudaFree(sink); }
     cudaEventDestroy(e0); cudaEventDestroy(e1);
     return us;
+}
+
+static const int HOST_CALLS = 200;  // back-to-back calls per loop: far below the launch queue's depth
+static const int HOST_LOOPS = 7;
+
+// Host cost of fc_attn_fwd (checks, split plan, tensor maps, launch): wall time
+// of HOST_CALLS calls issued back to back, with no synchronization inside the
+// loop, so the GPU's own time does not count; median over HOST_LOOPS loops, each
+// started on an idle GPU. Prints the loops' minimum and median in us per call.
+static int run_host(const Case& c, fc_kernel kernel) {
+    DeviceCase d(c, kernel);
+    std::vector<double> per_call;
+    for (int l = 0; l < HOST_LOOPS; ++l) {
+        CUDA_OK(cudaDeviceSynchronize());
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < HOST_CALLS; ++i)
+            if (fc_attn_fwd(&d.p, nullptr) != FC_OK) { printf("launch failed\n"); return 1; }
+        const auto t1 = std::chrono::steady_clock::now();
+        per_call.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / HOST_CALLS);
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    std::sort(per_call.begin(), per_call.end());
+    printf("host us per call: min %.2f median %.2f (%d loops of %d calls)\n", per_call[0],
+           per_call[per_call.size() / 2], HOST_LOOPS, HOST_CALLS);
+    return 0;
 }
 
 static void print_time(const Case& c, double us) {
@@ -309,6 +347,13 @@ int main(int argc, char** argv) {
     printf("device: %s (sm_%d%d), kernel=%s\n", prop.name, prop.major, prop.minor, kname.c_str());
     if (mode == "check") return run_check(kernel, argc > 3 && std::string(argv[3]) == "small");
     if (mode == "bench") return run_bench(kernel);
+    if (mode == "host" && argc == 10) {
+        const int causal = atoi(argv[9]);
+        const Case c = {atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), atoi(argv[8]),
+                        causal == 2 ? FC_CAUSAL_BOTTOM_RIGHT : causal ? FC_CAUSAL_TOP_LEFT : FC_CAUSAL_NONE,
+                        FC_DTYPE_FP16, false};
+        return run_host(c, kernel);
+    }
     const int flush = argc == 12 ? atoi(argv[11]) : FLUSH_NONE;
     if (mode == "shape" && (argc == 11 || argc == 12) && flush >= FLUSH_NONE && flush <= FLUSH_READ) {
         // one case, fp16, e.g. for ncu or compute-sanitizer
@@ -322,6 +367,7 @@ int main(int argc, char** argv) {
         return us < 0;
     }
     fprintf(stderr, "usage: harness check [auto|sm80|sm90] [small] | bench [auto|sm80|sm90] |\n"
-                    "       shape [auto|sm80|sm90] B Hq Hkv Sq Sk D causal(0,1,2) reps [flush: 0 none, 1 zero, 2 read]\n");
+                    "       shape [auto|sm80|sm90] B Hq Hkv Sq Sk D causal(0,1,2) reps [flush: 0 none, 1 zero, 2 read] |\n"
+                    "       host [auto|sm80|sm90] B Hq Hkv Sq Sk D causal(0,1,2)\n");
     return 2;
 }
