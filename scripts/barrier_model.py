@@ -22,7 +22,7 @@ import sys
 
 # (mode, K/V stages, Q buffers) of every kernel instantiation: D = 64, 128, 256 ordinary, then
 # key-split at D = 64 and 128.
-KERNEL_CONFIGS = [("inorder", 3, 2), ("overlap", 2, 2), ("inorder", 2, 1), ("split", 4, 2), ("split", 2, 2)]
+KERNEL_CONFIGS = [("inorder", 3, 2), ("overlap", 2, 2), ("overlap", 2, 1), ("split", 4, 2), ("split", 2, 2)]
 
 
 class Barrier:

@@ -14,15 +14,17 @@
 // Per K/V tile j a consumer computes S = Q K^T with wgmma (both operands in
 // shared memory, 128-byte swizzle) and P_j V with wgmma taking P from
 // registers (the S accumulator layout is the A-operand layout) and V from
-// shared memory (N-major). At D = 128 the two are software-pipelined: S_{j+1}
-// and P_j V_j are issued back to back, and the masking and online softmax of
-// tile j+1 (exp2, log2(e) folded into the scale) run while P_j V_j is still
-// on the tensor cores; the O rescale waits for it. At D = 64 and 256 they run
-// in order, and the two consumer warpgroups overlap each other instead. The epilogue divides by the row
-// sum, stages O in the warpgroup's own Q rows, writes it with 16-byte
-// coalesced stores, and writes LSE. CTAs are persistent: grid = SM count, tile
-// t goes to CTA t % grid, and causal tiles are numbered longest first (and
-// taken in reverse in odd stripes of grid tiles, see sm90_tile).
+// shared memory (N-major). At D = 128 and 256 the two are software-pipelined:
+// S_{j+1} and P_j V_j are issued back to back, and the masking and online
+// softmax of tile j+1 (exp2, log2(e) folded into the scale) run while P_j V_j
+// is still on the tensor cores; the O rescale waits for it. At D = 64 they run
+// in order, and the two consumer warpgroups overlap each other instead. The
+// epilogue divides by the row sum, stages O in the warpgroup's own Q rows,
+// writes it with 16-byte coalesced stores, and writes LSE. CTAs are
+// persistent: grid = SM count, tile t goes to CTA t % grid, and causal tiles
+// are numbered longest first inside windows of a few heads, so the query
+// blocks of a head run close in time and share its K/V in L2 (and taken in
+// reverse in odd stripes of grid tiles, see sm90_tile).
 //
 // Key-split mode (small grids). When 64-row tiles number no more than the
 // SMs (e.g. B=2, H=8, S=512) and DP <= 128, a tile is 64 query rows and the
@@ -76,9 +78,10 @@ struct Sm90Tile {
     static constexpr int SPLIT_STAGES = DP <= 64 ? 4 : 2;
     static constexpr int Q_BUFS = DP <= 128 ? 2 : 1;  // Q tiles: the next tile's Q loads during this one
     // Software-pipeline S(j+1) with P(j)V inside a warpgroup. Measured (perf
-    // notes, sm90 v3): +3-12 % at D = 128, but 12-18 % slower at D = 64 and 256,
-    // where the in-order schedule of the two warpgroups overlaps better.
-    static constexpr bool OVERLAP = DP == 128;
+    // notes, sm90 v3 and session 10): +3-12 % at D = 128; at D = 256 +4-6 % once
+    // K is released as soon as S is done (sm90 v5); 10-17 % slower at D = 64, where
+    // the in-order schedule of the two warpgroups overlaps better.
+    static constexpr bool OVERLAP = DP >= 128;
     static constexpr int THREADS = 128 * (1 + CONSUMERS);
     static constexpr int SLABS = DP / FC_SLAB_COLS;   // 128-byte swizzle slabs across a row
     static constexpr uint32_t Q_BYTES = BR * DP * 2;
