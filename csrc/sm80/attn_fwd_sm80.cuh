@@ -36,7 +36,8 @@
 //  DP  | WARPS | M_TILES | BR  | BC | smem (Q + 2 stages of K,V) | why
 //  64  |   4   |    2    | 128 | 64 |  16 + 32 = 48 KB  | 2 m-tiles/warp reuse each K/V fragment twice
 //  128 |   4   |    2    | 128 | 32 |  32 + 32 = 64 KB  | BC = 64 spills (O 128 + S 64 fp32 regs/thread)
-//  256 |   4   |    1    |  64 | 32 |  32 + 64 = 96 KB  | O alone is 128 fp32 regs/thread, so one m-tile/warp
+//  256 |   4   |    1    |  64 | 64 |  32 + 64 = 96 KB  | O alone is 128 fp32 regs/thread, so one m-tile/warp;
+//      |       |         |     |    | (one K and one V slot, staggered: see STAGGER)
 // Every config fits the 99 KB per-block limit of sm86/sm89.
 // Small grids at DP = 64 (fewer 128-row CTAs than SMs, e.g. B=2 H=8 S=512)
 // use M_TILES = 1 (BR = 64, 40 KB): twice the CTAs, each half as long.
@@ -45,8 +46,13 @@ struct Sm80Tile {
     static constexpr int WARPS = 4;
     static constexpr int M_TILES = MT;                 // 16-row mma tiles per warp
     static constexpr int BR = WARPS * M_TILES * 16;    // query rows per CTA
-    static constexpr int BC = DP <= 64 ? 64 : 32;      // keys per K/V tile
-    static constexpr int KV_STAGES = 2;                // K/V tiles in flight
+    // STAGGER (DP = 256): one K slot and one V slot instead of a ring of K/V
+    // pairs; V_j loads while S_j and its softmax run, K_{j+1} while P_j V_j
+    // runs. Twice the keys per tile (BC = 64) in the same 96 KB, so two CTAs
+    // still fit an SM. Experiment (not yet run on a GPU).
+    static constexpr bool STAGGER = DP > 128;
+    static constexpr int BC = DP <= 64 || STAGGER ? 64 : 32;  // keys per K/V tile
+    static constexpr int KV_STAGES = STAGGER ? 1 : 2;        // K/V tiles in flight
     static constexpr int THREADS = WARPS * 32;
     static constexpr int CHUNKS = DP / 8;              // 16-byte chunks per row
     static constexpr size_t SMEM_BYTES = (size_t)(BR + 2 * KV_STAGES * BC) * DP * 2;
@@ -121,6 +127,10 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
     const T* v_thr = v + thr_row * p.v_row_stride + thr_col;
     const int64_t k_tile_stride = BC * p.k_row_stride, v_tile_stride = BC * p.v_row_stride;
     load_tile<DP, BR, THREADS>(sQ, q + thr_row * p.q_row_stride + thr_col, q, p.q_row_stride, q_rows, p.D, tid);
+    if constexpr (Tile::STAGGER) {  // K of tile 0 rides in Q's group; V of tile j loads inside iteration j
+        load_tile<DP, BC, THREADS>(sK, k_thr, k, p.k_row_stride, min(BC, p.Sk), p.D, tid);
+        cp_async_commit();
+    }
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < n_blocks) {
@@ -155,14 +165,20 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
         // Refill the slot that iteration j-1 finished with (the barrier at the
         // end of j-1 guarantees no warp still reads it).
         const int jn = j + STAGES - 1;
-        if (jn < n_blocks) {
+        if constexpr (Tile::STAGGER) {
+            cp_async_wait<0>();  // this thread's copies of K_j (and Q) have landed
+            __syncthreads();     // orders every thread's K_j copies before any warp reads them, and every
+                                 // warp's reads of V_{j-1} (P V) before V_j overwrites the V slot
+        } else if (jn < n_blocks) {
             const int slot = jn % STAGES, keys = min(BC, p.Sk - jn * BC);
             load_tile<DP, BC, THREADS>(sK + slot * BC * DP, k_thr + jn * k_tile_stride, k, p.k_row_stride, keys, p.D, tid);
             load_tile<DP, BC, THREADS>(sV + slot * BC * DP, v_thr + jn * v_tile_stride, v, p.v_row_stride, keys, p.D, tid);
         }
-        cp_async_commit();
-        cp_async_wait<STAGES - 1>();  // this thread's copies of tile j (and Q) have landed
-        __syncthreads();              // orders every thread's tile-j copies before any warp reads them
+        if constexpr (!Tile::STAGGER) {
+            cp_async_commit();
+            cp_async_wait<STAGES - 1>();  // this thread's copies of tile j (and Q) have landed
+            __syncthreads();              // orders every thread's tile-j copies before any warp reads them
+        }
 
         const uint32_t k_slot = (j % STAGES) * BC * ROW_BYTES;  // byte offset of this tile's K slot
         const uint32_t v_slot = k_slot;                           // V slots mirror K slots
@@ -191,6 +207,12 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                     mma_16816<T>(acc_s[mt][2 * nt2 + 1], a[mt], bk[2], bk[3]);
                 }
             }
+        }
+
+        if constexpr (Tile::STAGGER) {  // V_j loads during the mask and softmax
+            load_tile<DP, BC, THREADS>(sV, v_thr + j * v_tile_stride, v, p.v_row_stride, min(BC, p.Sk - j * BC), p.D,
+                                       tid);
+            cp_async_commit();
         }
 
         // Mask only the tiles that need it: the key tail and the causal diagonal.
@@ -255,6 +277,17 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                     for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] *= corr[mt][e / 2];
         }
 
+        if constexpr (Tile::STAGGER) {
+            cp_async_wait<0>();  // this thread's copies of V_j have landed
+            __syncthreads();     // orders every thread's V_j copies before any warp reads them, and every
+                                 // warp's reads of K_j (S) before K_{j+1} overwrites the K slot
+            if (j + 1 < n_blocks) {
+                load_tile<DP, BC, THREADS>(sK, k_thr + (j + 1) * k_tile_stride, k, p.k_row_stride,
+                                           min(BC, p.Sk - (j + 1) * BC), p.D, tid);
+                cp_async_commit();
+            }
+        }
+
         // O += P V: the S accumulator of key tiles 2kk, 2kk+1 is the A fragment.
 #pragma unroll
         for (int kk = 0; kk < BC / 16; ++kk) {
@@ -277,7 +310,8 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                 }
             }
         }
-        __syncthreads();  // every warp is done reading slot j % STAGES before iteration j+1 refills it
+        if constexpr (!Tile::STAGGER)
+            __syncthreads();  // every warp is done reading slot j % STAGES before iteration j+1 refills it
     }
     cp_async_wait<0>();  // drain the (empty) trailing groups before smem is reused
 
