@@ -36,7 +36,8 @@
 //  DP  | WARPS | M_TILES | BR  | BC | smem (Q + 2 stages of K,V) | why
 //  64  |   4   |    2    | 128 | 64 |  16 + 32 = 48 KB  | 2 m-tiles/warp reuse each K/V fragment twice
 //  128 |   4   |    2    | 128 | 32 |  32 + 32 = 64 KB  | BC = 64 spills (O 128 + S 64 fp32 regs/thread)
-//  256 |   4   |    1    |  64 | 32 |  32 + 64 = 96 KB  | O alone is 128 fp32 regs/thread, so one m-tile/warp
+//  256 |   4   |    1    |  64 | 64 |  32 + 64 = 96 KB  | O alone is 128 fp32 regs/thread, so one m-tile/warp;
+//      |       |         |     |    | (one K and one V slot, staggered: see STAGGER)
 // Every config fits the 99 KB per-block limit of sm86/sm89.
 // Small grids at DP = 64 (fewer 128-row CTAs than SMs, e.g. B=2 H=8 S=512)
 // use M_TILES = 1 (BR = 64, 40 KB): twice the CTAs, each half as long.
@@ -45,8 +46,13 @@ struct Sm80Tile {
     static constexpr int WARPS = 4;
     static constexpr int M_TILES = MT;                 // 16-row mma tiles per warp
     static constexpr int BR = WARPS * M_TILES * 16;    // query rows per CTA
-    static constexpr int BC = DP <= 64 ? 64 : 32;      // keys per K/V tile
-    static constexpr int KV_STAGES = 2;                // K/V tiles in flight
+    // STAGGER (DP = 256): one K slot and one V slot instead of a ring of K/V
+    // pairs; V_j loads while S_j and its softmax run, K_{j+1} while P_j V_j
+    // runs. Twice the keys per tile (BC = 64) in the same 96 KB, so two CTAs
+    // still fit an SM. Measured +8-10 % at D = 256 on an H100 (perf notes).
+    static constexpr bool STAGGER = DP > 128;
+    static constexpr int BC = DP <= 64 || STAGGER ? 64 : 32;  // keys per K/V tile
+    static constexpr int KV_STAGES = STAGGER ? 1 : 2;        // K/V tiles in flight
     static constexpr int THREADS = WARPS * 32;
     static constexpr int CHUNKS = DP / 8;              // 16-byte chunks per row
     static constexpr size_t SMEM_BYTES = (size_t)(BR + 2 * KV_STAGES * BC) * DP * 2;
@@ -90,8 +96,22 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
     const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + (int64_t)row0 * p.q_row_stride;
     const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride;
     const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride;
-    T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (int64_t)row0 * p.o_row_stride;
-    float* lse = p.lse ? p.lse + ((int64_t)b * p.Hq + h) * p.Sq + row0 : nullptr;
+    // O and LSE rows of this CTA. At DP = 256 ptxas uses all 255 registers and
+    // its spills depend on where these two pointers are formed: after the main
+    // loop is spill-free on sm_80 but spills on sm_90a, before it the reverse
+    // (nvcc 13.0), so each target forms them where it stays spill-free. At
+    // DP <= 128 (registers to spare) they are formed early.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    constexpr bool LATE_OUT_PTRS = DP == 256;
+#else
+    constexpr bool LATE_OUT_PTRS = false;
+#endif
+    auto out_ptr = [&]() {
+        return static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (int64_t)row0 * p.o_row_stride;
+    };
+    auto lse_ptr = [&]() { return p.lse ? p.lse + ((int64_t)b * p.Hq + h) * p.Sq + row0 : nullptr; };
+    T* o = LATE_OUT_PTRS ? nullptr : out_ptr();
+    float* lse = LATE_OUT_PTRS ? nullptr : lse_ptr();
     const int q_rows = min(BR, p.Sq - row0);
 
     // Key j is visible to query i iff j <= i + diag (causal) and j < Sk.
@@ -104,6 +124,7 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
     }
 
     if (n_blocks == 0) {  // every row of this CTA sees no key: O = 0, LSE = -inf
+        if (LATE_OUT_PTRS) { o = out_ptr(); lse = lse_ptr(); }
         for (int idx = tid; idx < q_rows * Tile::CHUNKS; idx += THREADS) {
             const int r = idx / Tile::CHUNKS, c = idx % Tile::CHUNKS;
             if (c * 8 < p.D) *reinterpret_cast<uint4*>(o + r * p.o_row_stride + c * 8) = make_uint4(0, 0, 0, 0);
@@ -121,6 +142,10 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
     const T* v_thr = v + thr_row * p.v_row_stride + thr_col;
     const int64_t k_tile_stride = BC * p.k_row_stride, v_tile_stride = BC * p.v_row_stride;
     load_tile<DP, BR, THREADS>(sQ, q + thr_row * p.q_row_stride + thr_col, q, p.q_row_stride, q_rows, p.D, tid);
+    if constexpr (Tile::STAGGER) {  // K of tile 0 rides in Q's group; V of tile j loads inside iteration j
+        load_tile<DP, BC, THREADS>(sK, k_thr, k, p.k_row_stride, min(BC, p.Sk), p.D, tid);
+        cp_async_commit();
+    }
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < n_blocks) {
@@ -155,14 +180,20 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
         // Refill the slot that iteration j-1 finished with (the barrier at the
         // end of j-1 guarantees no warp still reads it).
         const int jn = j + STAGES - 1;
-        if (jn < n_blocks) {
+        if constexpr (Tile::STAGGER) {
+            cp_async_wait<0>();  // this thread's copies of K_j (and Q) have landed
+            __syncthreads();     // orders every thread's K_j copies before any warp reads them, and every
+                                 // warp's reads of V_{j-1} (P V) before V_j overwrites the V slot
+        } else if (jn < n_blocks) {
             const int slot = jn % STAGES, keys = min(BC, p.Sk - jn * BC);
             load_tile<DP, BC, THREADS>(sK + slot * BC * DP, k_thr + jn * k_tile_stride, k, p.k_row_stride, keys, p.D, tid);
             load_tile<DP, BC, THREADS>(sV + slot * BC * DP, v_thr + jn * v_tile_stride, v, p.v_row_stride, keys, p.D, tid);
         }
-        cp_async_commit();
-        cp_async_wait<STAGES - 1>();  // this thread's copies of tile j (and Q) have landed
-        __syncthreads();              // orders every thread's tile-j copies before any warp reads them
+        if constexpr (!Tile::STAGGER) {
+            cp_async_commit();
+            cp_async_wait<STAGES - 1>();  // this thread's copies of tile j (and Q) have landed
+            __syncthreads();              // orders every thread's tile-j copies before any warp reads them
+        }
 
         const uint32_t k_slot = (j % STAGES) * BC * ROW_BYTES;  // byte offset of this tile's K slot
         const uint32_t v_slot = k_slot;                           // V slots mirror K slots
@@ -191,6 +222,12 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                     mma_16816<T>(acc_s[mt][2 * nt2 + 1], a[mt], bk[2], bk[3]);
                 }
             }
+        }
+
+        if constexpr (Tile::STAGGER) {  // V_j loads during the mask and softmax
+            load_tile<DP, BC, THREADS>(sV, v + (j * BC + thr_row) * p.v_row_stride + thr_col, v, p.v_row_stride,
+                                       min(BC, p.Sk - j * BC), p.D, tid);
+            cp_async_commit();
         }
 
         // Mask only the tiles that need it: the key tail and the causal diagonal.
@@ -255,6 +292,17 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                     for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] *= corr[mt][e / 2];
         }
 
+        if constexpr (Tile::STAGGER) {
+            cp_async_wait<0>();  // this thread's copies of V_j have landed
+            __syncthreads();     // orders every thread's V_j copies before any warp reads them, and every
+                                 // warp's reads of K_j (S) before K_{j+1} overwrites the K slot
+            if (j + 1 < n_blocks) {
+                load_tile<DP, BC, THREADS>(sK, k_thr + (j + 1) * k_tile_stride, k, p.k_row_stride,
+                                           min(BC, p.Sk - (j + 1) * BC), p.D, tid);
+                cp_async_commit();
+            }
+        }
+
         // O += P V: the S accumulator of key tiles 2kk, 2kk+1 is the A fragment.
 #pragma unroll
         for (int kk = 0; kk < BC / 16; ++kk) {
@@ -277,12 +325,14 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                 }
             }
         }
-        __syncthreads();  // every warp is done reading slot j % STAGES before iteration j+1 refills it
+        if constexpr (!Tile::STAGGER)
+            __syncthreads();  // every warp is done reading slot j % STAGES before iteration j+1 refills it
     }
     cp_async_wait<0>();  // drain the (empty) trailing groups before smem is reused
 
     // Epilogue: O /= l, staged through this warp's own Q rows (no other warp
     // reads them), then 16-byte coalesced stores; LSE = (m + log2 l) * ln 2.
+    if (LATE_OUT_PTRS) { o = out_ptr(); lse = lse_ptr(); }
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
