@@ -30,6 +30,7 @@
 #include <limits.h>
 #include <math.h>
 
+#include "../common/launch.cuh"
 #include "../common/ptx.cuh"
 #include "../common/tile.cuh"
 #include "../flashcore.h"
@@ -332,8 +333,7 @@ attn_decode_sm80_kernel(const __grid_constant__ fc_attn_params p, const fc_split
 template <int DP, typename T>
 static fc_status attn_decode_sm80_launch(const fc_attn_params* p, const fc_split_plan* sp, cudaStream_t stream) {
     using Tile = DecodeTile<DP>;
-    if (cudaFuncSetAttribute(attn_decode_sm80_kernel<DP, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)Tile::SMEM_BYTES) != cudaSuccess)
+    if (fc_smem_limit_once<attn_decode_sm80_kernel<DP, T>>((int)Tile::SMEM_BYTES) != cudaSuccess)
         return FC_ERR_CUDA;
     // dispatch keeps row_blocks * splits * B * Hkv <= 2^31 - 1
     const unsigned grid = (unsigned)sp->row_blocks * (unsigned)sp->splits * (unsigned)(p->B * p->Hkv);

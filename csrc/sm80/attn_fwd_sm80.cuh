@@ -25,6 +25,7 @@
 #include <limits.h>
 #include <math.h>
 
+#include "../common/launch.cuh"
 #include "../common/ptx.cuh"
 #include "../common/tile.cuh"
 #include "../flashcore.h"
@@ -372,9 +373,7 @@ template <int DP, int MT, typename T>
 static fc_status attn_fwd_sm80_launch(const fc_attn_params* p, cudaStream_t stream) {
     using Tile = Sm80Tile<DP, MT>;
     const size_t smem = Tile::SMEM_BYTES;
-    if (cudaFuncSetAttribute(attn_fwd_sm80_kernel<DP, MT, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)smem) != cudaSuccess)
-        return FC_ERR_CUDA;
+    if (fc_smem_limit_once<attn_fwd_sm80_kernel<DP, MT, T>>((int)smem) != cudaSuccess) return FC_ERR_CUDA;
     const unsigned grid = (unsigned)((p->Sq + Tile::BR - 1) / Tile::BR) * (unsigned)(p->B * p->Hq);
     attn_fwd_sm80_kernel<DP, MT, T><<<grid, Tile::THREADS, smem, stream>>>(*p);
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;

@@ -47,6 +47,7 @@
 #include <limits.h>
 #include <math.h>
 
+#include "../common/launch.cuh"
 #include "../flashcore.h"
 #include "../kernels.h"
 #include "hopper.cuh"
@@ -591,9 +592,7 @@ template <int DP, typename T, bool KV_SPLIT>
 static fc_status attn_fwd_sm90_run(const Sm90Args& a, unsigned grid, cudaStream_t stream) {
     using Tile = Sm90Tile<DP>;
     constexpr size_t smem = Tile::smem_bytes(KV_SPLIT);
-    if (cudaFuncSetAttribute(attn_fwd_sm90_kernel<DP, T, KV_SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)smem) != cudaSuccess)
-        return FC_ERR_CUDA;
+    if (fc_smem_limit_once<attn_fwd_sm90_kernel<DP, T, KV_SPLIT>>((int)smem) != cudaSuccess) return FC_ERR_CUDA;
     attn_fwd_sm90_kernel<DP, T, KV_SPLIT><<<grid, Tile::THREADS, smem, stream>>>(a);
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
