@@ -125,19 +125,6 @@ struct Sm90TileCoord {
     int n_blocks;   // K/V tiles with at least one visible key
 };
 
-// Heads per causal window: 2 grid / gcd(2 grid, n_mblocks), so that a window
-// is a whole number of stripe pairs and the snake keeps CTAs' work even
-// (33 heads on 132 SMs for 8 or 16 query blocks per head), at most all heads.
-__device__ __forceinline__ int sm90_causal_window(int grid, int n_mblocks, int n_bh) {
-    int a = 2 * grid, b = n_mblocks;
-    while (b != 0) {
-        const int r = a % b;
-        a = b;
-        b = r;
-    }
-    return min(2 * grid / a, n_bh);
-}
-
 // CTA c runs tiles c, c + grid, c + 2 grid, ... (`tile`). Causal tiles are
 // numbered longest first, and the tiles of every odd full stripe of `grid` are
 // taken in reverse order (a snake): the CTA that gets the longest tile of one
@@ -151,19 +138,16 @@ __device__ __forceinline__ int sm90_causal_window(int grid, int n_mblocks, int n
 // heads instead, the CTAs running at one time work on as many heads as there
 // are CTAs, one query block each, and a head's K/V is fetched from HBM once
 // per query block; in a window, several query blocks of a head run together
-// and share its K/V in L2 (measured: causal S = 1k +12-52 %, perf notes).
-// The window is derived here, per tile, so non-causal calls keep no extra
-// register live across the loop.
+// and share its K/V in L2. Experiment (not yet run on a GPU).
 template <int BC>
 __device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int tile, int n_tiles, int n_mblocks,
-                                                   int br) {
+                                                   int br, int window) {
     const int grid = gridDim.x, stripe = tile / grid;
     if (p.causal != FC_CAUSAL_NONE && (stripe & 1) && (stripe + 1) * grid <= n_tiles)
         tile = stripe * grid + grid - 1 - (tile - stripe * grid);
     const int n_bh = p.B * p.Hq;
     int mblock, bh;
     if (p.causal != FC_CAUSAL_NONE) {  // longest tiles (last query blocks) first, per window of heads
-        const int window = sm90_causal_window(grid, n_mblocks, n_bh);
         const int per_window = window * n_mblocks, w = tile / per_window, i = tile - w * per_window;
         const int heads = min(window, n_bh - w * window);  // the last window may hold fewer heads
         mblock = n_mblocks - 1 - i / heads;
@@ -184,6 +168,19 @@ __device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int 
         t.n_blocks = last_key < 0 ? 0 : min(t.n_blocks, last_key / BC + 1);
     }
     return t;
+}
+
+// Heads per causal window: 2 grid / gcd(2 grid, n_mblocks), so that a window
+// is a whole number of stripe pairs and the snake keeps CTAs' work even
+// (33 heads on 132 SMs for 8 or 16 query blocks per head), at most all heads.
+__device__ __forceinline__ int sm90_causal_window(int grid, int n_mblocks, int n_bh) {
+    int a = 2 * grid, b = n_mblocks;
+    while (b != 0) {
+        const int r = a % b;
+        a = b;
+        b = r;
+    }
+    return min(2 * grid / a, n_bh);
 }
 
 template <int N, typename T>
@@ -338,6 +335,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 
     const int n_mblocks = (p.Sq + br - 1) / br;
     const int n_tiles = n_mblocks * p.B * p.Hq;
+    const int window = sm90_causal_window(gridDim.x, n_mblocks, p.B * p.Hq);  // causal tile order, see sm90_tile
     const int wg = tid / 128;
 
     if (wg == 0) {
@@ -350,7 +348,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         int it = 0;  // K/V tiles issued so far: position in the ring
         int local = 0;
         for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++local) {
-            const Sm90TileCoord t = sm90_tile<BC>(p, tile, n_tiles, n_mblocks, br);
+            const Sm90TileCoord t = sm90_tile<BC>(p, tile, n_tiles, n_mblocks, br, window);
             const int qb = local % Q_BUFS;
             mbar_wait(q_empty + 8 * qb, ((local / Q_BUFS) & 1) ^ 1);  // buffer qb's previous tile is finished
             mbar_expect_tx(q_full + 8 * qb, br * DP * 2);
@@ -394,7 +392,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     int base = 0;  // key-split mode: ring position of the current tile's K/V tile 0
     int local = 0;
     for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++local) {
-        const Sm90TileCoord t = sm90_tile<BC>(p, tile, n_tiles, n_mblocks, br);
+        const Sm90TileCoord t = sm90_tile<BC>(p, tile, n_tiles, n_mblocks, br, window);
         const int qb = local % Q_BUFS;
         const uint32_t q_rows = sQ + qb * Tile::Q_BYTES + row_off * ROWB;  // our rows of slab 0
         const int wrow0 = t.row0 + row_off;             // first query row of this warpgroup
