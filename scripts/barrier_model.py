@@ -1,6 +1,6 @@
 """barrier_model.py -- a model of the Hopper kernel's mbarrier protocol (csrc/sm90/attn_fwd_sm90.cuh).
 
-One actor per warpgroup (the producer thread, two consumer warpgroups) runs the kernel's sequence
+One actor per warpgroup (the producer thread, two or three consumer warpgroups) runs the kernel's sequence
 of barrier waits, arrivals, TMA loads and shared-memory reads; a random scheduler interleaves
 them, and TMA loads land in any order, sometimes much later than issued. Each run checks:
   - no deadlock (some actor can always move until all are done);
@@ -11,6 +11,7 @@ other parity, so a wait that skips a phase can pass too early, as on the GPU.
 
     python scripts/barrier_model.py            # every mode the kernel uses, 2000 schedules each
     python scripts/barrier_model.py 500 split 3 2    # one mode: schedules, mode, K/V stages, Q buffers
+    python scripts/barrier_model.py 500 inorder 3 2 3  # ... and consumer warpgroups (default 2)
 
 Modes: `overlap` (ordinary mode, S(j+1) and P(j)V issued together), `inorder` (ordinary mode,
 P(j)V then S(j+1)), `split` (key-split mode: the two warpgroups take alternate K/V tiles, one
@@ -20,9 +21,10 @@ together.
 import random
 import sys
 
-# (mode, K/V stages, Q buffers) of every kernel instantiation: D = 64, 128, 256 ordinary, then
-# key-split at D = 64 and 128.
-KERNEL_CONFIGS = [("inorder", 3, 2), ("overlap", 2, 2), ("overlap", 2, 1), ("split", 4, 2), ("split", 2, 2)]
+# (mode, K/V stages, Q buffers, consumer warpgroups) of every kernel instantiation: D = 64 with
+# two and three consumers, 128, 256 ordinary, then key-split at D = 64 and 128.
+KERNEL_CONFIGS = [("inorder", 3, 2, 2), ("inorder", 3, 2, 3), ("overlap", 2, 2, 2), ("overlap", 2, 1, 2),
+                  ("split", 4, 2, 2), ("split", 2, 2, 2)]
 
 
 class Barrier:
@@ -113,18 +115,19 @@ def consumer(cw, mode, tiles, stages, qbufs):
         yield ("arrive", ("q_empty", qb), 128)
 
 
-def run(mode, stages, qbufs, tiles, seed):
+def run(mode, stages, qbufs, tiles, seed, consumers=2):
     """One random schedule; returns "ok" or "deadlock ..."; raises Violation on a bad read/write."""
+    assert mode != "split" or consumers == 2, "key-split mode has two consumers"
     rnd = random.Random(seed)
-    per_tile = 128 if mode == "split" else 256  # consumer arrivals that free a K or V slot
+    per_tile = 128 if mode == "split" else 128 * consumers  # consumer arrivals that free a K or V slot
     bars = {}
     for i in range(qbufs):
-        bars["q_full", i], bars["q_empty", i] = Barrier(1), Barrier(256)
+        bars["q_full", i], bars["q_empty", i] = Barrier(1), Barrier(128 * consumers)
     for i in range(stages):
         bars["k_full", i], bars["v_full", i] = Barrier(1), Barrier(1)
         bars["k_empty", i], bars["v_empty", i] = Barrier(per_tile), Barrier(per_tile)
     actors = {"P": producer(tiles, stages, qbufs)}
-    for cw in range(2):
+    for cw in range(consumers):
         actors["C%d" % cw] = consumer(cw, mode, tiles, stages, qbufs)
     cur = {a: next(g, None) for a, g in actors.items()}
     content, readers, inflight = {}, {}, []
@@ -176,27 +179,28 @@ def run(mode, stages, qbufs, tiles, seed):
         cur[a] = next(actors[a], None)
 
 
-def check(mode, stages, qbufs, schedules, seed0=0):
+def check(mode, stages, qbufs, schedules, seed0=0, consumers=2):
     """Runs `schedules` random schedules on random tile lists; returns the first failure or None."""
     for seed in range(seed0, seed0 + schedules):
         r = random.Random(seed * 7 + 1)
         tiles = [r.choice([0, 1, 1, 2, 3, 4, 5, 6, 7]) for _ in range(r.randint(1, 5))]
         try:
-            res = run(mode, stages, qbufs, tiles, seed)
+            res = run(mode, stages, qbufs, tiles, seed, consumers)
         except Violation as e:
             res = "violation: " + str(e)
         if res != "ok":
-            return f"{mode} stages={stages} qbufs={qbufs} tiles={tiles} seed={seed}: {res}"
+            return f"{mode} stages={stages} qbufs={qbufs} consumers={consumers} tiles={tiles} seed={seed}: {res}"
     return None
 
 
 def main(argv):
     schedules = int(argv[1]) if len(argv) > 1 else 2000
-    configs = [(argv[2], int(argv[3]), int(argv[4]))] if len(argv) > 4 else KERNEL_CONFIGS
+    configs = ([(argv[2], int(argv[3]), int(argv[4]), int(argv[5]) if len(argv) > 5 else 2)]
+               if len(argv) > 4 else KERNEL_CONFIGS)
     failed = False
-    for mode, stages, qbufs in configs:
-        res = check(mode, stages, qbufs, schedules)
-        print(f"{mode:8s} stages={stages} qbufs={qbufs}: {res or 'ok'}")
+    for mode, stages, qbufs, consumers in configs:
+        res = check(mode, stages, qbufs, schedules, consumers=consumers)
+        print(f"{mode:8s} stages={stages} qbufs={qbufs} consumers={consumers}: {res or 'ok'}")
         failed |= res is not None
     return 1 if failed else 0
 

@@ -1,6 +1,6 @@
 """The Hopper kernel's barrier protocol, in scripts/barrier_model.py, under random schedules (CPU).
 
-Every (mode, K/V stages, Q buffers) the kernel instantiates must run without a deadlock, a read of
+Every (mode, K/V stages, Q buffers, consumer warpgroups) the kernel instantiates must run without a deadlock, a read of
 a slot that does not hold its tile, or a load into a slot being read. The odd key-split ring (3
 stages) is the known-bad case: the model must catch it, or it could not catch anything.
 """
@@ -15,10 +15,10 @@ import barrier_model  # noqa: E402
 SCHEDULES = 400
 
 
-@pytest.mark.parametrize("config", barrier_model.KERNEL_CONFIGS, ids=lambda c: "{}-s{}-q{}".format(*c))
+@pytest.mark.parametrize("config", barrier_model.KERNEL_CONFIGS, ids=lambda c: "{}-s{}-q{}-c{}".format(*c))
 def test_kernel_protocol_is_safe(config):
-    mode, stages, qbufs = config
-    assert barrier_model.check(mode, stages, qbufs, SCHEDULES) is None
+    mode, stages, qbufs, consumers = config
+    assert barrier_model.check(mode, stages, qbufs, SCHEDULES, consumers=consumers) is None
 
 
 def test_model_catches_the_odd_key_split_ring():

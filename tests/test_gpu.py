@@ -64,6 +64,30 @@ def test_large_grid_shapes_leave_key_split_mode(shape):
     assert -(-Sq // 64) * B * H > sms, "shape must have more 64-row tiles than SMs"
 
 
+# At D = 64 the sm90 kernel's ordinary mode runs 192-row tiles (three consumer
+# warpgroups) for non-causal calls and for causal ones from Sq = 4096 on; these
+# have more 64-row tiles than SMs, Sq >= 4096 and a partial last 192-row tile.
+D64_WIDE_SHAPES = [(1, 4, 4100, 4100), (1, 3, 4097, 5000)]
+
+
+@pytest.mark.parametrize("shape", D64_WIDE_SHAPES, ids=shape_id)
+def test_d64_wide_shapes_take_the_wide_path(shape):
+    B, H, Sq, Sk = shape
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    assert -(-Sq // 64) * B * H > sms and Sq >= 4096 and Sq % 192 != 0
+
+
+@dtype_param
+@mode_param
+@pytest.mark.parametrize("shape", D64_WIDE_SHAPES, ids=shape_id)
+@kernel_param
+def test_gpu_d64_wide_tiles(kernel, shape, mode, dtype):
+    B, H, Sq, Sk = shape
+    q, k, v = make_qkv(B, H, H, Sq, Sk, 64, dtype, DEV)
+    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
+    check_attention(out, lse, q, k, v, None, mode)
+
+
 @dtype_param
 @mode_param
 @pytest.mark.parametrize("D", [64, 128, 256])

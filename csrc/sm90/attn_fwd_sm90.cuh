@@ -4,7 +4,8 @@
 // Algorithm. A tile is BR = 128 query rows of one (batch, head). A CTA has
 // three warpgroups: warpgroup 0 is the producer (one thread issues every TMA
 // load, with its registers given back through setmaxnreg), warpgroups 1 and 2
-// are consumers owning query rows 0-63 and 64-127 of the tile. The producer
+// are consumers owning query rows 0-63 and 64-127 of the tile. At D = 64 a
+// third consumer makes the tile 192 rows (Sm90Tile<64, 3>, see the tile table). The producer
 // loads Q into one of Q_BUFS buffers per tile (so the next tile's Q arrives
 // while this one runs) and streams K and V tiles of BC keys through a
 // STAGES-deep ring; each load completes on an mbarrier (q_full, k_full,
@@ -63,11 +64,20 @@
 //  DP  | BR  | BC  | STAGES | Q bufs | smem (Q + K,V ring) | registers per consumer thread
 //  64  | 128 | 128 |   3    |   2    | 32 + 96  = 128 KB   | S 64 + O 32 + P 32
 //      |     |     | 4 (key-split mode: an even ring, see SPLIT_STAGES) | 32 + 128 = 160 KB |
+//  64  | 192 | 128 |   3    |   2    | 48 + 96  = 144 KB   | the same, in 160 (CONS = 3, see below)
 //  128 | 128 | 128 |   2    |   2    | 64 + 128 = 192 KB   | S 64 + O 64 + P 32
 //  256 | 128 |  64 |   2    |   1    | 64 + 128 = 192 KB   | S 32 + O 128 + P 16
-template <int DP>
+//
+// CONS = 3 (D = 64 only): three consumer warpgroups, 192-row tiles. At D = 64
+// the softmax (one exp2 per score) takes about as long as the two matmuls, and
+// a third warpgroup's instruction stream fills the gaps of the other two:
+// +10-14 % at S >= 4k non-causal and causal S = 16k, but 11-16 % slower at
+// causal S <= 1k, where 192-row tiles waste more keys past the diagonal
+// (perf notes, session 10). Dispatch: sm90_use_cons3.
+template <int DP, int CONS = 2>
 struct Sm90Tile {
-    static constexpr int CONSUMERS = 2;               // consumer warpgroups
+    static_assert(CONS == 2 || (CONS == 3 && DP == 64), "three consumers fit their registers only at D = 64");
+    static constexpr int CONSUMERS = CONS;            // consumer warpgroups
     static constexpr int WG_ROWS = 64;                // query rows per consumer (wgmma M)
     static constexpr int BR = CONSUMERS * WG_ROWS;    // query rows per tile
     static constexpr int BC = DP <= 128 ? 128 : 64;   // keys per K/V tile
@@ -89,12 +99,13 @@ struct Sm90Tile {
     static constexpr uint32_t KV_BYTES = BC * DP * 2;  // one K (or V) tile
     static constexpr int PV_N = DP < 128 ? DP : 128;   // N of one P V wgmma
     static constexpr int PV_PARTS = DP / PV_N;         // P V wgmmas per 16-key step
-    static constexpr int PRODUCER_REGS = 40;           // after setmaxnreg: 40*128 + 232*256 <= 64K
-    static constexpr int CONSUMER_REGS = 232;
+    // Registers after setmaxnreg: 40*128 + 232*256 or 32*128 + 160*384 <= 64K.
+    static constexpr int PRODUCER_REGS = CONS == 3 ? 32 : 40;
+    static constexpr int CONSUMER_REGS = CONS == 3 ? 160 : 232;
     // Key-split mode: consumer 2's O partials fill the upper 64 rows of every
     // slab of every Q buffer (16 fp32 registers x 128 threads per 8 KB), so
     // it needs DP / 2 <= 16 * Q_BUFS * SLABS, true for DP <= 128.
-    static constexpr bool KV_SPLIT_OK = DP <= 128;
+    static constexpr bool KV_SPLIT_OK = DP <= 128 && CONS == 2;
     static constexpr uint32_t ML_BYTES = 4 * 128 * 4;  // key-split: consumer 2's m and l, 4 floats per thread
     __host__ __device__ static constexpr int stages(bool kv_split) { return kv_split ? SPLIT_STAGES : STAGES; }
     // q_full[], q_empty[], k_full[], v_full[], k_empty[], v_empty[]
@@ -138,7 +149,7 @@ struct Sm90TileCoord {
 // heads instead, the CTAs running at one time work on as many heads as there
 // are CTAs, one query block each, and a head's K/V is fetched from HBM once
 // per query block; in a window, several query blocks of a head run together
-// and share its K/V in L2. Experiment (not yet run on a GPU).
+// and share its K/V in L2 (measured: causal S = 1k +12-52 %, perf notes).
 template <int BC>
 __device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int tile, int n_tiles, int n_mblocks,
                                                    int br, int window) {
@@ -292,11 +303,11 @@ __device__ __forceinline__ void pack_p(uint32_t (&pa)[BC / 16][4], const float (
 
 // KV_SPLIT selects key-split mode at compile time: as a runtime flag the
 // extra paths cost the ordinary mode 13 % at D = 64 (perf notes, sm90 v4).
-template <int DP, typename T, bool KV_SPLIT>
-__global__ void __launch_bounds__(Sm90Tile<DP>::THREADS, 1)
+template <int DP, int CONS, typename T, bool KV_SPLIT>
+__global__ void __launch_bounds__(Sm90Tile<DP, CONS>::THREADS, 1)
 attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 #ifdef FC_SM90_BODY
-    using Tile = Sm90Tile<DP>;
+    using Tile = Sm90Tile<DP, CONS>;
     constexpr int BR = Tile::BR, BC = Tile::BC, STAGES = Tile::stages(KV_SPLIT);
     constexpr int SLABS = Tile::SLABS, Q_BUFS = Tile::Q_BUFS;
     constexpr int PV_N = Tile::PV_N, PV_PARTS = Tile::PV_PARTS;
@@ -558,6 +569,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                     p.lse[((int64_t)t.b * p.Hq + t.h) * p.Sq + wrow0 + r] =
                         l > 0.f ? (m_i[hr] + log2f(l)) * FC_LN2 : -INFINITY;
             }
+            // (ids 1-3; key-split mode's merge uses 3 and 4, but has only consumers 1-2)
             named_barrier_sync(1 + cw, 128);  // this warpgroup's O rows are in smem before its threads read them back
             constexpr int CH = DP / 8;        // 16-byte chunks per row
             constexpr int ROWS_PER_PASS = 128 / CH;
@@ -588,13 +600,24 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 // Launcher and the C entry points of one padded head dim (see kernels.h)
 
 // Sets the smem limit of one instantiation and launches it.
-template <int DP, typename T, bool KV_SPLIT>
+template <int DP, int CONS, typename T, bool KV_SPLIT>
 static fc_status attn_fwd_sm90_run(const Sm90Args& a, unsigned grid, cudaStream_t stream) {
-    using Tile = Sm90Tile<DP>;
+    using Tile = Sm90Tile<DP, CONS>;
     constexpr size_t smem = Tile::smem_bytes(KV_SPLIT);
-    if (fc_smem_limit_once<attn_fwd_sm90_kernel<DP, T, KV_SPLIT>>((int)smem) != cudaSuccess) return FC_ERR_CUDA;
-    attn_fwd_sm90_kernel<DP, T, KV_SPLIT><<<grid, Tile::THREADS, smem, stream>>>(a);
+    if (fc_smem_limit_once<attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT>>((int)smem) != cudaSuccess)
+        return FC_ERR_CUDA;
+    attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT><<<grid, Tile::THREADS, smem, stream>>>(a);
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
+}
+
+// Causal calls take three consumers (D = 64) from this many query rows on;
+// below it the 192-row tiles' extra masked keys cost more than they win.
+static constexpr int SM90_CONS3_CAUSAL_MIN_SQ = 4096;
+
+// Whether an ordinary-mode call at padded head dim DP runs Sm90Tile<DP, 3>.
+template <int DP>
+static bool sm90_use_cons3(const fc_attn_params* p) {
+    return DP == 64 && (p->causal == FC_CAUSAL_NONE || p->Sq >= SM90_CONS3_CAUSAL_MIN_SQ);
 }
 
 template <int DP, typename T>
@@ -606,7 +629,8 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     // the SMs at work, each on half the keys of its tile.
     const long long tiles64 = (long long)((p->Sq + Tile::WG_ROWS - 1) / Tile::WG_ROWS) * p->B * p->Hq;
     const bool kv_split = Tile::KV_SPLIT_OK && tiles64 <= num_sms;
-    const int br = kv_split ? Tile::WG_ROWS : Tile::BR;
+    const bool cons3 = !kv_split && sm90_use_cons3<DP>(p);
+    const int br = kv_split ? Tile::WG_ROWS : cons3 ? 3 * Tile::WG_ROWS : Tile::BR;
     fc_status s = fc_sm90_tensor_map(&a.q_map, p->dtype, p->q, p->D, p->Sq, p->Hq, p->B, p->q_row_stride,
                                      p->q_head_stride, p->q_batch_stride, br);
     if (s == FC_OK)
@@ -619,9 +643,20 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     const long long n_tiles = (long long)((p->Sq + br - 1) / br) * p->B * p->Hq;
     const unsigned grid = (unsigned)(n_tiles < num_sms ? n_tiles : num_sms);
     if constexpr (Tile::KV_SPLIT_OK) {
-        if (kv_split) return attn_fwd_sm90_run<DP, T, true>(a, grid, stream);
+        if (kv_split) return attn_fwd_sm90_run<DP, 2, T, true>(a, grid, stream);
     }
-    return attn_fwd_sm90_run<DP, T, false>(a, grid, stream);
+    if constexpr (DP == 64) {
+        if (cons3) return attn_fwd_sm90_run<DP, 3, T, false>(a, grid, stream);
+    }
+    return attn_fwd_sm90_run<DP, 2, T, false>(a, grid, stream);
+}
+
+// Dynamic smem of the largest instantiation at DP (dispatch checks the device can give it).
+template <int DP>
+static constexpr size_t sm90_smem_max() {
+    size_t m = Sm90Tile<DP>::smem_bytes(Sm90Tile<DP>::KV_SPLIT_OK);
+    if constexpr (DP == 64) m = m > Sm90Tile<DP, 3>::smem_bytes(false) ? m : Sm90Tile<DP, 3>::smem_bytes(false);
+    return m;
 }
 
 #define FC_SM90_DEFINE(DP)                                                                              \
@@ -630,4 +665,4 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
                    ? attn_fwd_sm90_launch<DP, __nv_bfloat16>(p, num_sms, (cudaStream_t)stream)          \
                    : attn_fwd_sm90_launch<DP, __half>(p, num_sms, (cudaStream_t)stream);                \
     }                                                                                                   \
-    extern "C" size_t fc_sm90_smem_d##DP(void) { return Sm90Tile<DP>::smem_bytes(Sm90Tile<DP>::KV_SPLIT_OK); }
+    extern "C" size_t fc_sm90_smem_d##DP(void) { return sm90_smem_max<DP>(); }
