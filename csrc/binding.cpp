@@ -12,6 +12,43 @@
 
 namespace {
 
+// flashcore.attention's docstring (pybind11 puts the signature line above it).
+const char* const FC_ATTENTION_DOC = R"(Scaled dot-product attention, ``softmax(scale * Q K^T) V``, fused.
+
+Args:
+    query: (B, Hq, Sq, D) tensor.
+    key: (B, Hkv, Sk, D) tensor; Hkv must divide Hq (grouped-query
+        attention reads each KV head in place, with no copy).
+    value: (B, Hkv, Sk, D) tensor.
+    attn_mask, dropout_p: accepted for SDPA compatibility; only ``None``
+        and ``0.0`` are supported, anything else raises ``ValueError``.
+    is_causal / causal: apply a causal mask (the two names are aliases).
+    scale: softmax scale, default ``1/sqrt(D)``; must be finite and > 0.
+    enable_gqa: accepted for SDPA compatibility; GQA is always on.
+    causal_alignment: ``"top_left"`` (default, SDPA's ``is_causal``: query
+        i sees keys j <= i) or ``"bottom_right"`` (FlashAttention's, for KV
+        caches: query i sees keys j <= i + Sk - Sq). Rows that see no key
+        give output 0 and LSE -inf.
+    return_lse: also return the fp32 log-sum-exp (natural log) of the
+        scaled scores, shape (B, Hq, Sq).
+    kernel: ``"auto"`` (default), or force ``"sm80"`` (portable
+        tensor-core kernel), ``"sm90"`` (Hopper kernel) or ``"cpu"``.
+    num_splits: split-KV (flash-decoding) for few query rows and long
+        keys. ``None`` or ``0``: a heuristic picks the kernel and how many
+        ways to split Sk across the SMs; ``1``: no split; ``n > 1``: run
+        the split-KV kernel with Sk split n ways (clamped to the number of
+        key tiles). GPU only; ignored on the CPU. The partial results live
+        in a scratch tensor from torch's allocator.
+
+Dtypes: fp16 and bf16 on CUDA; fp16, bf16 and fp32 on the CPU.
+Head dim D: any multiple of 8 from 8 to 256.
+GPUs: compute capability 8.0 and newer (A100, L4/Ada, H100/H200).
+Every tensor's last dim must be contiguous (stride 1); other strides are
+free, so ``x.transpose(1, 2)`` of a (B, S, H, D) tensor works as is.
+
+Returns:
+    ``out`` of shape (B, Hq, Sq, D) and q's dtype, or ``(out, lse)``.)";
+
 [[noreturn]] void value_error(const std::string& msg) { throw pybind11::value_error(msg); }
 [[noreturn]] void type_error(const std::string& msg) { throw pybind11::type_error(msg); }
 
@@ -115,10 +152,10 @@ fc_attn_params fill_params(const at::Tensor& q, const at::Tensor& k, const at::T
     return p;
 }
 
-// fwd(q, k, v, scale, causal_mode, kernel, return_lse, num_splits) -> (out, lse | None)
-std::tuple<at::Tensor, c10::optional<at::Tensor>> fwd(const at::Tensor& q, const at::Tensor& k,
-                                                      const at::Tensor& v, double scale, int causal,
-                                                      int kernel, bool return_lse, int64_t num_splits) {
+// Checks, allocates out (and lse), runs the C API; lse is undefined unless return_lse.
+std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                          double scale, int causal, int kernel, bool return_lse,
+                                          int64_t num_splits) {
     check_inputs(q, k, v);
     check_num_splits(num_splits);
     if (!std::isfinite(scale) || scale <= 0.0)
@@ -137,13 +174,13 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>> fwd(const at::Tensor& q, const
 
     c10::OptionalDeviceGuard guard(q.device());
     at::Tensor out = at::empty(q.sizes(), q.options());
-    c10::optional<at::Tensor> lse;
+    at::Tensor lse;
     if (return_lse) lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
 
     fc_attn_params p = fill_params(q, k, v, scale, causal, kernel, num_splits);
     p.o = out.data_ptr();
     p.o_batch_stride = out.stride(0); p.o_head_stride = out.stride(1); p.o_row_stride = out.stride(2);
-    p.lse = return_lse ? lse->data_ptr<float>() : nullptr;
+    p.lse = return_lse ? lse.data_ptr<float>() : nullptr;
 
     // Split-KV scratch from torch's caching allocator (stream-ordered, so it
     // is safe to free on return and fine under CUDA-graph capture).
@@ -167,6 +204,83 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>> fwd(const at::Tensor& q, const
         value_error(std::string("flashcore: ") + why);
     }
     return {out, lse};
+}
+
+// fwd(q, k, v, scale, causal_mode, kernel, return_lse, num_splits) -> (out, lse | None):
+// the raw entry point with ids for causal mode and kernel (tests, benchmarks).
+std::tuple<at::Tensor, c10::optional<at::Tensor>> fwd(const at::Tensor& q, const at::Tensor& k,
+                                                      const at::Tensor& v, double scale, int causal,
+                                                      int kernel, bool return_lse, int64_t num_splits) {
+    auto r = run_fwd(q, k, v, scale, causal, kernel, return_lse, num_splits);
+    return {r.first, return_lse ? c10::optional<at::Tensor>(r.second) : c10::nullopt};
+}
+
+// Name -> id tables of flashcore.KERNELS and CAUSAL_ALIGNMENTS (fc_kernel, fc_causal).
+struct NamedId {
+    const char* name;
+    int id;
+};
+const NamedId KERNEL_IDS[] = {{"auto", FC_KERNEL_AUTO}, {"sm80", FC_KERNEL_SM80}, {"sm90", FC_KERNEL_SM90},
+                              {"cpu", FC_KERNEL_CPU}};
+const NamedId ALIGNMENT_IDS[] = {{"top_left", FC_CAUSAL_TOP_LEFT}, {"bottom_right", FC_CAUSAL_BOTTOM_RIGHT}};
+
+// The id of `value` in `table`, or a ValueError naming `arg` and the accepted names.
+template <size_t N>
+int named_id(const NamedId (&table)[N], const pybind11::object& value, const char* arg) {
+    if (pybind11::isinstance<pybind11::str>(value)) {
+        const std::string v = value.cast<std::string>();
+        for (const NamedId& e : table)
+            if (v == e.name) return e.id;
+    }
+    std::string names;
+    for (const NamedId& e : table) names += std::string(names.empty() ? "'" : ", '") + e.name + "'";
+    value_error(std::string(arg) + ": expected one of " + names + ", got " +
+                pybind11::repr(value).cast<std::string>());
+}
+
+// flashcore.attention: SDPA's argument list plus flashcore's keyword-only
+// options, handled here so an eager call does no Python-level work.
+pybind11::object attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const pybind11::object& attn_mask, double dropout_p, const pybind11::object& is_causal,
+                           const pybind11::object& scale, const pybind11::object& /*enable_gqa: GQA is always on*/,
+                           const pybind11::object& causal, const pybind11::object& causal_alignment,
+                           const pybind11::object& return_lse, const pybind11::object& kernel,
+                           const pybind11::object& num_splits) {
+    if (!attn_mask.is_none())
+        value_error("attn_mask: flashcore supports no explicit mask; pass attn_mask=None "
+                    "(use causal=True for a causal mask)");
+    if (dropout_p != 0.0)
+        value_error("dropout_p: flashcore has no dropout; got " + pybind11::repr(pybind11::float_(dropout_p)).cast<std::string>() +
+                    ", pass 0.0");
+    bool is_causal_v = pybind11::bool_(is_causal);
+    bool causal_v = is_causal_v;
+    if (!causal.is_none()) {
+        causal_v = pybind11::bool_(causal);
+        if (causal_v != is_causal_v && is_causal_v)
+            value_error("causal / is_causal: both given and they disagree; pass only one");
+    }
+    const int mode = causal_v ? named_id(ALIGNMENT_IDS, causal_alignment, "causal_alignment") : FC_CAUSAL_NONE;
+    const int kernel_id = named_id(KERNEL_IDS, kernel, "kernel");
+    int64_t splits = 0;
+    if (!num_splits.is_none()) {
+        if (pybind11::isinstance<pybind11::bool_>(num_splits) || !pybind11::isinstance<pybind11::int_>(num_splits))
+            type_error("num_splits: expected None or an int, got " +
+                       std::string(Py_TYPE(num_splits.ptr())->tp_name));
+        const pybind11::int_ n(num_splits);
+        if (n < pybind11::int_(0))
+            value_error("num_splits: got " + pybind11::str(n).cast<std::string>() +
+                        "; pass None or 0 (heuristic), 1 (no split) or n > 1 (split Sk n ways)");
+        if (n > pybind11::int_(INT32_MAX))
+            value_error("num_splits: got " + pybind11::str(n).cast<std::string>() +
+                        "; pass None or 0 (heuristic), 1 (no split) or n > 1 (split Sk n ways)");
+        splits = n.cast<int64_t>();
+    }
+    const double d = q.dim() > 0 ? (double)q.size(-1) : 0.0;
+    const double scale_v = scale.is_none() ? (d > 0 ? 1.0 / std::sqrt(d) : 1.0) : pybind11::float_(scale).cast<double>();
+    const bool want_lse = pybind11::bool_(return_lse);
+    auto r = run_fwd(q, k, v, scale_v, mode, kernel_id, want_lse, splits);
+    if (want_lse) return pybind11::make_tuple(r.first, r.second);
+    return pybind11::cast(r.first);
 }
 
 // Split-KV plan for these inputs: 0 when the tile kernel runs, else the number
@@ -200,7 +314,13 @@ std::string picked_kernel(const at::Tensor& q, const at::Tensor& k) {
 
 PYBIND11_MODULE(_C, m) {
     m.doc() = "flashcore C core binding";
-    m.def("fwd", &fwd, "attention forward (see flashcore.attention)");
+    namespace py = pybind11;
+    m.def("attention", &attention, FC_ATTENTION_DOC, py::arg("query"), py::arg("key"), py::arg("value"),
+          py::arg("attn_mask") = py::none(), py::arg("dropout_p") = 0.0, py::arg("is_causal") = false,
+          py::arg("scale") = py::none(), py::arg("enable_gqa") = false, py::kw_only(), py::arg("causal") = py::none(),
+          py::arg("causal_alignment") = "top_left", py::arg("return_lse") = false, py::arg("kernel") = "auto",
+          py::arg("num_splits") = py::none());
+    m.def("fwd", &fwd, "attention forward with causal mode and kernel ids (see flashcore.attention)");
     m.def("picked_kernel", &picked_kernel, "kernel that kernel='auto' runs for (q, k)");
     m.def("num_splits", &num_splits_for, "split-KV plan for (q, k, v, causal_mode, kernel, num_splits): "
           "0 = tile kernel, n >= 1 = split-KV kernel with n splits");

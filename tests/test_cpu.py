@@ -194,6 +194,24 @@ def test_cpu_exports():
     assert set(flashcore.__all__) >= {"attention", "KERNELS", "CAUSAL_ALIGNMENTS"}
 
 
+def test_cpu_attention_names_match_the_exported_tables():
+    """flashcore.attention (C++) knows every name of KERNELS and CAUSAL_ALIGNMENTS, with the same
+    meaning as the id that _C.fwd takes, and refuses names outside them."""
+    q, k, v = make_qkv(1, 2, 2, 9, 11, 16, torch.float32, DEV)
+    for name, mode in flashcore.CAUSAL_ALIGNMENTS.items():
+        out = flashcore.attention(q, k, v, causal=True, causal_alignment=name)
+        ref, _ = _C.fwd(q, k, v, 0.25, mode, flashcore.KERNELS["cpu"], False, 0)
+        assert torch.equal(out, ref), name
+    for name in flashcore.KERNELS:
+        if name in ("auto", "cpu"):
+            assert torch.isfinite(flashcore.attention(q, k, v, kernel=name)).all()
+        else:  # a GPU kernel forced on CPU tensors: refused for the device, not for the name
+            with pytest.raises(ValueError, match=r"kernel: a GPU kernel was forced"):
+                flashcore.attention(q, k, v, kernel=name)
+    with pytest.raises(ValueError, match=r"kernel: expected one of 'auto', 'sm80', 'sm90', 'cpu'"):
+        flashcore.attention(q, k, v, kernel="gpu")
+
+
 def test_cpu_single_key_and_query():
     """Tiny hand-checkable cases: one key gives out == v exactly."""
     q, k, v = make_qkv(1, 1, 1, 5, 1, 8, torch.float32, DEV)
