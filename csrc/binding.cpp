@@ -268,10 +268,10 @@ pybind11::object attention(const at::Tensor& q, const at::Tensor& k, const at::T
                        std::string(Py_TYPE(num_splits.ptr())->tp_name));
         const pybind11::int_ n(num_splits);
         if (n < pybind11::int_(0))
-            value_error("num_splits: got " + pybind11::str(n).cast<std::string>() +
+            value_error("num_splits: got " + pybind11::repr(n).cast<std::string>() +
                         "; pass None or 0 (heuristic), 1 (no split) or n > 1 (split Sk n ways)");
         if (n > pybind11::int_(INT32_MAX))
-            value_error("num_splits: got " + pybind11::str(n).cast<std::string>() +
+            value_error("num_splits: got " + pybind11::repr(n).cast<std::string>() +
                         "; pass None or 0 (heuristic), 1 (no split) or n > 1 (split Sk n ways)");
         splits = n.cast<int64_t>();
     }
