@@ -5,7 +5,8 @@
 // three warpgroups: warpgroup 0 is the producer (one thread issues every TMA
 // load, with its registers given back through setmaxnreg), warpgroups 1 and 2
 // are consumers owning query rows 0-63 and 64-127 of the tile. At D = 64 a
-// third consumer makes the tile 192 rows (Sm90Tile<64, 3>, see the tile table). The producer
+// third consumer makes the tile 192 rows (Sm90Tile<64, 3>; the tile table and
+// the per-tile steps are in attn_sm90_parts.cuh). The producer
 // loads Q into one of Q_BUFS buffers per tile (so the next tile's Q arrives
 // while this one runs) and streams K and V tiles of BC keys through a
 // STAGES-deep ring; each load completes on an mbarrier (q_full, k_full,
@@ -51,252 +52,13 @@
 #include "../common/launch.cuh"
 #include "../flashcore.h"
 #include "../kernels.h"
+#include "attn_sm90_parts.cuh"
 #include "hopper.cuh"
 #include "tensor_map.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FC_SM90_BODY 1
 #endif
-
-// ---------------------------------------------------------------------------
-// Tile table, per padded head dim DP.
-//
-//  DP  | BR  | BC  | STAGES | Q bufs | smem (Q + K,V ring) | registers per consumer thread
-//  64  | 128 | 128 |   3    |   2    | 32 + 96  = 128 KB   | S 64 + O 32 + P 32
-//      |     |     | 4 (key-split mode: an even ring, see SPLIT_STAGES) | 32 + 128 = 160 KB |
-//  64  | 192 | 128 |   3    |   2    | 48 + 96  = 144 KB   | the same, in 160 (CONS = 3, see below)
-//  128 | 128 | 128 |   2    |   2    | 64 + 128 = 192 KB   | S 64 + O 64 + P 32
-//  256 | 128 |  64 |   2    |   1    | 64 + 128 = 192 KB   | S 32 + O 128 + P 16
-//
-// CONS = 3 (D = 64 only): three consumer warpgroups, 192-row tiles. At D = 64
-// the softmax (one exp2 per score) takes about as long as the two matmuls, and
-// a third warpgroup's instruction stream fills the gaps of the other two:
-// +10-14 % at S >= 4k non-causal and causal S = 16k, but 11-16 % slower at
-// causal S <= 1k, where 192-row tiles waste more keys past the diagonal
-// (perf notes, session 10). Dispatch: sm90_use_cons3.
-template <int DP, int CONS = 2>
-struct Sm90Tile {
-    static_assert(CONS == 2 || (CONS == 3 && DP == 64), "three consumers fit their registers only at D = 64");
-    static constexpr int CONSUMERS = CONS;            // consumer warpgroups
-    static constexpr int WG_ROWS = 64;                // query rows per consumer (wgmma M)
-    static constexpr int BR = CONSUMERS * WG_ROWS;    // query rows per tile
-    static constexpr int BC = DP <= 128 ? 128 : 64;   // keys per K/V tile
-    static constexpr int STAGES = DP <= 64 ? 3 : 2;   // K/V tiles in flight (ordinary mode)
-    // Key-split mode: warpgroup c takes the ring positions of one parity. With an
-    // even ring every slot then has one owner, which waits on every phase of the
-    // slot's barriers; with an odd one a warpgroup skips the other's phases, and
-    // its parity wait could pass on a phase two back while a load is in flight.
-    static constexpr int SPLIT_STAGES = DP <= 64 ? 4 : 2;
-    static constexpr int Q_BUFS = DP <= 128 ? 2 : 1;  // Q tiles: the next tile's Q loads during this one
-    // Software-pipeline S(j+1) with P(j)V inside a warpgroup. Measured (perf
-    // notes, sm90 v3 and session 10): +3-12 % at D = 128; at D = 256 +4-6 % once
-    // K is released as soon as S is done (sm90 v5); 10-17 % slower at D = 64, where
-    // the in-order schedule of the two warpgroups overlaps better.
-    static constexpr bool OVERLAP = DP >= 128;
-    static constexpr int THREADS = 128 * (1 + CONSUMERS);
-    static constexpr int SLABS = DP / FC_SLAB_COLS;   // 128-byte swizzle slabs across a row
-    static constexpr uint32_t Q_BYTES = BR * DP * 2;
-    static constexpr uint32_t KV_BYTES = BC * DP * 2;  // one K (or V) tile
-    static constexpr int PV_N = DP < 128 ? DP : 128;   // N of one P V wgmma
-    static constexpr int PV_PARTS = DP / PV_N;         // P V wgmmas per 16-key step
-    // Registers after setmaxnreg: 40*128 + 232*256 or 32*128 + 160*384 <= 64K.
-    static constexpr int PRODUCER_REGS = CONS == 3 ? 32 : 40;
-    static constexpr int CONSUMER_REGS = CONS == 3 ? 160 : 232;
-    // Key-split mode: consumer 2's O partials fill the upper 64 rows of every
-    // slab of every Q buffer (16 fp32 registers x 128 threads per 8 KB), so
-    // it needs DP / 2 <= 16 * Q_BUFS * SLABS, true for DP <= 128.
-    static constexpr bool KV_SPLIT_OK = DP <= 128 && CONS == 2;
-    static constexpr uint32_t ML_BYTES = 4 * 128 * 4;  // key-split: consumer 2's m and l, 4 floats per thread
-    __host__ __device__ static constexpr int stages(bool kv_split) { return kv_split ? SPLIT_STAGES : STAGES; }
-    // q_full[], q_empty[], k_full[], v_full[], k_empty[], v_empty[]
-    static constexpr int n_barriers(bool kv_split) { return 2 * Q_BUFS + 4 * stages(kv_split); }
-    // Dynamic smem; key-split mode adds ML_BYTES for its merge.
-    static constexpr size_t smem_bytes(bool kv_split) {
-        return FC_SWZ_GROUP_BYTES /* alignment slack */ + Q_BUFS * Q_BYTES + 2 * stages(kv_split) * (size_t)KV_BYTES +
-               8 * n_barriers(kv_split) + (kv_split ? ML_BYTES : 0);
-    }
-    static_assert(SPLIT_STAGES % 2 == 0, "key-split mode needs an even K/V ring");
-    static_assert(!KV_SPLIT_OK || DP / 2 <= 16 * Q_BUFS * SLABS, "key-split partials must fit the Q buffers");
-    static_assert(DP % FC_SLAB_COLS == 0, "DP must be a whole number of 64-column slabs");
-};
-
-// Kernel parameters: the three TMA maps plus the call's params.
-struct Sm90Args {
-    CUtensorMap q_map;  // Q as (D, Sq, Hq, B), box (64, tile rows: BR, or WG_ROWS in key-split mode)
-    CUtensorMap k_map;  // K as (D, Sk, Hkv, B), box (64, BC)
-    CUtensorMap v_map;  // V as (D, Sk, Hkv, B), box (64, BC)
-    fc_attn_params p;   // shapes, strides, O/LSE pointers, scale, causal mode
-};
-
-// Where tile `tile` lies and how many K/V tiles it visits. Producer and
-// consumers call this with the same arguments and get the same answer.
-struct Sm90TileCoord {
-    int b, h, hk;   // batch, query head, KV head
-    int row0;       // first query row
-    int n_blocks;   // K/V tiles with at least one visible key
-};
-
-// CTA c runs tiles c, c + grid, c + 2 grid, ... (`tile`). Causal tiles are
-// numbered longest first, and the tiles of every odd full stripe of `grid` are
-// taken in reverse order (a snake): the CTA that gets the longest tile of one
-// stripe gets the shortest of the next, so CTAs' total work differs by about
-// one tile's length instead of growing with the number of stripes. Non-causal
-// tiles are all alike and keep the plain order (the snake measured 1-4 % slower
-// there, perf notes "sm90 v5").
-//
-// Causal tiles go in windows of `window` heads (sm90_causal_window): inside a
-// window, longest first across its heads. Numbered longest first across all
-// heads instead, the CTAs running at one time work on as many heads as there
-// are CTAs, one query block each, and a head's K/V is fetched from HBM once
-// per query block; in a window, several query blocks of a head run together
-// and share its K/V in L2 (measured: causal S = 1k +12-52 %, perf notes).
-template <int BC>
-__device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int tile, int n_tiles, int n_mblocks,
-                                                   int br, int window) {
-    const int grid = gridDim.x, stripe = tile / grid;
-    if (p.causal != FC_CAUSAL_NONE && (stripe & 1) && (stripe + 1) * grid <= n_tiles)
-        tile = stripe * grid + grid - 1 - (tile - stripe * grid);
-    const int n_bh = p.B * p.Hq;
-    int mblock, bh;
-    if (p.causal != FC_CAUSAL_NONE) {  // longest tiles (last query blocks) first, per window of heads
-        const int per_window = window * n_mblocks, w = tile / per_window, i = tile - w * per_window;
-        const int heads = min(window, n_bh - w * window);  // the last window may hold fewer heads
-        mblock = n_mblocks - 1 - i / heads;
-        bh = w * window + i % heads;
-    } else {  // query blocks of one head adjacent: they share K/V in L2
-        mblock = tile % n_mblocks;
-        bh = tile / n_mblocks;
-    }
-    Sm90TileCoord t;
-    t.h = bh % p.Hq;
-    t.b = bh / p.Hq;
-    t.hk = t.h / (p.Hq / p.Hkv);
-    t.row0 = mblock * br;
-    t.n_blocks = (p.Sk + BC - 1) / BC;
-    if (p.causal != FC_CAUSAL_NONE) {
-        const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
-        const int last_key = min(t.row0 + br, p.Sq) - 1 + diag;
-        t.n_blocks = last_key < 0 ? 0 : min(t.n_blocks, last_key / BC + 1);
-    }
-    return t;
-}
-
-// Heads per causal window: 2 grid / gcd(2 grid, n_mblocks), so that a window
-// is a whole number of stripe pairs and the snake keeps CTAs' work even
-// (33 heads on 132 SMs for 8 or 16 query blocks per head), at most all heads.
-__device__ __forceinline__ int sm90_causal_window(int grid, int n_mblocks, int n_bh) {
-    int a = 2 * grid, b = n_mblocks;
-    while (b != 0) {
-        const int r = a % b;
-        a = b;
-        b = r;
-    }
-    return min(2 * grid / a, n_bh);
-}
-
-template <int N, typename T>
-__device__ __forceinline__ void wgmma_qk(float (&d)[N / 2], uint64_t da, uint64_t db, int scale_d) {
-    if constexpr (N == 128) wgmma_ss_n128<T>(d, da, db, scale_d);
-    else wgmma_ss_n64<T>(d, da, db, scale_d);
-}
-template <int N, typename T>
-__device__ __forceinline__ void wgmma_pv(float (&d)[N / 2], const uint32_t a[4], uint64_t db) {
-    if constexpr (N == 128) wgmma_rs_n128<T>(d, a, db, 1);
-    else wgmma_rs_n64<T>(d, a, db, 1);
-}
-
-// ---------------------------------------------------------------------------
-// Consumer helpers. S fragments: s[4*nt + e] holds row lane/4 + 8*(e/2) of the
-// warp's 16 rows and key nt*8 + (lane%4)*2 + e%2 of the tile.
-
-// Issues S = Q K^T for one K tile (DP/16 k steps; a step inside a slab moves
-// 32 bytes) as one wgmma group. q_rows: this warpgroup's rows of slab 0.
-template <int DP, int BR, int BC, typename T>
-__device__ __forceinline__ void issue_qk(float (&s)[BC / 2], uint32_t q_rows, uint32_t k_tile) {
-    wgmma_fence();  // orders earlier register use of s before the async writes
-#pragma unroll
-    for (int kk = 0; kk < DP / 16; ++kk) {
-        const uint32_t qa = q_rows + (kk / 4) * BR * FC_SWZ_ROW_BYTES + (kk % 4) * 32;
-        const uint32_t kb = k_tile + (kk / 4) * BC * FC_SWZ_ROW_BYTES + (kk % 4) * 32;
-        wgmma_qk<BC, T>(s, wgmma_desc(qa, 16, FC_SWZ_GROUP_BYTES), wgmma_desc(kb, 16, FC_SWZ_GROUP_BYTES), kk > 0);
-    }
-    wgmma_commit();
-}
-
-// Issues O += P V for one V tile as one wgmma group. V is N-major: a 16-key
-// step moves 16 rows, a part (PV_N = 128 columns) moves 2 slabs.
-template <int BC, int PV_N, int PV_PARTS, typename T>
-__device__ __forceinline__ void issue_pv(float (&o)[PV_PARTS][PV_N / 2], const uint32_t (&pa)[BC / 16][4],
-                                         uint32_t v_tile) {
-    wgmma_fence();  // orders earlier register writes of o and pa before the async accumulation
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk)
-#pragma unroll
-        for (int pp = 0; pp < PV_PARTS; ++pp)
-            wgmma_pv<PV_N, T>(o[pp], pa[kk],
-                              wgmma_desc(v_tile + pp * 2 * BC * FC_SWZ_ROW_BYTES + kk * 16 * FC_SWZ_ROW_BYTES,
-                                         BC * FC_SWZ_ROW_BYTES, FC_SWZ_GROUP_BYTES));
-    wgmma_commit();
-}
-
-// Sets keys >= Sk, and (causal) keys > row + diag, of the tile at key0 to -inf.
-// row: this thread's first fragment row (the second is row + 8).
-template <int BC>
-__device__ __forceinline__ void mask_tile(float (&s)[BC / 2], int key0, int row, const fc_attn_params& p,
-                                          bool causal, int diag, int lane) {
-    const int key_lim = p.Sk - key0 - (lane % 4) * 2;
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-        const int diag_lim = causal ? row + hr * 8 + diag - key0 - (lane % 4) * 2 : INT_MAX;
-#pragma unroll
-        for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int c = nt * 8 + e;
-                if (c >= key_lim || c > diag_lim) s[4 * nt + 2 * hr + e] = -INFINITY;
-            }
-    }
-}
-
-// Online softmax of one tile: new row max m, s <- P = exp2(s*scale_log2 - m),
-// l <- l*corr + rowsum(P). Returns whether any row of the warp has a new max
-// (then O must be multiplied by corr).
-template <int BC>
-__device__ __forceinline__ bool softmax_tile(float (&s)[BC / 2], float (&m_i)[2], float (&l_i)[2],
-                                             float (&corr)[2], float scale_log2) {
-    bool rescale = false;
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * hr], s[4 * nt + 2 * hr + 1]));
-        const float m_new = fmaxf(m_i[hr], quad_max(mx) * scale_log2);
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no visible key yet: exp2 gives 0, not NaN
-        corr[hr] = fast_exp2(m_i[hr] - m_use);
-        rescale |= m_new != m_i[hr];
-        m_i[hr] = m_new;
-        float rs = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float pe = fast_exp2(fmaf(s[4 * nt + 2 * hr + e], scale_log2, -m_use));
-                s[4 * nt + 2 * hr + e] = pe;
-                rs += pe;
-            }
-        l_i[hr] = l_i[hr] * corr[hr] + rs;
-    }
-    return __any_sync(0xffffffffu, rescale);
-}
-
-// P as the wgmma A operand: keys 16kk.. are S column tiles 2kk and 2kk+1.
-template <int BC, typename T>
-__device__ __forceinline__ void pack_p(uint32_t (&pa)[BC / 16][4], const float (&s)[BC / 2]) {
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
-}
 
 // ---------------------------------------------------------------------------
 // Kernel
@@ -610,14 +372,19 @@ static fc_status attn_fwd_sm90_run(const Sm90Args& a, unsigned grid, cudaStream_
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 
-// Causal calls take three consumers (D = 64) from this many query rows on;
-// below it the 192-row tiles' extra masked keys cost more than they win.
+// Three consumers (D = 64) from this many query rows on: measured at parity at
+// S = 512-1k and ahead from 2k. Shorter rows pad a 192-row tile further (at
+// Sq <= 128 a whole warpgroup's rows are padding) and were not measured.
+static constexpr int SM90_CONS3_MIN_SQ = 512;
+// Causal calls from this many: below it the 192-row tiles' extra masked keys
+// cost more than they win (causal S = 1k: 11-16 % slower).
 static constexpr int SM90_CONS3_CAUSAL_MIN_SQ = 4096;
 
 // Whether an ordinary-mode call at padded head dim DP runs Sm90Tile<DP, 3>.
 template <int DP>
 static bool sm90_use_cons3(const fc_attn_params* p) {
-    return DP == 64 && (p->causal == FC_CAUSAL_NONE || p->Sq >= SM90_CONS3_CAUSAL_MIN_SQ);
+    return DP == 64 && p->Sq >= SM90_CONS3_MIN_SQ &&
+           (p->causal == FC_CAUSAL_NONE || p->Sq >= SM90_CONS3_CAUSAL_MIN_SQ);
 }
 
 template <int DP, typename T>
