@@ -241,7 +241,8 @@ int named_id(const NamedId (&table)[N], const pybind11::object& value, const cha
 // flashcore.attention: SDPA's argument list plus flashcore's keyword-only
 // options, handled here so an eager call does no Python-level work.
 pybind11::object attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const pybind11::object& attn_mask, double dropout_p, const pybind11::object& is_causal,
+                           const pybind11::object& attn_mask, const pybind11::object& dropout_p,
+                           const pybind11::object& is_causal,
                            const pybind11::object& scale, const pybind11::object& /*enable_gqa: GQA is always on*/,
                            const pybind11::object& causal, const pybind11::object& causal_alignment,
                            const pybind11::object& return_lse, const pybind11::object& kernel,
@@ -249,8 +250,8 @@ pybind11::object attention(const at::Tensor& q, const at::Tensor& k, const at::T
     if (!attn_mask.is_none())
         value_error("attn_mask: flashcore supports no explicit mask; pass attn_mask=None "
                     "(use causal=True for a causal mask)");
-    if (dropout_p != 0.0)
-        value_error("dropout_p: flashcore has no dropout; got " + pybind11::repr(pybind11::float_(dropout_p)).cast<std::string>() +
+    if (dropout_p.not_equal(pybind11::float_(0.0)))  // Python's dropout_p != 0.0, any type
+        value_error("dropout_p: flashcore has no dropout; got " + pybind11::str(dropout_p).cast<std::string>() +
                     ", pass 0.0");
     bool is_causal_v = pybind11::bool_(is_causal);
     bool causal_v = is_causal_v;
