@@ -53,7 +53,8 @@ SHAPES = [
 
 # Every SHAPES entry fits on an H100's 132 SMs as 64-row tiles, so the sm90
 # kernel runs them in key-split mode. These grids have more 64-row tiles than
-# SMs and run its ordinary mode (128-row tiles, persistent CTAs).
+# SMs and run its ordinary mode (persistent CTAs; 128-row tiles, or at D = 64
+# non-causal 192-row tiles with three consumer warpgroups).
 LARGE_GRID_SHAPES = [(2, 16, 640, 700), (3, 12, 1025, 1000)]
 
 
@@ -65,16 +66,24 @@ def test_large_grid_shapes_leave_key_split_mode(shape):
 
 
 # At D = 64 the sm90 kernel's ordinary mode runs 192-row tiles (three consumer
-# warpgroups) for non-causal calls and for causal ones from Sq = 4096 on; these
-# have more 64-row tiles than SMs, Sq >= 4096 and a partial last 192-row tile.
-D64_WIDE_SHAPES = [(1, 4, 4100, 4100), (1, 3, 4097, 5000)]
+# warpgroups) for non-causal calls from Sq = 512 and causal ones from Sq = 4096,
+# when the grid favours them (sm90_use_cons3). These shapes qualify in every
+# causal mode, with a partial last 192-row tile; Sk is kept short so that the
+# fp64 reference stays small.
+D64_WIDE_SHAPES = [(4, 16, 4100, 300), (3, 12, 4097, 1000)]
+
+
+def uses_three_consumers(B, H, Sq, sms):
+    """sm90_use_cons3 (csrc/sm90/attn_fwd_sm90.cuh) for a causal call, mirrored."""
+    stripes = lambda br: -(-(-(-Sq // br) * B * H) // sms)  # noqa: E731
+    return Sq >= 4096 and -(-Sq // 64) * B * H > sms and stripes(192) * 192 < stripes(128) * 128 * 1.15
 
 
 @pytest.mark.parametrize("shape", D64_WIDE_SHAPES, ids=shape_id)
 def test_d64_wide_shapes_take_the_wide_path(shape):
     B, H, Sq, Sk = shape
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
-    assert -(-Sq // 64) * B * H > sms and Sq >= 4096 and Sq % 192 != 0
+    assert uses_three_consumers(B, H, Sq, sms) and Sq % 192 != 0
 
 
 @dtype_param

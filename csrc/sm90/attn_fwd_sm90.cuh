@@ -2,7 +2,7 @@
 // warp specialization, persistent grid.
 //
 // Algorithm. A tile is BR = 128 query rows of one (batch, head). A CTA has
-// three warpgroups: warpgroup 0 is the producer (one thread issues every TMA
+// three warpgroups (four with a third consumer, below): warpgroup 0 is the producer (one thread issues every TMA
 // load, with its registers given back through setmaxnreg), warpgroups 1 and 2
 // are consumers owning query rows 0-63 and 64-127 of the tile. At D = 64 a
 // third consumer makes the tile 192 rows (Sm90Tile<64, 3>; the tile table and
@@ -380,11 +380,29 @@ static constexpr int SM90_CONS3_MIN_SQ = 512;
 // cost more than they win (causal S = 1k: 11-16 % slower).
 static constexpr int SM90_CONS3_CAUSAL_MIN_SQ = 4096;
 
+// Rows per second of three consumers over two, per SM: the measured gain at
+// S >= 2k was 11-23 % (perf notes, session 10); 1.15 errs toward two.
+static constexpr double SM90_CONS3_SPEEDUP = 1.15;
+
 // Whether an ordinary-mode call at padded head dim DP runs Sm90Tile<DP, 3>.
+// Beyond the row limits, the grid decides: persistent CTAs take tiles in
+// stripes of num_sms, so a call costs about ceil(tiles / SMs) stripes of one
+// tile's rows. Three consumers must win that count, which they do not on a
+// grid just past key-split mode (B1 H4 S4k: one stripe of 128-row tiles
+// against one of 192-row tiles on fewer SMs).
 template <int DP>
-static bool sm90_use_cons3(const fc_attn_params* p) {
-    return DP == 64 && p->Sq >= SM90_CONS3_MIN_SQ &&
-           (p->causal == FC_CAUSAL_NONE || p->Sq >= SM90_CONS3_CAUSAL_MIN_SQ);
+static bool sm90_use_cons3(const fc_attn_params* p, int num_sms) {
+    if constexpr (DP != 64) {
+        return false;
+    } else {
+        if (p->Sq < SM90_CONS3_MIN_SQ) return false;
+        if (p->causal != FC_CAUSAL_NONE && p->Sq < SM90_CONS3_CAUSAL_MIN_SQ) return false;
+        constexpr int BR2 = Sm90Tile<DP, 2>::BR, BR3 = Sm90Tile<DP, 3>::BR;
+        const long long heads = (long long)p->B * p->Hq;
+        const long long stripes2 = ((p->Sq + BR2 - 1) / BR2 * heads + num_sms - 1) / num_sms;
+        const long long stripes3 = ((p->Sq + BR3 - 1) / BR3 * heads + num_sms - 1) / num_sms;
+        return (double)(stripes3 * BR3) < (double)(stripes2 * BR2) * SM90_CONS3_SPEEDUP;
+    }
 }
 
 template <int DP, typename T>
@@ -396,7 +414,7 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     // the SMs at work, each on half the keys of its tile.
     const long long tiles64 = (long long)((p->Sq + Tile::WG_ROWS - 1) / Tile::WG_ROWS) * p->B * p->Hq;
     const bool kv_split = Tile::KV_SPLIT_OK && tiles64 <= num_sms;
-    const bool cons3 = !kv_split && sm90_use_cons3<DP>(p);
+    const bool cons3 = !kv_split && sm90_use_cons3<DP>(p, num_sms);
     const int br = kv_split ? Tile::WG_ROWS : cons3 ? 3 * Tile::WG_ROWS : Tile::BR;
     fc_status s = fc_sm90_tensor_map(&a.q_map, p->dtype, p->q, p->D, p->Sq, p->Hq, p->B, p->q_row_stride,
                                      p->q_head_stride, p->q_batch_stride, br);
