@@ -54,8 +54,10 @@ SHAPES = [
 # Every SHAPES entry fits on an H100's 132 SMs as 64-row tiles, so the sm90
 # kernel runs them in key-split mode. These grids have more 64-row tiles than
 # SMs and run its ordinary mode (persistent CTAs; 128-row tiles, or at D = 64
-# non-causal 192-row tiles with three consumer warpgroups).
-LARGE_GRID_SHAPES = [(2, 16, 640, 700), (3, 12, 1025, 1000)]
+# non-causal 192-row tiles with three consumer warpgroups). The third has more
+# heads than one causal window (33 heads for 8 query blocks on 132 SMs), so its
+# causal tiles span several windows, the last one partial.
+LARGE_GRID_SHAPES = [(2, 16, 640, 700), (3, 12, 1025, 1000), (4, 24, 1024, 1000)]
 
 
 @pytest.mark.parametrize("shape", LARGE_GRID_SHAPES, ids=shape_id)
@@ -90,9 +92,10 @@ def test_d64_wide_shapes_take_the_wide_path(shape):
 @mode_param
 @pytest.mark.parametrize("shape", D64_WIDE_SHAPES, ids=shape_id)
 @kernel_param
-def test_gpu_d64_wide_tiles(kernel, shape, mode, dtype):
+@pytest.mark.parametrize("group", [1, 4], ids=lambda g: f"gqa{g}")
+def test_gpu_d64_wide_tiles(kernel, shape, mode, dtype, group):
     B, H, Sq, Sk = shape
-    q, k, v = make_qkv(B, H, H, Sq, Sk, 64, dtype, DEV)
+    q, k, v = make_qkv(B, H, H // group, Sq, Sk, 64, dtype, DEV)
     out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
     check_attention(out, lse, q, k, v, None, mode)
 
