@@ -215,7 +215,8 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>> fwd(const at::Tensor& q, const
     return {r.first, return_lse ? c10::optional<at::Tensor>(r.second) : c10::nullopt};
 }
 
-// Name -> id tables of flashcore.KERNELS and CAUSAL_ALIGNMENTS (fc_kernel, fc_causal).
+// Name -> id tables (fc_kernel, fc_causal); flashcore.KERNELS and
+// CAUSAL_ALIGNMENTS are these, exported by the module (name_dict).
 struct NamedId {
     const char* name;
     int id;
@@ -236,6 +237,13 @@ int named_id(const NamedId (&table)[N], const pybind11::object& value, const cha
     for (const NamedId& e : table) names += std::string(names.empty() ? "'" : ", '") + e.name + "'";
     value_error(std::string(arg) + ": expected one of " + names + ", got " +
                 pybind11::repr(value).cast<std::string>());
+}
+
+template <size_t N>
+pybind11::dict name_dict(const NamedId (&table)[N]) {
+    pybind11::dict d;
+    for (const NamedId& e : table) d[e.name] = e.id;
+    return d;
 }
 
 // flashcore.attention: SDPA's argument list plus flashcore's keyword-only
@@ -268,10 +276,7 @@ pybind11::object attention(const at::Tensor& q, const at::Tensor& k, const at::T
             type_error("num_splits: expected None or an int, got " +
                        std::string(Py_TYPE(num_splits.ptr())->tp_name));
         const pybind11::int_ n(num_splits);
-        if (n < pybind11::int_(0))
-            value_error("num_splits: got " + pybind11::repr(n).cast<std::string>() +
-                        "; pass None or 0 (heuristic), 1 (no split) or n > 1 (split Sk n ways)");
-        if (n > pybind11::int_(INT32_MAX))
+        if (n < pybind11::int_(0) || n > pybind11::int_(INT32_MAX))  // also keeps the cast below in range
             value_error("num_splits: got " + pybind11::repr(n).cast<std::string>() +
                         "; pass None or 0 (heuristic), 1 (no split) or n > 1 (split Sk n ways)");
         splits = n.cast<int64_t>();
@@ -321,6 +326,8 @@ PYBIND11_MODULE(_C, m) {
           py::arg("scale") = py::none(), py::arg("enable_gqa") = false, py::kw_only(), py::arg("causal") = py::none(),
           py::arg("causal_alignment") = "top_left", py::arg("return_lse") = false, py::arg("kernel") = "auto",
           py::arg("num_splits") = py::none());
+    m.attr("KERNELS") = name_dict(KERNEL_IDS);
+    m.attr("CAUSAL_ALIGNMENTS") = name_dict(ALIGNMENT_IDS);
     m.def("fwd", &fwd, "attention forward with causal mode and kernel ids (see flashcore.attention)");
     m.def("picked_kernel", &picked_kernel, "kernel that kernel='auto' runs for (q, k)");
     m.def("num_splits", &num_splits_for, "split-KV plan for (q, k, v, causal_mode, kernel, num_splits): "

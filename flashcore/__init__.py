@@ -16,6 +16,7 @@ attention = _C.attention
 
 __all__ = ["attention", "KERNELS", "CAUSAL_ALIGNMENTS"]
 
-# Mirrors fc_kernel and fc_causal in csrc/flashcore.h and the name tables in csrc/binding.cpp.
-KERNELS = {"auto": 0, "sm80": 1, "sm90": 2, "cpu": 3}
-CAUSAL_ALIGNMENTS = {"top_left": 1, "bottom_right": 2}
+# Name -> id of fc_kernel and fc_causal (csrc/flashcore.h): the binding's own
+# tables, the ones flashcore.attention parses its string options with.
+KERNELS = dict(_C.KERNELS)
+CAUSAL_ALIGNMENTS = dict(_C.CAUSAL_ALIGNMENTS)
