@@ -372,6 +372,11 @@ static fc_status attn_fwd_sm90_run(const Sm90Args& a, unsigned grid, cudaStream_
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 
+// Tiles of a call with `br`-row tiles: query blocks x batch x heads.
+static long long sm90_tiles(const fc_attn_params* p, int br) {
+    return (long long)((p->Sq + br - 1) / br) * p->B * p->Hq;
+}
+
 // Three consumers (D = 64) from this many query rows on: measured at parity at
 // S = 512-1k and ahead from 2k. Shorter rows pad a 192-row tile further (at
 // Sq <= 128 a whole warpgroup's rows are padding) and were not measured.
@@ -398,9 +403,8 @@ static bool sm90_use_cons3(const fc_attn_params* p, int num_sms) {
         if (p->Sq < SM90_CONS3_MIN_SQ) return false;
         if (p->causal != FC_CAUSAL_NONE && p->Sq < SM90_CONS3_CAUSAL_MIN_SQ) return false;
         constexpr int BR2 = Sm90Tile<DP, 2>::BR, BR3 = Sm90Tile<DP, 3>::BR;
-        const long long heads = (long long)p->B * p->Hq;
-        const long long stripes2 = ((p->Sq + BR2 - 1) / BR2 * heads + num_sms - 1) / num_sms;
-        const long long stripes3 = ((p->Sq + BR3 - 1) / BR3 * heads + num_sms - 1) / num_sms;
+        const long long stripes2 = (sm90_tiles(p, BR2) + num_sms - 1) / num_sms;
+        const long long stripes3 = (sm90_tiles(p, BR3) + num_sms - 1) / num_sms;
         return (double)(stripes3 * BR3) < (double)(stripes2 * BR2) * SM90_CONS3_SPEEDUP;
     }
 }
@@ -412,10 +416,9 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     a.p = *p;
     // Key-split mode when the 64-row tiles fit on the SMs in one wave: twice
     // the SMs at work, each on half the keys of its tile.
-    const long long tiles64 = (long long)((p->Sq + Tile::WG_ROWS - 1) / Tile::WG_ROWS) * p->B * p->Hq;
-    const bool kv_split = Tile::KV_SPLIT_OK && tiles64 <= num_sms;
+    const bool kv_split = Tile::KV_SPLIT_OK && sm90_tiles(p, Tile::WG_ROWS) <= num_sms;
     const bool cons3 = !kv_split && sm90_use_cons3<DP>(p, num_sms);
-    const int br = kv_split ? Tile::WG_ROWS : cons3 ? 3 * Tile::WG_ROWS : Tile::BR;
+    const int br = kv_split ? Tile::WG_ROWS : cons3 ? 3 * Tile::WG_ROWS : Tile::BR;  // 3 consumers: Sm90Tile<64, 3>::BR
     fc_status s = fc_sm90_tensor_map(&a.q_map, p->dtype, p->q, p->D, p->Sq, p->Hq, p->B, p->q_row_stride,
                                      p->q_head_stride, p->q_batch_stride, br);
     if (s == FC_OK)
@@ -425,7 +428,7 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
         s = fc_sm90_tensor_map(&a.v_map, p->dtype, p->v, p->D, p->Sk, p->Hkv, p->B, p->v_row_stride,
                                p->v_head_stride, p->v_batch_stride, Tile::BC);
     if (s != FC_OK) return s;
-    const long long n_tiles = (long long)((p->Sq + br - 1) / br) * p->B * p->Hq;
+    const long long n_tiles = sm90_tiles(p, br);
     const unsigned grid = (unsigned)(n_tiles < num_sms ? n_tiles : num_sms);
     if constexpr (Tile::KV_SPLIT_OK) {
         if (kv_split) return attn_fwd_sm90_run<DP, 2, T, true>(a, grid, stream);
