@@ -338,6 +338,13 @@ static int run_bench(fc_kernel kernel) {
     return 0;
 }
 
+// The fp16 case of the `shape` and `host` arguments B Hq Hkv Sq Sk D causal(0, 1, 2).
+static Case case_from_args(char** a) {
+    const int causal = atoi(a[6]);
+    return {atoi(a[0]), atoi(a[1]), atoi(a[2]), atoi(a[3]), atoi(a[4]), atoi(a[5]),
+            causal == 2 ? FC_CAUSAL_BOTTOM_RIGHT : causal ? FC_CAUSAL_TOP_LEFT : FC_CAUSAL_NONE, FC_DTYPE_FP16, false};
+}
+
 int main(int argc, char** argv) {
     setvbuf(stdout, nullptr, _IOLBF, 0);  // line-buffered: a log cut off by a timeout still shows the last case
     const std::string mode = argc > 1 ? argv[1] : "check";
@@ -348,20 +355,11 @@ int main(int argc, char** argv) {
     printf("device: %s (sm_%d%d), kernel=%s\n", prop.name, prop.major, prop.minor, kname.c_str());
     if (mode == "check") return run_check(kernel, argc > 3 && std::string(argv[3]) == "small");
     if (mode == "bench") return run_bench(kernel);
-    if (mode == "host" && argc == 10) {
-        const int causal = atoi(argv[9]);
-        const Case c = {atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), atoi(argv[8]),
-                        causal == 2 ? FC_CAUSAL_BOTTOM_RIGHT : causal ? FC_CAUSAL_TOP_LEFT : FC_CAUSAL_NONE,
-                        FC_DTYPE_FP16, false};
-        return run_host(c, kernel);
-    }
+    if (mode == "host" && argc == 10) return run_host(case_from_args(argv + 3), kernel);
     const int flush = argc == 12 ? atoi(argv[11]) : FLUSH_NONE;
     if (mode == "shape" && (argc == 11 || argc == 12) && flush >= FLUSH_NONE && flush <= FLUSH_READ) {
         // one case, fp16, e.g. for ncu or compute-sanitizer
-        const int causal = atoi(argv[9]);
-        const Case c = {atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), atoi(argv[8]),
-                        causal == 2 ? FC_CAUSAL_BOTTOM_RIGHT : causal ? FC_CAUSAL_TOP_LEFT : FC_CAUSAL_NONE,
-                        FC_DTYPE_FP16, false};
+        const Case c = case_from_args(argv + 3);
         print_header();
         const double us = time_case(c, kernel, atoi(argv[10]), (Flush)flush);
         print_time(c, us);
