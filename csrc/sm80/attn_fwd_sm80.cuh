@@ -34,30 +34,57 @@
 // ---------------------------------------------------------------------------
 // Tile table: every tile choice in one place, per padded head dim DP.
 //
-//  DP  | WARPS | M_TILES | BR  | BC | smem (Q + 2 stages of K,V) | why
+//  DP  | WARPS | M_TILES | BR  | BC | smem (Q + K/V)    | why
 //  64  |   4   |    2    | 128 | 64 |  16 + 32 = 48 KB  | 2 m-tiles/warp reuse each K/V fragment twice
-//  128 |   4   |    2    | 128 | 32 |  32 + 32 = 64 KB  | BC = 64 spills (O 128 + S 64 fp32 regs/thread)
+//  128 |   4   |    2    | 128 | 64 |  32 + 32 = 64 KB  | staggered K and V slots (see STAGGER); on the sm_80
+//      |       |         |     |    |                   | target BC = 32 and two K/V stages (same 64 KB):
+//      |       |         |     |    |                   | there BC = 64 spills (O 128 + S 64 fp32 regs/thread)
 //  256 |   4   |    1    |  64 | 64 |  32 + 64 = 96 KB  | O alone is 128 fp32 regs/thread, so one m-tile/warp;
-//      |       |         |     |    | (one K and one V slot, staggered: see STAGGER)
+//      |       |         |     |    |                   | staggered K and V slots
 // Every config fits the 99 KB per-block limit of sm86/sm89.
 // Small grids at DP = 64 (fewer 128-row CTAs than SMs, e.g. B=2 H=8 S=512)
 // use M_TILES = 1 (BR = 64, 40 KB): twice the CTAs, each half as long.
+//
+// The smallest DP that staggers. On the sm_80 target (sm80/86/89 run it) ptxas
+// spills 12 bytes at DP = 128 with the stagger, so there only DP = 256 does.
+// The host pass sees the sm_90 value; both DP = 128 variants use 64 KB and 128
+// rows per CTA, so the host's launch shape holds for either (asserted below).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define FC_SM80_STAGGER_MIN_DP 256
+#else
+#define FC_SM80_STAGGER_MIN_DP 128
+#endif
 template <int DP, int MT = (DP <= 128 ? 2 : 1)>
 struct Sm80Tile {
     static constexpr int WARPS = 4;
     static constexpr int M_TILES = MT;                 // 16-row mma tiles per warp
     static constexpr int BR = WARPS * M_TILES * 16;    // query rows per CTA
-    // STAGGER (DP = 256): one K slot and one V slot instead of a ring of K/V
-    // pairs; V_j loads while S_j and its softmax run, K_{j+1} while P_j V_j
-    // runs. Twice the keys per tile (BC = 64) in the same 96 KB, so two CTAs
-    // still fit an SM. Measured +8-10 % at D = 256 on an H100 (perf notes).
-    static constexpr bool STAGGER = DP > 128;
+    // STAGGER: one K slot and one V slot instead of a ring of K/V pairs; V_j
+    // loads while S_j and its softmax run, K_{j+1} while P_j V_j runs. Twice
+    // the keys per tile (BC = 64) in the same shared memory. Measured on an
+    // H100: +8-10 % at D = 256, +7-13 % at D = 128 (perf notes).
+    static constexpr bool STAGGER = DP >= FC_SM80_STAGGER_MIN_DP;
     static constexpr int BC = DP <= 64 || STAGGER ? 64 : 32;  // keys per K/V tile
     static constexpr int KV_STAGES = STAGGER ? 1 : 2;        // K/V tiles in flight
     static constexpr int THREADS = WARPS * 32;
     static constexpr int CHUNKS = DP / 8;              // 16-byte chunks per row
     static constexpr size_t SMEM_BYTES = (size_t)(BR + 2 * KV_STAGES * BC) * DP * 2;
+    static_assert(DP != 128 || (BR == 128 && SMEM_BYTES == 64 * 1024),
+                  "the host sizes DP = 128 launches without knowing the target's BC");
 };
+
+// ---------------------------------------------------------------------------
+// Device helpers
+
+// The A fragment of one m16n8k16 P V step from the C fragments of two adjacent
+// 8-key column tiles of S (keys 0-7 and 8-15 of the 16-key step).
+template <typename T>
+FC_DEVICE void pack_p(uint32_t (&a)[4], const float (&s0)[4], const float (&s1)[4]) {
+    a[0] = pack2<T>(s0[0], s0[1]);
+    a[1] = pack2<T>(s0[2], s0[3]);
+    a[2] = pack2<T>(s1[0], s1[1]);
+    a[3] = pack2<T>(s1[2], s1[3]);
+}
 
 // ---------------------------------------------------------------------------
 // Kernel
@@ -293,6 +320,17 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                     for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] *= corr[mt][e / 2];
         }
 
+        // With the stagger at DP = 128, P is packed to 16 bits (the A-fragment
+        // layout of P V) before the V wait, so the fp32 scores die early: without
+        // it that kernel spills. Key tiles 2kk, 2kk+1 form fragment kk.
+        constexpr bool EARLY_P = Tile::STAGGER && DP == 128;
+        uint32_t p_frag[M_TILES][BC / 16][4];
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; ++kk)
+                if constexpr (EARLY_P) pack_p<T>(p_frag[mt][kk], acc_s[mt][2 * kk], acc_s[mt][2 * kk + 1]);
+
         if constexpr (Tile::STAGGER) {
             cp_async_wait<0>();  // this thread's copies of V_j have landed
             __syncthreads();     // orders every thread's V_j copies before any warp reads them, and every
@@ -304,16 +342,18 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
             }
         }
 
-        // O += P V: the S accumulator of key tiles 2kk, 2kk+1 is the A fragment.
+        // O += P V: P (the A fragment) is packed from the S accumulator of key tiles 2kk, 2kk+1.
 #pragma unroll
         for (int kk = 0; kk < BC / 16; ++kk) {
             uint32_t a[M_TILES][4];
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt) {
-                a[mt][0] = pack2<T>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
-                a[mt][1] = pack2<T>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
-                a[mt][2] = pack2<T>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
-                a[mt][3] = pack2<T>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+                if constexpr (EARLY_P) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) a[mt][e] = p_frag[mt][kk][e];
+                } else {
+                    pack_p<T>(a[mt], acc_s[mt][2 * kk], acc_s[mt][2 * kk + 1]);
+                }
             }
 #pragma unroll
             for (int dt2 = 0; dt2 < D_TILES / 2; ++dt2) {
