@@ -4,7 +4,6 @@
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <ATen/cuda/EmptyTensor.h>
 
 #include <cmath>
 #include <string>
@@ -123,15 +122,6 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
             value_error(std::string(names[i]) + ": a dim exceeds 2^31-1; split the call");
 }
 
-// A new contiguous tensor on `like`'s device. CUDA tensors come from the caching
-// allocator directly (at::detail::empty_cuda: the same allocator, stream and
-// graph-capture pools as at::empty, without its trip through the dispatcher,
-// which costs a few us per call on a slow host).
-at::Tensor empty_on(at::IntArrayRef sizes, at::ScalarType dtype, const at::Tensor& like) {
-    if (like.is_cuda()) return at::Tensor(at::detail::empty_cuda(sizes, dtype, like.device(), c10::nullopt));
-    return at::empty(sizes, like.options().dtype(dtype));
-}
-
 fc_dtype to_fc_dtype(at::ScalarType t) {
     return t == at::kHalf ? FC_DTYPE_FP16 : t == at::kBFloat16 ? FC_DTYPE_BF16 : FC_DTYPE_FP32;
 }
@@ -183,9 +173,9 @@ std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor&
                     "; move the tensors to the CPU or use kernel='auto'");
 
     c10::OptionalDeviceGuard guard(q.device());
-    at::Tensor out = empty_on(q.sizes(), q.scalar_type(), q);
+    at::Tensor out = at::empty(q.sizes(), q.options());
     at::Tensor lse;
-    if (return_lse) lse = empty_on({q.size(0), q.size(1), q.size(2)}, at::kFloat, q);
+    if (return_lse) lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
 
     fc_attn_params p = fill_params(q, k, v, scale, causal, kernel, num_splits);
     p.o = out.data_ptr();
@@ -197,7 +187,7 @@ std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor&
     at::Tensor workspace;
     const size_t ws_bytes = q.is_cuda() ? fc_attn_fwd_workspace_size(&p) : 0;
     if (ws_bytes > 0) {
-        workspace = empty_on({(int64_t)ws_bytes}, at::kByte, q);
+        workspace = at::empty({(int64_t)ws_bytes}, q.options().dtype(at::kByte));
         p.workspace = workspace.data_ptr();
         p.workspace_bytes = ws_bytes;
     }
