@@ -88,6 +88,22 @@ template <> FC_DEVICE uint32_t pack2<__nv_bfloat16>(float x, float y) {
 }
 
 // 2^x on the special-function unit; 2^-inf = +0, which masking relies on.
+// Programmatic dependent launch (sm90+; no-ops when compiled for older
+// targets, and griddep_wait returns at once when the kernel was not launched
+// as a programmatic dependent). griddep_launch_dependents lets the next
+// kernel on the stream start launching; griddep_wait blocks until every
+// kernel this one depends on has completed and its memory is visible.
+FC_DEVICE void griddep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+FC_DEVICE void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 FC_DEVICE float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

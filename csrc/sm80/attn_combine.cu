@@ -10,6 +10,9 @@
 // l accumulates 8 output columns starting at 8l (D <= 256 needs <= 32 lanes)
 // over every split, and stores them in the input dtype with one 16-byte store.
 // A row no split saw (M = -inf) gives O = 0 and LSE = -inf, never NaN.
+// On sm90+ the kernel is a programmatic dependent of the split kernel: it is
+// launched while that one runs and waits for it (griddepcontrol) before its
+// first read.
 //
 // Limits. D a multiple of 8 up to 256; any number of splits (each row reads
 // splits * (D + 1) floats); B * Hq * Sq rows up to 2^31 - 1 warps.
@@ -29,6 +32,7 @@ static constexpr int WARP_SIZE = 32;
 template <typename T>
 __global__ void __launch_bounds__(COMBINE_WARPS * WARP_SIZE)
 split_combine_kernel(const __grid_constant__ fc_attn_params p, const fc_split_plan sp) {
+    griddep_wait();  // the split kernel's partials are complete and visible (no-op without PDL)
     const int lane = threadIdx.x % WARP_SIZE;
     const int64_t total_rows = (int64_t)p.B * p.Hq * p.Sq;
     const int64_t row = (int64_t)blockIdx.x * COMBINE_WARPS + threadIdx.x / WARP_SIZE;  // row of (B, Hq, Sq)
@@ -76,10 +80,20 @@ split_combine_kernel(const __grid_constant__ fc_attn_params p, const fc_split_pl
 
 extern "C" fc_status fc_split_combine(const fc_attn_params* p, const fc_split_plan* sp, fc_stream_t stream) {
     const int64_t rows = (int64_t)p->B * p->Hq * p->Sq;
-    const unsigned grid = (unsigned)((rows + COMBINE_WARPS - 1) / COMBINE_WARPS);
-    if (p->dtype == FC_DTYPE_BF16)
-        split_combine_kernel<__nv_bfloat16><<<grid, COMBINE_WARPS * WARP_SIZE, 0, (cudaStream_t)stream>>>(*p, *sp);
-    else
-        split_combine_kernel<__half><<<grid, COMBINE_WARPS * WARP_SIZE, 0, (cudaStream_t)stream>>>(*p, *sp);
-    return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)((rows + COMBINE_WARPS - 1) / COMBINE_WARPS));
+    cfg.blockDim = dim3(COMBINE_WARPS * WARP_SIZE);
+    cfg.stream = (cudaStream_t)stream;
+    // Programmatic dependent launch (sm90+): this grid is launched while the
+    // split kernel still runs and waits for it in griddep_wait, so the gap
+    // between the two launches leaves the critical path.
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = sp->pdl ? 1 : 0;
+    const cudaError_t e = p->dtype == FC_DTYPE_BF16
+                              ? cudaLaunchKernelEx(&cfg, split_combine_kernel<__nv_bfloat16>, *p, *sp)
+                              : cudaLaunchKernelEx(&cfg, split_combine_kernel<__half>, *p, *sp);
+    return e == cudaSuccess && cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }

@@ -84,6 +84,10 @@ attn_decode_sm80_kernel(const __grid_constant__ fc_attn_params p, const fc_split
     T* sK = reinterpret_cast<T*>(smem_raw);  // (STAGES, BC, DP) swizzled
     T* sV = sK + STAGES * BC * DP;           // (STAGES, BC, DP) swizzled
 
+    // The combine kernel (splits > 1) may start launching now: it waits in
+    // griddep_wait for this grid to finish, so only its launch overlaps.
+    if (sp.pdl) griddep_launch_dependents();
+
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     // 1-D grid: ((b * Hkv + hk) * splits + split) * row_blocks + rb; the row
     // blocks of one key range are adjacent, so their K/V re-reads hit L2.
