@@ -87,7 +87,6 @@ template <> FC_DEVICE uint32_t pack2<__nv_bfloat16>(float x, float y) {
     return *reinterpret_cast<uint32_t*>(&h);
 }
 
-// 2^x on the special-function unit; 2^-inf = +0, which masking relies on.
 // Programmatic dependent launch (sm90+; no-ops when compiled for older
 // targets, and griddep_wait returns at once when the kernel was not launched
 // as a programmatic dependent). griddep_launch_dependents lets the next
@@ -104,6 +103,7 @@ FC_DEVICE void griddep_wait() {
 #endif
 }
 
+// 2^x on the special-function unit; 2^-inf = +0, which masking relies on.
 FC_DEVICE float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
