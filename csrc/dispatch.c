@@ -367,7 +367,7 @@ fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
     const fc_device_info* dev = c.dev;
     if (c.split) {  /* decode-like: the split-KV kernel, on any sm80+ GPU */
         fc_split_plan sp = c.plan;
-        sp.pdl = dev->major >= 9;
+        sp.pdl = sp.splits > 1 && dev->major >= 9;  /* only a combine kernel depends on it */
         if (sp.splits > 1) {  /* workspace layout: see fc_attn_fwd_workspace_size */
             sp.o_part = (float*)p->workspace;
             sp.lse_part = sp.o_part + (size_t)sp.splits * p->B * p->Hq * p->Sq * p->D;

@@ -41,7 +41,7 @@ typedef struct {
     int row_blocks;       /* ceil(Hq/Hkv * Sq / FC_DECODE_ROWS) */
     float* o_part;        /* (splits, B, Hq, Sq, D) fp32 partial O, each normalized by its own sum; splits > 1 */
     float* lse_part;      /* (splits, B, Hq, Sq) fp32 partial LSE (natural log), -inf where no key was seen */
-    int pdl;              /* 1: the combine kernel launches as a programmatic dependent (sm90+) */
+    int pdl;              /* 1: splits > 1 on sm90+, the combine kernel launches as a programmatic dependent */
 } fc_split_plan;
 
 /* Launch the split-KV kernel, then (splits > 1) the combine kernel. */

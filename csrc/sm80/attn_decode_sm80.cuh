@@ -84,8 +84,9 @@ attn_decode_sm80_kernel(const __grid_constant__ fc_attn_params p, const fc_split
     T* sK = reinterpret_cast<T*>(smem_raw);  // (STAGES, BC, DP) swizzled
     T* sV = sK + STAGES * BC * DP;           // (STAGES, BC, DP) swizzled
 
-    // The combine kernel (splits > 1) may start launching now: it waits in
-    // griddep_wait for this grid to finish, so only its launch overlaps.
+    // The combine kernel may start launching now (sp.pdl: it exists and runs as
+    // a programmatic dependent): it waits in griddep_wait for this grid to
+    // finish, so only its launch overlaps.
     if (sp.pdl) griddep_launch_dependents();
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
