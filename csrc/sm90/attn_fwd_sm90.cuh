@@ -335,16 +335,25 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             named_barrier_sync(1 + cw, 128);  // this warpgroup's O rows are in smem before its threads read them back
             constexpr int CH = DP / 8;        // 16-byte chunks per row
             constexpr int ROWS_PER_PASS = 128 / CH;
-            const int c = t128 % CH;
+            // Thread t128 reads chunk c of rows r0, r0 + ROWS_PER_PASS, ... The
+            // swizzle term (c % 8) ^ (r & 7) is sw ^ ((i * ROWS_PER_PASS) & 7): a
+            // power-of-two pass height keeps r0's bits and the step's apart. So one
+            // base offset and one running pointer serve every pass, and ptxas does
+            // not hoist a register per pass out of the tile loop.
+            static_assert((ROWS_PER_PASS & (ROWS_PER_PASS - 1)) == 0, "rows per pass must be a power of two");
+            const int c = t128 % CH, r0 = t128 / CH;
             if (c * 8 < p.D) {
+                const uint32_t base = (c / 8) * BR * ROWB + r0 * ROWB;
+                const int sw = (c % 8) ^ (r0 & 7);
+                T* o_thr = o_bh + (int64_t)(wrow0 + r0) * p.o_row_stride + c * 8;
+                const int64_t o_step = (int64_t)ROWS_PER_PASS * p.o_row_stride;
 #pragma unroll
                 for (int i = 0; i < Tile::WG_ROWS / ROWS_PER_PASS; ++i) {
-                    const int r = i * ROWS_PER_PASS + t128 / CH;
-                    if (wrow0 + r < p.Sq) {
-                        const uint32_t off = (c / 8) * BR * ROWB + r * ROWB + (((c % 8) ^ (r & 7)) << 4);
-                        *reinterpret_cast<uint4*>(o_bh + (int64_t)(wrow0 + r) * p.o_row_stride + c * 8) =
-                            *reinterpret_cast<const uint4*>(q_stage + off);
+                    if (wrow0 + r0 + i * ROWS_PER_PASS < p.Sq) {
+                        const uint32_t off = base + i * ROWS_PER_PASS * ROWB + ((sw ^ ((i * ROWS_PER_PASS) & 7)) << 4);
+                        *reinterpret_cast<uint4*>(o_thr) = *reinterpret_cast<const uint4*>(q_stage + off);
                     }
+                    o_thr += o_step;
                 }
             }
         }
