@@ -81,7 +81,8 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     const uint32_t sQ = (raw + FC_SWZ_GROUP_BYTES - 1) & ~(FC_SWZ_GROUP_BYTES - 1);  // 128B-swizzle atoms need 1 KB alignment
     const uint32_t sK = sQ + Q_BUFS * Tile::Q_BYTES;   // STAGES K tiles
     const uint32_t sV = sK + STAGES * Tile::KV_BYTES;  // STAGES V tiles
-    const uint32_t bar0 = sV + STAGES * Tile::KV_BYTES;
+    const uint32_t sO = sV + STAGES * Tile::KV_BYTES;  // EARLY_Q: one O buffer per consumer
+    const uint32_t bar0 = sO + Tile::CONSUMERS * Tile::O_STAGE_BYTES;
     const uint32_t q_full = bar0, q_empty = q_full + 8 * Q_BUFS;  // one per Q buffer
     const uint32_t k_full = q_empty + 8 * Q_BUFS, v_full = k_full + 8 * STAGES;
     const uint32_t k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;
@@ -255,6 +256,8 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             pack_p<BC, T>(pa, s);
         }
         if (any) {  // last tile: P V only
+            // Every S of this tile is done (waited for above): Q may be overwritten.
+            if constexpr (Tile::EARLY_Q) mbar_arrive(q_empty + 8 * qb);
 #pragma unroll
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
             pv_tile(split ? base + j : it);
@@ -308,32 +311,18 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         }
 
         if (!split || cw == 0) {
-            // Epilogue: O /= l into this warpgroup's own Q rows (same swizzle as
-            // TMA's, conflict-free), then 16-byte coalesced stores; LSE = (m + log2 l) ln 2.
-            unsigned char* q_stage = smem_raw + (q_rows - raw);  // generic pointer to our rows of slab 0
+            // Epilogue: O /= l into smem (the same swizzle as TMA's, conflict-free),
+            // then 16-byte coalesced stores; LSE = (m + log2 l) ln 2. O goes through
+            // this warpgroup's own Q rows, or with EARLY_Q through its O buffer,
+            // PV_N columns per pass.
+            constexpr bool EARLY_Q = Tile::EARLY_Q;
+            constexpr int PASSES = EARLY_Q ? PV_PARTS : 1, PASS_PARTS = PV_PARTS / PASSES;
+            constexpr int PASS_COLS = DP / PASSES;
+            constexpr uint32_t SLAB_STRIDE = (EARLY_Q ? Tile::WG_ROWS : BR) * ROWB;  // bytes from one 64-column slab to the next
+            const uint32_t stage = EARLY_Q ? sO + cw * Tile::O_STAGE_BYTES : q_rows;
+            unsigned char* stage_p = smem_raw + (stage - raw);  // generic pointer to our staging rows
             T* o_bh = static_cast<T*>(p.o) + t.b * p.o_batch_stride + t.h * p.o_head_stride;
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-                const float l = quad_sum(l_i[hr]);
-                const float inv = l > 0.f ? 1.f / l : 0.f;
-                const int r = warp * 16 + lane / 4 + hr * 8;  // row within the warpgroup
-#pragma unroll
-                for (int pp = 0; pp < PV_PARTS; ++pp)
-#pragma unroll
-                    for (int nt = 0; nt < PV_N / 8; ++nt) {
-                        const int col = pp * PV_N + nt * 8;  // first column of this 8-column tile
-                        const uint32_t off = (col / FC_SLAB_COLS) * BR * ROWB + r * ROWB +
-                                             ((((col % FC_SLAB_COLS) / 8) ^ (r & 7)) << 4) + (lane % 4) * 4;
-                        *reinterpret_cast<uint32_t*>(q_stage + off) =
-                            pack2<T>(o[pp][4 * nt + 2 * hr] * inv, o[pp][4 * nt + 2 * hr + 1] * inv);
-                    }
-                if (p.lse && lane % 4 == 0 && wrow0 + r < p.Sq)
-                    p.lse[((int64_t)t.b * p.Hq + t.h) * p.Sq + wrow0 + r] =
-                        l > 0.f ? (m_i[hr] + log2f(l)) * FC_LN2 : -INFINITY;
-            }
-            // (ids 1-3; key-split mode's merge uses 3 and 4, but has only consumers 1-2)
-            named_barrier_sync(1 + cw, 128);  // this warpgroup's O rows are in smem before its threads read them back
-            constexpr int CH = DP / 8;        // 16-byte chunks per row
+            constexpr int CH = PASS_COLS / 8;  // 16-byte chunks per row and pass
             constexpr int ROWS_PER_PASS = 128 / CH;
             // Thread t128 reads chunk c of rows r0, r0 + ROWS_PER_PASS, ... The
             // swizzle term (c % 8) ^ (r & 7) is sw ^ ((i * ROWS_PER_PASS) & 7): a
@@ -342,25 +331,56 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             // not hoist a register per pass out of the tile loop.
             static_assert((ROWS_PER_PASS & (ROWS_PER_PASS - 1)) == 0, "rows per pass must be a power of two");
             const int c = t128 % CH, r0 = t128 / CH;
-            if (c * 8 < p.D) {
-                const uint32_t base = (c / 8) * BR * ROWB + r0 * ROWB;
-                const int sw = (c % 8) ^ (r0 & 7);
-                T* o_thr = o_bh + (int64_t)(wrow0 + r0) * p.o_row_stride + c * 8;
-                const int64_t o_step = (int64_t)ROWS_PER_PASS * p.o_row_stride;
 #pragma unroll
-                for (int i = 0; i < Tile::WG_ROWS / ROWS_PER_PASS; ++i) {
-                    if (wrow0 + r0 + i * ROWS_PER_PASS < p.Sq) {
-                        const uint32_t off = base + i * ROWS_PER_PASS * ROWB + ((sw ^ ((i * ROWS_PER_PASS) & 7)) << 4);
-                        *reinterpret_cast<uint4*>(o_thr) = *reinterpret_cast<const uint4*>(q_stage + off);
+            for (int pass = 0; pass < PASSES; ++pass) {
+                // (ids 1-3; key-split mode's merge uses 3 and 4, but has only consumers 1-2)
+                if constexpr (EARLY_Q)
+                    named_barrier_sync(1 + cw, 128);  // the last pass's (or tile's) reads of the O buffer are done
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    const float l = quad_sum(l_i[hr]);
+                    const float inv = l > 0.f ? 1.f / l : 0.f;
+                    const int r = warp * 16 + lane / 4 + hr * 8;  // row within the warpgroup
+#pragma unroll
+                    for (int q = 0; q < PASS_PARTS; ++q)
+#pragma unroll
+                        for (int nt = 0; nt < PV_N / 8; ++nt) {
+                            const int pp = pass * PASS_PARTS + q;
+                            const int col = q * PV_N + nt * 8;  // first column of this 8-column tile in the pass
+                            const uint32_t off = (col / FC_SLAB_COLS) * SLAB_STRIDE + r * ROWB +
+                                                 ((((col % FC_SLAB_COLS) / 8) ^ (r & 7)) << 4) + (lane % 4) * 4;
+                            *reinterpret_cast<uint32_t*>(stage_p + off) =
+                                pack2<T>(o[pp][4 * nt + 2 * hr] * inv, o[pp][4 * nt + 2 * hr + 1] * inv);
+                        }
+                    if (pass == 0 && p.lse && lane % 4 == 0 && wrow0 + r < p.Sq)
+                        p.lse[((int64_t)t.b * p.Hq + t.h) * p.Sq + wrow0 + r] =
+                            l > 0.f ? (m_i[hr] + log2f(l)) * FC_LN2 : -INFINITY;
+                }
+                named_barrier_sync(1 + cw, 128);  // this warpgroup's O rows are in smem before its threads read them back
+                if (pass * PASS_COLS + c * 8 < p.D) {
+                    const uint32_t base = (c / 8) * SLAB_STRIDE + r0 * ROWB;
+                    const int sw = (c % 8) ^ (r0 & 7);
+                    T* o_thr = o_bh + (int64_t)(wrow0 + r0) * p.o_row_stride + pass * PASS_COLS + c * 8;
+                    const int64_t o_step = (int64_t)ROWS_PER_PASS * p.o_row_stride;
+#pragma unroll
+                    for (int i = 0; i < Tile::WG_ROWS / ROWS_PER_PASS; ++i) {
+                        if (wrow0 + r0 + i * ROWS_PER_PASS < p.Sq) {
+                            const uint32_t off = base + i * ROWS_PER_PASS * ROWB + ((sw ^ ((i * ROWS_PER_PASS) & 7)) << 4);
+                            *reinterpret_cast<uint4*>(o_thr) = *reinterpret_cast<const uint4*>(stage_p + off);
+                        }
+                        o_thr += o_step;
                     }
-                    o_thr += o_step;
                 }
             }
         }
-        // A later Q (a TMA write) may overwrite these rows only after every
-        // consumer thread's staging reads and writes: proxy fence, then arrive.
-        fence_proxy_async();
-        mbar_arrive(q_empty + 8 * qb);
+        if constexpr (Tile::EARLY_Q) {
+            if (!any) mbar_arrive(q_empty + 8 * qb);  // no S ran: Q is released here
+        } else {
+            // A later Q (a TMA write) may overwrite these rows only after every
+            // consumer thread's staging reads and writes: proxy fence, then arrive.
+            fence_proxy_async();
+            mbar_arrive(q_empty + 8 * qb);
+        }
     }
 #else
     __trap();  // built without sm_90a; dispatch never launches this

@@ -21,7 +21,7 @@
 //      |     |     | 4 (key-split mode: an even ring, see SPLIT_STAGES) | 32 + 128 = 160 KB |
 //  64  | 192 | 128 |   3    |   2    | 48 + 96  = 144 KB   | the same, in 160 (CONS = 3, see below)
 //  128 | 128 | 128 |   2    |   2    | 64 + 128 = 192 KB   | S 64 + O 64 + P 32
-//  256 | 128 |  64 |   2    |   1    | 64 + 128 = 192 KB   | S 32 + O 128 + P 16
+//  256 | 128 |  64 |   2    |   1    | 64 + 128 + 32 (O) = 224 KB | S 32 + O 128 + P 16
 //
 // CONS = 3 (D = 64 only): three consumer warpgroups, 192-row tiles. At D = 64
 // the softmax (one exp2 per score) takes about as long as the two matmuls, and
@@ -43,6 +43,12 @@ struct Sm90Tile {
     // its parity wait could pass on a phase two back while a load is in flight.
     static constexpr int SPLIT_STAGES = DP <= 64 ? 4 : 2;
     static constexpr int Q_BUFS = DP <= 128 ? 2 : 1;  // Q tiles: the next tile's Q loads during this one
+    // EARLY_Q (one Q buffer): the consumers release Q as soon as the tile's last
+    // S = Q K^T is done, so the next tile's Q (and its first K/V tile, which the
+    // producer issues after Q) load during the last P V and the epilogue. O then
+    // cannot be staged in the Q rows: each consumer has its own buffer of
+    // WG_ROWS x PV_N, and the epilogue stores O in PV_PARTS passes through it.
+    static constexpr bool EARLY_Q = Q_BUFS == 1;
     // Software-pipeline S(j+1) with P(j)V inside a warpgroup. Measured (perf
     // notes, sm90 v3 and session 10): +3-12 % at D = 128; at D = 256 +4-6 % once
     // K is released as soon as S is done (sm90 v5); 10-17 % slower at D = 64, where
@@ -54,6 +60,7 @@ struct Sm90Tile {
     static constexpr uint32_t KV_BYTES = BC * DP * 2;  // one K (or V) tile
     static constexpr int PV_N = DP < 128 ? DP : 128;   // N of one P V wgmma
     static constexpr int PV_PARTS = DP / PV_N;         // P V wgmmas per 16-key step
+    static constexpr uint32_t O_STAGE_BYTES = EARLY_Q ? WG_ROWS * PV_N * 2 : 0;  // one consumer's O buffer
     // Registers after setmaxnreg: 40*128 + 232*256 or 32*128 + 160*384 <= 64K.
     static constexpr int PRODUCER_REGS = CONS == 3 ? 32 : 40;
     static constexpr int CONSUMER_REGS = CONS == 3 ? 160 : 232;
@@ -68,7 +75,7 @@ struct Sm90Tile {
     // Dynamic smem; key-split mode adds ML_BYTES for its merge.
     static constexpr size_t smem_bytes(bool kv_split) {
         return FC_SWZ_GROUP_BYTES /* alignment slack */ + Q_BUFS * Q_BYTES + 2 * stages(kv_split) * (size_t)KV_BYTES +
-               8 * n_barriers(kv_split) + (kv_split ? ML_BYTES : 0);
+               CONSUMERS * O_STAGE_BYTES + 8 * n_barriers(kv_split) + (kv_split ? ML_BYTES : 0);
     }
     static_assert(SPLIT_STAGES % 2 == 0, "key-split mode needs an even K/V ring");
     static_assert(!KV_SPLIT_OK || DP / 2 <= 16 * Q_BUFS * SLABS, "key-split partials must fit the Q buffers");
