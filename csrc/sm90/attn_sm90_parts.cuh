@@ -61,9 +61,12 @@ struct Sm90Tile {
     static constexpr int PV_N = DP < 128 ? DP : 128;   // N of one P V wgmma
     static constexpr int PV_PARTS = DP / PV_N;         // P V wgmmas per 16-key step
     static constexpr uint32_t O_STAGE_BYTES = EARLY_Q ? WG_ROWS * PV_N * 2 : 0;  // one consumer's O buffer
-    // Registers after setmaxnreg: 40*128 + 232*256 or 32*128 + 160*384 <= 64K.
-    static constexpr int PRODUCER_REGS = CONS == 3 ? 32 : 40;
-    static constexpr int CONSUMER_REGS = CONS == 3 ? 160 : 232;
+    // Registers after setmaxnreg: 40*128 + 232*256, 24*128 + 240*256 or
+    // 32*128 + 160*384 <= 64K. D = 256 takes 240 (O alone is 128 per thread):
+    // +2-6 % there; at D = 64 and 128 the same split measured flat to 8 % slower
+    // (perf notes, session 12).
+    static constexpr int PRODUCER_REGS = CONS == 3 ? 32 : DP == 256 ? 24 : 40;
+    static constexpr int CONSUMER_REGS = CONS == 3 ? 160 : DP == 256 ? 240 : 232;
     // Key-split mode: consumer 2's O partials fill the upper 64 rows of every
     // slab of every Q buffer (16 fp32 registers x 128 threads per 8 KB), so
     // it needs DP / 2 <= 16 * Q_BUFS * SLABS, true for DP <= 128.
