@@ -146,22 +146,17 @@ __device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int 
     return t;
 }
 
-// Heads per causal window. When the query blocks of a head divide the grid, a
-// window is one stripe (grid / n_mblocks heads: 33 on 132 SMs at S = 512):
-// consecutive stripes then hold the same mix of tile lengths, so the snake keeps
-// CTAs' work even, and the fewest heads share the L2 (measured at S = 512:
-// DRAM reads 265 -> 206 MB, D = 256 +6 %). Otherwise 2 grid / gcd(2 grid,
-// n_mblocks), a whole number of stripe pairs (33 heads for 8 or 16 query
-// blocks per head). At most all heads.
+// Heads per causal window: 2 grid / gcd(2 grid, n_mblocks), so that a window
+// is a whole number of stripe pairs and the snake keeps CTAs' work even
+// (33 heads on 132 SMs for 8 or 16 query blocks per head), at most all heads.
 __device__ __forceinline__ int sm90_causal_window(int grid, int n_mblocks, int n_bh) {
-    const int span = grid % n_mblocks == 0 ? grid : 2 * grid;  // tiles per window: a multiple of this
-    int a = span, b = n_mblocks;
+    int a = 2 * grid, b = n_mblocks;
     while (b != 0) {
         const int r = a % b;
         a = b;
         b = r;
     }
-    return min(span / a, n_bh);
+    return min(2 * grid / a, n_bh);
 }
 
 template <int N, typename T>
