@@ -109,7 +109,8 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 
     const int n_mblocks = (p.Sq + br - 1) / br;
     const int n_tiles = n_mblocks * p.B * p.Hq;
-    const int window = sm90_causal_window(gridDim.x, n_mblocks, p.B * p.Hq);  // causal tile order, see sm90_tile
+    const int window = sm90_causal_window(gridDim.x, n_mblocks, p.B * p.Hq,
+                                          (long long)p.Sk * DP * 4);  // causal tile order, see sm90_tile
     const int wg = tid / 128;
 
     if (wg == 0) {

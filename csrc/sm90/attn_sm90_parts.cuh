@@ -149,14 +149,24 @@ __device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int 
 // Heads per causal window: 2 grid / gcd(2 grid, n_mblocks), so that a window
 // is a whole number of stripe pairs and the snake keeps CTAs' work even
 // (33 heads on 132 SMs for 8 or 16 query blocks per head), at most all heads.
-__device__ __forceinline__ int sm90_causal_window(int grid, int n_mblocks, int n_bh) {
+// When a head's query blocks divide the grid and that window's K and V
+// (kv_head_bytes per head) exceed SM90_WINDOW_KV_BYTES, a window is one stripe
+// instead (half the heads): consecutive stripes hold the same mix of tile
+// lengths, so the snake still pairs them, and fewer heads share the L2
+// (S = 512: 33 heads, not 66; D = 256 DRAM reads 265 -> 206 MB, perf notes).
+// Below the threshold the stripe pairs stay: one-stripe windows end on a
+// partial window that still holds the longest tiles (D = 64 causal S4k: -5 %).
+static constexpr long long SM90_WINDOW_KV_BYTES = 16ll << 20;
+__device__ __forceinline__ int sm90_causal_window(int grid, int n_mblocks, int n_bh, long long kv_head_bytes) {
     int a = 2 * grid, b = n_mblocks;
     while (b != 0) {
         const int r = a % b;
         a = b;
         b = r;
     }
-    return min(2 * grid / a, n_bh);
+    int heads = 2 * grid / a;
+    if (grid % n_mblocks == 0 && heads * kv_head_bytes > SM90_WINDOW_KV_BYTES) heads = grid / n_mblocks;
+    return min(heads, n_bh);
 }
 
 template <int N, typename T>
