@@ -21,8 +21,10 @@
 // softmax of tile j+1 (exp2, log2(e) folded into the scale) run while P_j V_j
 // is still on the tensor cores; the O rescale waits for it. At D = 64 they run
 // in order, and the two consumer warpgroups overlap each other instead. The
-// epilogue divides by the row sum, stages O in the warpgroup's own Q rows,
-// writes it with 16-byte coalesced stores, and writes LSE. CTAs are
+// epilogue divides by the row sum, stages O in the warpgroup's own Q rows
+// (at D = 256, whose one Q buffer is released as soon as the tile's last S is
+// done, in a buffer of its own), writes it with 16-byte coalesced stores, and
+// writes LSE. CTAs are
 // persistent: grid = SM count, tile t goes to CTA t % grid, and causal tiles
 // are numbered longest first inside windows of a few heads, so the query
 // blocks of a head run close in time and share its K/V in L2 (and taken in
