@@ -154,8 +154,9 @@ __device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int 
 // instead (half the heads): consecutive stripes hold the same mix of tile
 // lengths, so the snake still pairs them, and fewer heads share the L2
 // (S = 512: 33 heads, not 66; D = 256 DRAM reads 265 -> 206 MB, perf notes).
-// Below the threshold the stripe pairs stay: one-stripe windows end on a
-// partial window that still holds the longest tiles (D = 64 causal S4k: -5 %).
+// Below the threshold the stripe pairs stay: there one-stripe windows measured
+// 5 % slower (D = 64 causal S4k, 6-head windows), probably because the last,
+// partial window still holds the longest tiles and runs them last.
 static constexpr long long SM90_WINDOW_KV_BYTES = 16ll << 20;
 __device__ __forceinline__ int sm90_causal_window(int grid, int n_mblocks, int n_bh, long long kv_head_bytes) {
     int a = 2 * grid, b = n_mblocks;
