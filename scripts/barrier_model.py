@@ -15,8 +15,9 @@ other parity, so a wait that skips a phase can pass too early, as on the GPU.
 
 Modes: `overlap` (ordinary mode, S(j+1) and P(j)V issued together), `inorder` (ordinary mode,
 P(j)V then S(j+1)), `split` (key-split mode: the two warpgroups take alternate K/V tiles, one
-consumer per tile). The model follows the kernel as of the commit that added it; change both
-together.
+consumer per tile). With one Q buffer (D = 256, Sm90Tile::EARLY_Q) an ordinary-mode consumer
+releases Q as soon as the tile's last S is done, before its last P V; otherwise at the tile's end.
+The model follows the kernel; change both together.
 """
 import random
 import sys
@@ -71,6 +72,7 @@ def producer(tiles, stages, qbufs):
 
 def consumer(cw, mode, tiles, stages, qbufs):
     split = mode == "split"
+    early_q = qbufs == 1 and not split  # Sm90Tile::EARLY_Q
     step, first = (2, cw) if split else (1, 0)
     it = base = 0
 
@@ -87,13 +89,18 @@ def consumer(cw, mode, tiles, stages, qbufs):
         yield ("read", "Q", qb, local)
         pos = (lambda j: base + j) if split else (lambda j: it + (j - first))
         j = first
+        # Every S = Q K^T reads Q again. Modelled only where Q is released before the tile's end
+        # (EARLY_Q); elsewhere the first read's window already spans every S.
+        s_reads_q = [("read", "Q", qb, local)] if early_q else []
         if first < n:
+            yield from s_reads_q
             yield from read("K", pos(first))
             while j + step < n:
                 g, gn = pos(j), pos(j + step)
                 if mode == "overlap":  # both groups in flight; K(next) done first, then V
                     st, sn = g % stages, gn % stages
                     yield ("wait", ("k_full", sn), (gn // stages) & 1)
+                    yield from s_reads_q
                     yield ("read", "K", sn, gn)
                     yield ("wait", ("v_full", st), (g // stages) & 1)
                     yield ("read", "V", st, g)
@@ -103,16 +110,21 @@ def consumer(cw, mode, tiles, stages, qbufs):
                     yield ("arrive", ("v_empty", st), 128)
                 else:
                     yield from read("V", g)
+                    yield from s_reads_q
                     yield from read("K", gn)
                 j += step
+            if early_q:  # every S of the tile is done: Q may be overwritten during the last P V
+                yield ("done", "Q", qb)
+                yield ("arrive", ("q_empty", qb), 128)
             yield from read("V", pos(j))
         if split:
             base += n
             yield ("named", 3 + cw)  # the merge's two named barriers: both warpgroups finish the tile
         else:
             it += n
-        yield ("done", "Q", qb)
-        yield ("arrive", ("q_empty", qb), 128)
+        if not (early_q and first < n):
+            yield ("done", "Q", qb)
+            yield ("arrive", ("q_empty", qb), 128)
 
 
 def run(mode, stages, qbufs, tiles, seed, consumers=2):
