@@ -54,6 +54,12 @@
 #else
 #define FC_SM80_STAGGER_MIN_DP 128
 #endif
+#ifndef FC_SM80_PIPE
+#define FC_SM80_PIPE 1
+#endif
+#ifndef FC_SM80_PIPE_STAGES
+#define FC_SM80_PIPE_STAGES 3
+#endif
 template <int DP, int MT = (DP <= 128 ? 2 : 1)>
 struct Sm80Tile {
     static constexpr int WARPS = 4;
@@ -64,8 +70,10 @@ struct Sm80Tile {
     // the keys per tile (BC = 64) in the same shared memory. Measured on an
     // H100: +8-10 % at D = 256, +7-13 % at D = 128 (perf notes).
     static constexpr bool STAGGER = DP >= FC_SM80_STAGGER_MIN_DP;
+    // PIPE: S_{j+1} = Q K_{j+1}^T overlaps the softmax of S_j (see the main loop).
+    static constexpr bool PIPE = FC_SM80_PIPE && DP == 64 && MT == 2;
     static constexpr int BC = DP <= 64 || STAGGER ? 64 : 32;  // keys per K/V tile
-    static constexpr int KV_STAGES = STAGGER ? 1 : 2;        // K/V tiles in flight
+    static constexpr int KV_STAGES = STAGGER ? 1 : PIPE ? FC_SM80_PIPE_STAGES : 2;  // K/V tiles in flight
     static constexpr int THREADS = WARPS * 32;
     static constexpr int CHUNKS = DP / 8;              // 16-byte chunks per row
     static constexpr size_t SMEM_BYTES = (size_t)(BR + 2 * KV_STAGES * BC) * DP * 2;
@@ -203,31 +211,11 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
     const uint32_t q_lane = smem_u32(sQ + swz<DP>(wrow + lane % 16, lane / 16));
     const uint32_t k_lane = smem_u32(sK + swz<DP>((lane / 16) * 8 + lane % 8, (lane / 8) % 2));
     const uint32_t v_lane = smem_u32(sV + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16));
+    using STile = float[M_TILES][N_TILES][4];      // S of one K/V tile, C-fragment layout
+    using PTile = uint32_t[M_TILES][BC / 16][4];   // P of one K/V tile, A-fragment layout
 
-    for (int j = 0; j < n_blocks; ++j) {
-        // Refill the slot that iteration j-1 finished with (the barrier at the
-        // end of j-1 guarantees no warp still reads it).
-        const int jn = j + STAGES - 1;
-        if constexpr (Tile::STAGGER) {
-            cp_async_wait<0>();  // this thread's copies of K_j (and Q) have landed
-            __syncthreads();     // orders every thread's K_j copies before any warp reads them, and every
-                                 // warp's reads of V_{j-1} (P V) before V_j overwrites the V slot
-        } else if (jn < n_blocks) {
-            const int slot = jn % STAGES, keys = min(BC, p.Sk - jn * BC);
-            load_tile<DP, BC, THREADS>(sK + slot * BC * DP, k_thr + jn * k_tile_stride, k, p.k_row_stride, keys, p.D, tid);
-            load_tile<DP, BC, THREADS>(sV + slot * BC * DP, v_thr + jn * v_tile_stride, v, p.v_row_stride, keys, p.D, tid);
-        }
-        if constexpr (!Tile::STAGGER) {
-            cp_async_commit();
-            cp_async_wait<STAGES - 1>();  // this thread's copies of tile j (and Q) have landed
-            __syncthreads();              // orders every thread's tile-j copies before any warp reads them
-        }
-
-        const uint32_t k_slot = (j % STAGES) * BC * ROW_BYTES;  // byte offset of this tile's K slot
-        const uint32_t v_slot = k_slot;                           // V slots mirror K slots
-
-        // S = Q K^T  (per warp: M_TILES*16 rows x BC keys)
-        float acc_s[M_TILES][N_TILES][4];
+    // S = Q K^T for the K tile at byte offset k_slot (per warp: M_TILES*16 rows x BC keys).
+    auto qk = [&](STile& acc_s, uint32_t k_slot) {
 #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
@@ -251,37 +239,31 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                 }
             }
         }
+    };
 
-        if constexpr (Tile::STAGGER) {  // V_j loads during the mask and softmax
-            load_tile<DP, BC, THREADS>(sV, v + (j * BC + thr_row) * p.v_row_stride + thr_col, v, p.v_row_stride,
-                                       min(BC, p.Sk - j * BC), p.D, tid);
-            cp_async_commit();
-        }
+    // Masks the key tile that starts at key0 (callers skip the tiles that need
+    // no mask: all but the key tail and the causal diagonal). Column c = nt*8 + (lane%4)*2 + e of the tile is masked iff
+    // c >= key_lim or (causal and c > diag_lim): two compares against compile-time c.
+    auto mask = [&](STile& acc_s, int key0) {
+        const int key_lim = p.Sk - key0 - (lane % 4) * 2;
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                const int row = row0 + wrow + mt * 16 + lane / 4 + hr * 8;
+                const int diag_lim = causal ? row + diag - key0 - (lane % 4) * 2 : INT_MAX;
+#pragma unroll
+                for (int nt = 0; nt < N_TILES; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int c = nt * 8 + e;
+                        if (c >= key_lim || c > diag_lim) acc_s[mt][nt][2 * hr + e] = -INFINITY;
+                    }
+            }
+    };
 
-        // Mask only the tiles that need it: the key tail and the causal diagonal.
-        const int key0 = j * BC;
-        const bool need_mask = key0 + BC > p.Sk || (causal && key0 + BC - 1 > row0 + diag);
-        if (need_mask) {
-            // Column c = nt*8 + (lane%4)*2 + e of this tile is masked iff c >= key_lim
-            // or (causal and c > diag_lim): two compares against compile-time c.
-            const int key_lim = p.Sk - key0 - (lane % 4) * 2;
-#pragma unroll
-            for (int mt = 0; mt < M_TILES; ++mt)
-#pragma unroll
-                for (int hr = 0; hr < 2; ++hr) {
-                    const int row = row0 + wrow + mt * 16 + lane / 4 + hr * 8;
-                    const int diag_lim = causal ? row + diag - key0 - (lane % 4) * 2 : INT_MAX;
-#pragma unroll
-                    for (int nt = 0; nt < N_TILES; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int c = nt * 8 + e;
-                            if (c >= key_lim || c > diag_lim) acc_s[mt][nt][2 * hr + e] = -INFINITY;
-                        }
-                }
-        }
-
-        // Online softmax: new row max, P = exp2(S*scale_log2 - m), rescale l and O.
+    // Online softmax: new row max, P = exp2(S*scale_log2 - m) in place, rescale l and O.
+    auto softmax = [&](STile& acc_s) {
         float corr[M_TILES][2];
         bool rescale = false;  // does any row of this lane's fragments have a new max?
 #pragma unroll
@@ -319,36 +301,25 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
 #pragma unroll
                     for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] *= corr[mt][e / 2];
         }
+    };
 
-        // With the stagger at DP = 128, P is packed to 16 bits (the A-fragment
-        // layout of P V) before the V wait, so the fp32 scores die early: without
-        // it that kernel spills. Key tiles 2kk, 2kk+1 form fragment kk.
-        constexpr bool EARLY_P = Tile::STAGGER && DP == 128;
-        uint32_t p_frag[M_TILES][BC / 16][4];
+    // P packed to 16 bits in the A-fragment layout of P V: key tiles 2kk, 2kk+1 form fragment kk.
+    auto pack_tile = [&](PTile& p_frag, const STile& acc_s) {
 #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-            for (int kk = 0; kk < BC / 16; ++kk)
-                if constexpr (EARLY_P) pack_p<T>(p_frag[mt][kk], acc_s[mt][2 * kk], acc_s[mt][2 * kk + 1]);
+            for (int kk = 0; kk < BC / 16; ++kk) pack_p<T>(p_frag[mt][kk], acc_s[mt][2 * kk], acc_s[mt][2 * kk + 1]);
+    };
 
-        if constexpr (Tile::STAGGER) {
-            cp_async_wait<0>();  // this thread's copies of V_j have landed
-            __syncthreads();     // orders every thread's V_j copies before any warp reads them, and every
-                                 // warp's reads of K_j (S) before K_{j+1} overwrites the K slot
-            if (j + 1 < n_blocks) {
-                load_tile<DP, BC, THREADS>(sK, k_thr + (j + 1) * k_tile_stride, k, p.k_row_stride,
-                                           min(BC, p.Sk - (j + 1) * BC), p.D, tid);
-                cp_async_commit();
-            }
-        }
-
-        // O += P V: P (the A fragment) is packed from the S accumulator of key tiles 2kk, 2kk+1.
+    // O += P V for the V tile at byte offset v_slot; P is p_frag when packed early,
+    // else packed here from the probabilities in acc_s.
+    auto pv = [&](const STile& acc_s, const PTile& p_frag, bool packed, uint32_t v_slot) {
 #pragma unroll
         for (int kk = 0; kk < BC / 16; ++kk) {
             uint32_t a[M_TILES][4];
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt) {
-                if constexpr (EARLY_P) {
+                if (packed) {
 #pragma unroll
                     for (int e = 0; e < 4; ++e) a[mt][e] = p_frag[mt][kk][e];
                 } else {
@@ -366,8 +337,95 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                 }
             }
         }
-        if constexpr (!Tile::STAGGER)
-            __syncthreads();  // every warp is done reading slot j % STAGES before iteration j+1 refills it
+    };
+    constexpr uint32_t SLOT_BYTES = BC * ROW_BYTES;  // one K (or V) slot
+
+    if constexpr (Tile::PIPE) {
+        // Software-pipelined ring: O += P_{j-1} V_{j-1} is issued in the same
+        // straight-line block as the softmax of S_j, so one warp's mma.sync
+        // (tensor pipe) and exp2 (MUFU) overlap; the O rescale by corr_j follows
+        // both. Tile j-1's V stays resident during iteration j, so the ring has
+        // STAGES >= 3 slots: j-1 (V), j (K, V) and the refills ahead of j.
+        cp_async_wait<STAGES - 2>();  // this thread's copies of Q and tile 0 have landed
+        __syncthreads();              // orders every thread's Q and tile-0 copies before any warp reads them
+        STile acc_s;
+        PTile p_prev;  // P of the previous tile, waiting for its P V
+        qk(acc_s, 0);
+        if (BC > p.Sk || (causal && BC - 1 > row0 + diag)) mask(acc_s, 0);
+        softmax(acc_s);
+        pack_tile(p_prev, acc_s);
+        for (int j = 1; j < n_blocks; ++j) {
+            cp_async_wait<STAGES - 3>();  // this thread's copies of tile j have landed
+            __syncthreads();  // orders every thread's tile-j copies before any warp reads them, and every
+                              // warp's reads of tile j-2 (S_{j-2}, P_{j-2} V_{j-2}) before the refill below
+            const int jn = j + STAGES - 2;  // refills tile j-2's slot
+            if (jn < n_blocks) {
+                const int slot = jn % STAGES, keys = min(BC, p.Sk - jn * BC);
+                load_tile<DP, BC, THREADS>(sK + slot * BC * DP, k_thr + jn * k_tile_stride, k, p.k_row_stride, keys, p.D, tid);
+                load_tile<DP, BC, THREADS>(sV + slot * BC * DP, v_thr + jn * v_tile_stride, v, p.v_row_stride, keys, p.D, tid);
+            }
+            cp_async_commit();
+            qk(acc_s, (j % STAGES) * SLOT_BYTES);
+            const int key0 = j * BC;
+            if (key0 + BC > p.Sk || (causal && key0 + BC - 1 > row0 + diag)) mask(acc_s, key0);
+            pv(acc_s, p_prev, true, ((j - 1) % STAGES) * SLOT_BYTES);
+            softmax(acc_s);
+            pack_tile(p_prev, acc_s);
+        }
+        pv(acc_s, p_prev, true, ((n_blocks - 1) % STAGES) * SLOT_BYTES);
+    } else {
+        for (int j = 0; j < n_blocks; ++j) {
+            // Refill the slot that iteration j-1 finished with (the barrier at the
+            // end of j-1 guarantees no warp still reads it).
+            const int jn = j + STAGES - 1;
+            if constexpr (Tile::STAGGER) {
+                cp_async_wait<0>();  // this thread's copies of K_j (and Q) have landed
+                __syncthreads();     // orders every thread's K_j copies before any warp reads them, and every
+                                     // warp's reads of V_{j-1} (P V) before V_j overwrites the V slot
+            } else if (jn < n_blocks) {
+                const int slot = jn % STAGES, keys = min(BC, p.Sk - jn * BC);
+                load_tile<DP, BC, THREADS>(sK + slot * BC * DP, k_thr + jn * k_tile_stride, k, p.k_row_stride, keys, p.D, tid);
+                load_tile<DP, BC, THREADS>(sV + slot * BC * DP, v_thr + jn * v_tile_stride, v, p.v_row_stride, keys, p.D, tid);
+            }
+            if constexpr (!Tile::STAGGER) {
+                cp_async_commit();
+                cp_async_wait<STAGES - 1>();  // this thread's copies of tile j (and Q) have landed
+                __syncthreads();              // orders every thread's tile-j copies before any warp reads them
+            }
+
+            const uint32_t slot_off = (j % STAGES) * SLOT_BYTES;  // byte offset of this tile's K and V slots
+            STile acc_s;
+            qk(acc_s, slot_off);
+
+            if constexpr (Tile::STAGGER) {  // V_j loads during the mask and softmax
+                load_tile<DP, BC, THREADS>(sV, v + (j * BC + thr_row) * p.v_row_stride + thr_col, v, p.v_row_stride,
+                                           min(BC, p.Sk - j * BC), p.D, tid);
+                cp_async_commit();
+            }
+            const int key0 = j * BC;
+            if (key0 + BC > p.Sk || (causal && key0 + BC - 1 > row0 + diag)) mask(acc_s, key0);
+            softmax(acc_s);
+
+            // With the stagger at DP = 128, P is packed to 16 bits before the V
+            // wait, so the fp32 scores die early: without it that kernel spills.
+            constexpr bool EARLY_P = Tile::STAGGER && DP == 128;
+            PTile p_frag;
+            if constexpr (EARLY_P) pack_tile(p_frag, acc_s);
+
+            if constexpr (Tile::STAGGER) {
+                cp_async_wait<0>();  // this thread's copies of V_j have landed
+                __syncthreads();     // orders every thread's V_j copies before any warp reads them, and every
+                                     // warp's reads of K_j (S) before K_{j+1} overwrites the K slot
+                if (j + 1 < n_blocks) {
+                    load_tile<DP, BC, THREADS>(sK, k_thr + (j + 1) * k_tile_stride, k, p.k_row_stride,
+                                               min(BC, p.Sk - (j + 1) * BC), p.D, tid);
+                    cp_async_commit();
+                }
+            }
+            pv(acc_s, p_frag, EARLY_P, slot_off);
+            if constexpr (!Tile::STAGGER)
+                __syncthreads();  // every warp is done reading slot j % STAGES before iteration j+1 refills it
+        }
     }
     cp_async_wait<0>();  // drain the (empty) trailing groups before smem is reused
 
