@@ -11,6 +11,8 @@
 # line per shape: "D S causal" then TFLOP/s of BIN1..BINn, then of BINn..BIN1.
 #
 # SHAPES: "D:S:causal" items (default: D 64/128/256 x S 512/1k/4k/16k x causal 0/1).
+# FLUSH: the harness's L2 flush before each rep (0 none, the default; 1 zero-fill, as
+# bench.py's do_bench does; 2 read).
 # Build the variants on the CPU machine with
 #   BUILD_DIR=build/<name> scripts/build_harness.sh   (from a worktree of the variant)
 # and carry them to the GPU machine.
@@ -26,6 +28,7 @@ for b in "${bins[@]}"; do
     [ -x "$b" ] || { echo "ab.sh: $b is not an executable" >&2; exit 2; }
 done
 REPS=${REPS:-20}
+FLUSH=${FLUSH:-0}
 if [ -z "${SHAPES:-}" ]; then
     SHAPES=""
     for D in 64 128 256; do for S in 512 1024 4096 16384; do for c in 0 1; do
@@ -37,7 +40,7 @@ fi
 time_one() {
     local out
     if out=$(timeout 60 "$1" shape "$kernel" $((16384 / $3)) $((2048 / $2)) $((2048 / $2)) "$3" "$3" "$2" "$4" \
-             "$REPS" 2>&1); then
+             "$REPS" "$FLUSH" 2>&1); then
         echo "$out" | tail -1 | awk '{print $NF}'
     else
         echo fail
@@ -46,7 +49,7 @@ time_one() {
 
 reversed=()
 for ((i = ${#bins[@]} - 1; i >= 0; --i)); do reversed+=("${bins[$i]}"); done
-echo "# kernel=$kernel reps=$REPS; columns: ${bins[*]} | reversed"
+echo "# kernel=$kernel reps=$REPS flush=$FLUSH; columns: ${bins[*]} | reversed"
 for item in $SHAPES; do
     IFS=: read -r D S c <<< "$item"
     line="D$D S$S c$c"

@@ -54,11 +54,14 @@
 #else
 #define FC_SM80_STAGGER_MIN_DP 128
 #endif
+#ifndef FC_SM80_CAUSAL_HM
+#define FC_SM80_CAUSAL_HM 0
+#endif
 #ifndef FC_SM80_PIPE
 #define FC_SM80_PIPE 1
 #endif
 #ifndef FC_SM80_PIPE_STAGES
-#define FC_SM80_PIPE_STAGES 3
+#define FC_SM80_PIPE_STAGES 4
 #endif
 template <int DP, int MT = (DP <= 128 ? 2 : 1)>
 struct Sm80Tile {
@@ -118,9 +121,12 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
     // blocks launch first (longest-first).
     const int n_mblocks = (p.Sq + BR - 1) / BR, n_bh = p.B * p.Hq;
     int mblock, bh;
-    if (p.causal != FC_CAUSAL_NONE) {
+    if (p.causal != FC_CAUSAL_NONE && !FC_SM80_CAUSAL_HM) {
         mblock = n_mblocks - 1 - (int)(blockIdx.x / n_bh);
         bh = (int)(blockIdx.x % n_bh);
+    } else if (p.causal != FC_CAUSAL_NONE) {
+        mblock = n_mblocks - 1 - (int)(blockIdx.x % n_mblocks);
+        bh = (int)(blockIdx.x / n_mblocks);
     } else {
         mblock = (int)(blockIdx.x % n_mblocks);
         bh = (int)(blockIdx.x / n_mblocks);
