@@ -266,6 +266,8 @@ def test_gpu_poisoned_output_fully_written(kernel, case):
     (2, 8, 512, 512, 64, "top_left", torch.float16),
     (1, 4, 1025, 1023, 128, "bottom_right", torch.bfloat16),
     (2, 8, 97, 203, 256, None, torch.float16),
+    # 160 query blocks of 128 rows: the sm80 D = 64 pipelined ring, not its small-grid variant
+    (2, 16, 640, 700, 64, "top_left", torch.float16),
 ], ids=lambda c: "B{}H{}_q{}k{}_D{}_{}_{}".format(*c[:5], mode_id(c[5]), dtype_id(c[6])))
 @kernel_param
 def test_gpu_deterministic(kernel, case):
