@@ -76,11 +76,11 @@ struct Sm80Tile {
     // 4-stage ring (80 KB). Measured on an H100: +3-5 % at D = 64. At D = 128/256
     // the extra slots would cost the second CTA per SM.
     static constexpr bool PIPE = DP == 64 && MT == 2;
-    // S_PREFETCH: in S = Q K^T the Q and K fragments of k-step kk+1 are loaded
-    // before the mma of step kk. At DP = 256 ptxas otherwise issues each
-    // ldmatrix one to three instructions before its mma, and those mma led the
-    // short-scoreboard stalls (ncu source view). Measured on an H100: +1-2.5 %
-    // non-causal at S <= 4k, about -1 % at S >= 8k.
+    // S_PREFETCH: in S = Q K^T the Q and K fragments of a k-step are loaded two
+    // steps before its mma. At DP = 256 ptxas otherwise issues each ldmatrix one
+    // to three instructions before its mma, and those mma led the short-scoreboard
+    // stalls (ncu source view). Measured on an H100: +1-3 % at S <= 4k, flat to
+    // +2 % above (perf notes).
     static constexpr bool S_PREFETCH = DP == 256;
     static constexpr int BC = DP <= 64 || STAGGER ? 64 : 32;  // keys per K/V tile
     static constexpr int KV_STAGES = STAGGER ? 1 : PIPE ? 4 : 2;  // K/V tiles in flight
@@ -249,8 +249,11 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
         if constexpr (Tile::S_PREFETCH) {
-            // Fragments of k-step kk+1 load while the mma of step kk run (double-buffered).
-            uint32_t a[2][M_TILES][4], bk[2][N_TILES / 2][4];
+            // Fragments of k-step kk+S_AHEAD load while the mma of step kk run, in a
+            // ring of S_AHEAD+1 buffers. One step ahead left the mma at S >= 8k about
+            // 1 % behind no prefetch; two recovered it (three compile to the same SASS).
+            constexpr int S_AHEAD = 2, NB = S_AHEAD + 1;
+            uint32_t a[NB][M_TILES][4], bk[NB][N_TILES / 2][4];
             auto load_frags = [&](int kk, int buf) {
 #pragma unroll
                 for (int mt = 0; mt < M_TILES; ++mt)
@@ -259,16 +262,18 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                 for (int nt2 = 0; nt2 < N_TILES / 2; ++nt2)
                     ldmatrix_x4(bk[buf][nt2], chunk_step(k_lane, kk) + k_slot + nt2 * 16 * ROW_BYTES);
             };
-            load_frags(0, 0);
+#pragma unroll
+            for (int kk = 0; kk < S_AHEAD; ++kk) load_frags(kk, kk);
 #pragma unroll
             for (int kk = 0; kk < DP / 16; ++kk) {
-                if (kk + 1 < DP / 16) load_frags(kk + 1, (kk + 1) & 1);
+                if (kk + S_AHEAD < DP / 16) load_frags(kk + S_AHEAD, (kk + S_AHEAD) % NB);
+                const int b = kk % NB;
 #pragma unroll
                 for (int nt2 = 0; nt2 < N_TILES / 2; ++nt2)
 #pragma unroll
                     for (int mt = 0; mt < M_TILES; ++mt) {
-                        mma_16816<T>(acc_s[mt][2 * nt2], a[kk & 1][mt], bk[kk & 1][nt2][0], bk[kk & 1][nt2][1]);
-                        mma_16816<T>(acc_s[mt][2 * nt2 + 1], a[kk & 1][mt], bk[kk & 1][nt2][2], bk[kk & 1][nt2][3]);
+                        mma_16816<T>(acc_s[mt][2 * nt2], a[b][mt], bk[b][nt2][0], bk[b][nt2][1]);
+                        mma_16816<T>(acc_s[mt][2 * nt2 + 1], a[b][mt], bk[b][nt2][2], bk[b][nt2][3]);
                     }
             }
         } else {
