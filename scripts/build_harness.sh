@@ -15,7 +15,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 NVCC=${NVCC:-nvcc}
 BUILD=${BUILD_DIR:-build}
 read -r -a EXTRA <<< "${NVCC_FLAGS:-}"
-COMMON=(-O3 -std=c++17 -Icsrc -DFC_HAVE_SM90 -Xcompiler -fopenmp "${EXTRA[@]}")
+# The device-code flags of setup.py (-Xptxas=-warn-spills -lineinfo), so the harness
+# times the SASS the extension ships: nvcc 13.0 emits different SASS for the same
+# source without them, and again with -Xptxas -v added (read registers from
+# scripts/ptxas_report.py rather than from NVCC_FLAGS="-Xptxas -v" builds).
+COMMON=(-O3 -std=c++17 -Icsrc -DFC_HAVE_SM90 -Xcompiler -fopenmp -Xptxas=-warn-spills -lineinfo "${EXTRA[@]}")
 GENCODE_ALL=(-gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a)
 GENCODE_SM90=(-gencode=arch=compute_90a,code=sm_90a)
 
