@@ -80,8 +80,8 @@ struct Sm80Tile {
     // steps before its mma. At DP = 256 ptxas otherwise issues each ldmatrix one
     // to three instructions before its mma, and those mma led the short-scoreboard
     // stalls (ncu source view). Measured on an H100: +1-3 % at S <= 4k, flat to
-    // +2 % above (perf notes).
-    static constexpr bool S_PREFETCH = DP == 256;
+    // +2 % above (perf notes); at DP = 64 +1-3 %; at DP = 128 1-4 % slower, so off.
+    static constexpr bool S_PREFETCH = DP == 256 || DP == 64;
     static constexpr int BC = DP <= 64 || STAGGER ? 64 : 32;  // keys per K/V tile
     static constexpr int KV_STAGES = STAGGER ? 1 : PIPE ? 4 : 2;  // K/V tiles in flight
     static constexpr int THREADS = WARPS * 32;
