@@ -129,19 +129,8 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
     // most keys, launch first (longest-first).
     const int n_mblocks = (p.Sq + BR - 1) / BR, n_bh = p.B * p.Hq;
     int mblock, bh;
-    // On the sm_80 target at DP = 256 (255 registers) the window arithmetic
-    // tips ptxas into 8 bytes of spills (nvcc 13.0), so that kernel keeps one
-    // window of all heads. The window gain was measured on an H100 only.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-    constexpr bool CAUSAL_WINDOWS = DP != 256;
-#else
-    constexpr bool CAUSAL_WINDOWS = true;
-#endif
-    if (p.causal != FC_CAUSAL_NONE && !CAUSAL_WINDOWS) {
-        mblock = n_mblocks - 1 - (int)(blockIdx.x / n_bh);
-        bh = (int)(blockIdx.x % n_bh);
-    } else if (p.causal != FC_CAUSAL_NONE) {
-        const int W = max(1, SM80_CAUSAL_WINDOW_CTAS / n_mblocks);
+    if (p.causal != FC_CAUSAL_NONE) {
+        const int W = max(1, SM80_CAUSAL_WINDOW_CTAS / n_mblocks);  // heads per window
         const unsigned span = (unsigned)(W * n_mblocks);  // CTAs per full window
         const int win = (int)(blockIdx.x / span), r = (int)(blockIdx.x % span);
         const int wc = min(W, n_bh - win * W);  // heads in this window (the last may be short)
