@@ -197,13 +197,15 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
         load_tile<DP, BC, THREADS>(sK, k_thr, k, p.k_row_stride, min(BC, p.Sk), p.D, tid);
         cp_async_commit();
     }
+    // K and V of tile t into ring slot t % STAGES (the ring variants).
+    auto load_kv = [&](int t) {
+        const int slot = t % STAGES, keys = min(BC, p.Sk - t * BC);
+        load_tile<DP, BC, THREADS>(sK + slot * BC * DP, k_thr + t * k_tile_stride, k, p.k_row_stride, keys, p.D, tid);
+        load_tile<DP, BC, THREADS>(sV + slot * BC * DP, v_thr + t * v_tile_stride, v, p.v_row_stride, keys, p.D, tid);
+    };
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < n_blocks) {
-            const int keys = min(BC, p.Sk - s * BC);
-            load_tile<DP, BC, THREADS>(sK + s * BC * DP, k_thr + s * k_tile_stride, k, p.k_row_stride, keys, p.D, tid);
-            load_tile<DP, BC, THREADS>(sV + s * BC * DP, v_thr + s * v_tile_stride, v, p.v_row_stride, keys, p.D, tid);
-        }
+        if (s < n_blocks) load_kv(s);
         cp_async_commit();
     }
 
@@ -266,17 +268,17 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                     }
             }
         } else {
-    #pragma unroll
+#pragma unroll
             for (int kk = 0; kk < DP / 16; ++kk) {
                 uint32_t a[M_TILES][4];
-    #pragma unroll
+#pragma unroll
                 for (int mt = 0; mt < M_TILES; ++mt)
                     ldmatrix_x4(a[mt], chunk_step(q_lane, kk) + mt * 16 * ROW_BYTES);
-    #pragma unroll
+#pragma unroll
                 for (int nt2 = 0; nt2 < N_TILES / 2; ++nt2) {
                     uint32_t bk[4];  // K rows nt2*16.. : {n 0-7 k 0-7, n 0-7 k 8-15, n 8-15 k 0-7, n 8-15 k 8-15}
                     ldmatrix_x4(bk, chunk_step(k_lane, kk) + k_slot + nt2 * 16 * ROW_BYTES);
-    #pragma unroll
+#pragma unroll
                     for (int mt = 0; mt < M_TILES; ++mt) {
                         mma_16816<T>(acc_s[mt][2 * nt2], a[mt], bk[0], bk[1]);
                         mma_16816<T>(acc_s[mt][2 * nt2 + 1], a[mt], bk[2], bk[3]);
@@ -404,11 +406,7 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
             __syncthreads();  // orders every thread's tile-j copies before any warp reads them, and every
                               // warp's reads of tile j-2 (S_{j-2}, P_{j-2} V_{j-2}) before the refill below
             const int jn = j + STAGES - 2;  // refills tile j-2's slot
-            if (jn < n_blocks) {
-                const int slot = jn % STAGES, keys = min(BC, p.Sk - jn * BC);
-                load_tile<DP, BC, THREADS>(sK + slot * BC * DP, k_thr + jn * k_tile_stride, k, p.k_row_stride, keys, p.D, tid);
-                load_tile<DP, BC, THREADS>(sV + slot * BC * DP, v_thr + jn * v_tile_stride, v, p.v_row_stride, keys, p.D, tid);
-            }
+            if (jn < n_blocks) load_kv(jn);
             cp_async_commit();
             qk(acc_s, (j % STAGES) * SLOT_BYTES);
             const int key0 = j * BC;
@@ -428,9 +426,7 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                 __syncthreads();     // orders every thread's K_j copies before any warp reads them, and every
                                      // warp's reads of V_{j-1} (P V) before V_j overwrites the V slot
             } else if (jn < n_blocks) {
-                const int slot = jn % STAGES, keys = min(BC, p.Sk - jn * BC);
-                load_tile<DP, BC, THREADS>(sK + slot * BC * DP, k_thr + jn * k_tile_stride, k, p.k_row_stride, keys, p.D, tid);
-                load_tile<DP, BC, THREADS>(sV + slot * BC * DP, v_thr + jn * v_tile_stride, v, p.v_row_stride, keys, p.D, tid);
+                load_kv(jn);
             }
             if constexpr (!Tile::STAGGER) {
                 cp_async_commit();
