@@ -21,7 +21,9 @@ harness) is skipped. ptxas writes its -v lines to stderr, which is parsed:
 Names are demangled with c++filt when it is on PATH. Exit status: 0 when no
 function uses local memory, 1 when any has spill stores/loads or a stack frame
 (local memory, which a tuned kernel should never touch) or when ptxas reports
-serialized wgmma (C7514), 2 when a compile fails or nothing could be parsed.
+any C75xx wgmma/setmaxnreg diagnostic (serialized wgmma, an injected
+warpgroup.wait or warpgroup.arrive, an ignored setmaxnreg), 2 when a compile
+fails or nothing could be parsed.
 """
 import argparse
 import concurrent.futures
@@ -44,11 +46,15 @@ RE_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+)
 RE_USED = re.compile(r"Used (\d+) registers")
 RE_SMEM = re.compile(r"(\d+) bytes smem")
 RE_WARN = re.compile(r"ptxas (?:warning|error)\s*:.*")
-# ptxas turning a wgmma pipeline into serialized wgmmas (a silent 20-30 % loss
-# on the Hopper kernel): "(C7514) Potential Performance Loss: wgmma.mma_async
-# instructions are serialized ..."
-RE_SERIAL = re.compile(r"\(C7514\).*")
-SERIALIZED = []  # C7514 lines seen by every parse() call
+# ptxas undoing a wgmma pipeline or a register split, each a silent loss on the
+# Hopper kernel (20-30 % when serialized). Seen with nvcc 13.0: "(C7514)
+# Potential Performance Loss: wgmma.mma_async instructions are serialized due
+# to non wgmma instructions reading accumulator registers ...", C7515 (...
+# defining accumulator registers ...), C7518 (... due to program dependence),
+# C7517 / C7519 (warpgroup.wait / warpgroup.arrive injected), and C7508
+# (setmaxnreg ignored). Every C75xx info line fails the report.
+RE_SERIAL = re.compile(r"\(C75\d\d\).*")
+SERIALIZED = []  # C75xx lines seen by every parse() call
 RE_CU_ARG = re.compile(r"(\S+\.cu)\b")
 
 
@@ -268,7 +274,7 @@ def main(argv=None):
     if failed:
         return 2
     for w in SERIALIZED:
-        print("wgmma serialized:", w)
+        print("wgmma/setmaxnreg diagnostic:", w)
     return 1 if bad or SERIALIZED else 0
 
 
