@@ -54,7 +54,6 @@ RE_WARN = re.compile(r"ptxas (?:warning|error)\s*:.*")
 # C7517 / C7519 (warpgroup.wait / warpgroup.arrive injected); C7508 (setmaxnreg
 # ignored) is documented but not yet seen here. Every C75xx line fails the report.
 RE_SERIAL = re.compile(r"\(C75\d\d\).*")
-SERIALIZED = []  # C75xx lines seen by every parse() call
 RE_CU_ARG = re.compile(r"(\S+\.cu)\b")
 
 
@@ -73,7 +72,8 @@ class Func:
 
 
 def parse(text, src="?", root_dir=None):
-    """Parses ptxas -v output into Func records, in order of appearance.
+    """Parses ptxas -v output into Func records (in order of appearance), warnings
+    and C75xx diagnostics.
 
     `src` names the compiled file; in a build log a line that invokes nvcc on
     a .cu file switches it (ninja prints each command before its output).
@@ -128,8 +128,7 @@ def parse(text, src="?", root_dir=None):
         m = RE_WARN.search(line)
         if m:
             warnings.append(f"{src}: {m.group(0).strip()}")
-    SERIALIZED.extend(serialized)
-    return funcs, warnings
+    return funcs, warnings, serialized
 
 
 def demangle(names):
@@ -231,10 +230,10 @@ def main(argv=None):
     p.add_argument("files", nargs="*", help="compile only these .cu files (relative to --root)")
     args = p.parse_args(argv)
 
-    funcs, warnings, failed = [], [], []
+    funcs, warnings, serialized, failed = [], [], [], []
     if args.log:
         with open(args.log, errors="replace") as f:
-            funcs, warnings = parse(f.read(), src=os.path.basename(args.log),
+            funcs, warnings, serialized = parse(f.read(), src=os.path.basename(args.log),
                                     root_dir=os.path.abspath(args.root))
     else:
         if not (os.path.isfile(args.nvcc) or shutil.which(args.nvcc)):
@@ -255,9 +254,10 @@ def main(argv=None):
                 print(f"\nFAILED ({rc}): {' '.join(shlex.quote(c) for c in cmd)}\n{text.rstrip()}",
                       file=sys.stderr)
                 continue
-            fs, ws = parse(text, src=src)
+            fs, ws, ss = parse(text, src=src)
             funcs += fs
             warnings += ws
+            serialized += ss
 
     if not funcs:
         print("no ptxas -v function records found" + (" (see failures above)" if failed else ""),
@@ -273,9 +273,9 @@ def main(argv=None):
           + (f"; {len(failed)} file(s) failed to compile: {' '.join(failed)}" if failed else ""))
     if failed:
         return 2
-    for w in SERIALIZED:
+    for w in serialized:
         print("wgmma/setmaxnreg diagnostic:", w)
-    return 1 if bad or SERIALIZED else 0
+    return 1 if bad or serialized else 0
 
 
 if __name__ == "__main__":

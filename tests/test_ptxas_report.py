@@ -31,7 +31,6 @@ DIAGNOSTICS = [
 def report(tmp_path, text):
     log = tmp_path / "build.log"
     log.write_text(text)
-    ptxas_report.SERIALIZED.clear()
     return ptxas_report.main(["--log", str(log)])
 
 
