@@ -46,6 +46,11 @@ GPUs: compute capability 8.0 and newer (A100, L4/Ada, H100/H200).
 Every tensor's last dim must be contiguous (stride 1); other strides are
 free, so ``x.transpose(1, 2)`` of a (B, S, H, D) tensor works as is.
 
+Forward only: there is no backward. Inputs that require grad raise
+``ValueError`` while autograd is recording (outside ``torch.no_grad()`` /
+``torch.inference_mode()``), rather than return an output that a backward
+pass would silently skip.
+
 Returns:
     ``out`` of shape (B, Hq, Sq, D) and q's dtype, or ``(out, lse)``.)";
 
@@ -88,6 +93,12 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
         if (t.stride(3) != 1)
             value_error(std::string(names[i]) + ": the last dim must be contiguous (stride 1), got stride " +
                         std::to_string(t.stride(3)) + "; call " + names[i] + ".contiguous()");
+        // The output would carry no grad_fn, and a backward pass would leave
+        // out this path's gradients without a word: refused instead.
+        if (t.requires_grad() && at::GradMode::is_enabled())
+            value_error(std::string(names[i]) + ": requires grad, but flashcore.attention is forward-only "
+                        "(no backward); call it under torch.no_grad() or torch.inference_mode(), pass " +
+                        names[i] + ".detach(), or use scaled_dot_product_attention for training");
     }
     for (int i = 1; i < 3; ++i) {
         if (ts[i]->device() != q.device())

@@ -173,6 +173,36 @@ def test_usable_after_errors():
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+@pytest.mark.parametrize("dev", DEVICES)
+def test_requires_grad_refused(dev, which):
+    """Forward only: an input that requires grad would get an output with no
+    grad_fn, and backward would skip this path silently, so it raises."""
+    args = dict(zip("qkv", qkv(dev)))
+    args[which].requires_grad_(True)
+    with pytest.raises(ValueError, match=rf"\b{which}\b.*requires grad.*no_grad"):
+        flashcore.attention(args["q"], args["k"], args["v"])
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "detach"])
+@pytest.mark.parametrize("dev", DEVICES)
+def test_requires_grad_outside_autograd(dev, mode):
+    """The same inputs run where autograd does not record, and match a call on plain tensors."""
+    q, k, v = qkv(dev)
+    want = flashcore.attention(q, k, v)
+    gq, gk, gv = (x.clone().requires_grad_(True) for x in (q, k, v))
+    if mode == "no_grad":
+        with torch.no_grad():
+            out = flashcore.attention(gq, gk, gv)
+    elif mode == "inference_mode":
+        with torch.inference_mode():
+            out = flashcore.attention(gq, gk, gv)
+    else:
+        out = flashcore.attention(gq.detach(), gk.detach(), gv.detach())
+    assert not out.requires_grad
+    assert torch.equal(out, want)
+
+
 # ---------------------------------------------------------------------------
 # CUDA-only errors
 # ---------------------------------------------------------------------------
