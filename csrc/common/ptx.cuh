@@ -110,17 +110,6 @@ FC_DEVICE float fast_exp2(float x) {
     return y;
 }
 
-// The running max m of an online-softmax row after a tile whose scores
-// (already scaled by log2 e) peak at m_tile: it moves only when m_tile exceeds
-// it by more than FC_MAX_SLACK. P = exp2(s - m) then stays <= 2^FC_MAX_SLACK
-// (256: far inside fp16 and bf16 range, summed in fp32), and the O and l
-// rescale that a moved max costs is skipped in most tiles of a long row, where
-// the max creeps up by small steps. O and l share the same m, so the result
-// is the same softmax; LSE = m + log2 l holds for any m. A row that has seen
-// no key keeps m = -inf; its first finite tile max always moves it.
-static constexpr float FC_MAX_SLACK = 8.f;
-FC_DEVICE float lazy_max(float m, float m_tile) { return m_tile > m + FC_MAX_SLACK ? m_tile : m; }
-
 FC_DEVICE float quad_max(float x) {  // max over the 4 lanes that share a fragment row
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
     return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));

@@ -321,7 +321,7 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
 #pragma unroll
                 for (int nt = 0; nt < N_TILES; ++nt)
                     mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * hr], acc_s[mt][nt][2 * hr + 1]));
-                const float m_new = lazy_max(m_i[mt][hr], quad_max(mx) * scale_log2);
+                const float m_new = fmaxf(m_i[mt][hr], quad_max(mx) * scale_log2);
                 // A row with no visible key yet keeps m = -inf; use 0 so exp2 gives 0, not NaN.
                 const float m_use = m_new == -INFINITY ? 0.f : m_new;
                 corr[mt][hr] = fast_exp2(m_i[mt][hr] - m_use);

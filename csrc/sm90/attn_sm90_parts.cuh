@@ -234,10 +234,9 @@ __device__ __forceinline__ void mask_tile(float (&s)[BC / 2], int key0, int row,
     }
 }
 
-// Online softmax of one tile: row max m (moved only by more than FC_MAX_SLACK,
-// see lazy_max), s <- P = exp2(s*scale_log2 - m), l <- l*corr + rowsum(P).
-// Returns whether any row of the warp moved its max (then O must be
-// multiplied by corr).
+// Online softmax of one tile: new row max m, s <- P = exp2(s*scale_log2 - m),
+// l <- l*corr + rowsum(P). Returns whether any row of the warp has a new max
+// (then O must be multiplied by corr).
 template <int BC>
 __device__ __forceinline__ bool softmax_tile(float (&s)[BC / 2], float (&m_i)[2], float (&l_i)[2],
                                              float (&corr)[2], float scale_log2) {
@@ -247,7 +246,7 @@ __device__ __forceinline__ bool softmax_tile(float (&s)[BC / 2], float (&m_i)[2]
         float mx = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * hr], s[4 * nt + 2 * hr + 1]));
-        const float m_new = lazy_max(m_i[hr], quad_max(mx) * scale_log2);
+        const float m_new = fmaxf(m_i[hr], quad_max(mx) * scale_log2);
         const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no visible key yet: exp2 gives 0, not NaN
         corr[hr] = fast_exp2(m_i[hr] - m_use);
         rescale |= m_new != m_i[hr];
