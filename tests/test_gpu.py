@@ -197,8 +197,8 @@ def test_gpu_row_max_moves(kernel, ramp, D, mode, dtype):
     running max rises across K/V tiles by small and by large steps (2-7 moves
     of more than 2^8 per row with ramp 3), where N(0, 1) inputs move it by
     small steps only: the O rescale at tile boundaries, with large factors.
-    With ramp 3 a max-moved-late softmax (FC's lazy-max experiment, perf
-    notes, session 15) measured 2.6x SDPA's error here."""
+    A softmax whose max lags the row's (the lazy-max experiment, perf notes,
+    session 15) measured 2.6x SDPA's error here."""
     Sk = 1000
     q, k, v = make_qkv(2, 4, 4, 300, Sk, D, dtype, DEV)
     tiles = torch.arange(Sk, device=DEV, dtype=torch.float32) / 64  # position in 64-key tiles
