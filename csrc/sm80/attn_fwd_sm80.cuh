@@ -312,7 +312,7 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
     // Online softmax: new row max, P = exp2(S*scale_log2 - m) in place, rescale l and O.
     auto softmax = [&](STile& acc_s) {
         float corr[M_TILES][2];
-        bool rescale = false;  // does any row of this lane's fragments have a new max?
+        bool rescale[M_TILES][2];  // does any of the warp's 8 rows (mt, hr) have a new max?
 #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
@@ -325,7 +325,7 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                 // A row with no visible key yet keeps m = -inf; use 0 so exp2 gives 0, not NaN.
                 const float m_use = m_new == -INFINITY ? 0.f : m_new;
                 corr[mt][hr] = fast_exp2(m_i[mt][hr] - m_use);
-                rescale |= m_new != m_i[mt][hr];
+                rescale[mt][hr] = __any_sync(0xffffffffu, m_new != m_i[mt][hr]);
                 m_i[mt][hr] = m_new;
                 float rs = 0.f;
 #pragma unroll
@@ -339,15 +339,20 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                 l_i[mt][hr] = l_i[mt][hr] * corr[mt][hr] + rs;
             }
         // Once the row maxima settle (most tiles of a long row), corr == 1 and
-        // the O rescale is skipped; the vote keeps the branch warp-uniform.
-        if (__any_sync(0xffffffffu, rescale)) {
+        // the O rescale is skipped. One vote per 8 rows (the registers e / 2 ==
+        // hr of m-tile mt hold rows hr*8 .. hr*8+7 of it) keeps each branch
+        // warp-uniform and settles sooner than one vote per warp.
 #pragma unroll
-            for (int mt = 0; mt < M_TILES; ++mt)
+        for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-                for (int dt = 0; dt < D_TILES; ++dt)
+            for (int hr = 0; hr < 2; ++hr)
+                if (rescale[mt][hr]) {
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] *= corr[mt][e / 2];
-        }
+                    for (int dt = 0; dt < D_TILES; ++dt) {
+                        acc_o[mt][dt][2 * hr] *= corr[mt][hr];
+                        acc_o[mt][dt][2 * hr + 1] *= corr[mt][hr];
+                    }
+                }
     };
 
     // P packed to 16 bits in the A-fragment layout of P V: key tiles 2kk, 2kk+1 form fragment kk.
