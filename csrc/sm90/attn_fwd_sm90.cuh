@@ -225,7 +225,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 #pragma unroll
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
             float corr[2];
-            bool rescale;
+            unsigned rescale;
             if constexpr (overlap) {
                 mbar_wait(k_full + 8 * sn, (gn / STAGES) & 1);  // K of the next tile has landed
                 issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES);
@@ -250,11 +250,17 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 if (needs_mask((j + step) * BC)) mask_tile<BC>(s, (j + step) * BC, frow, p, causal, diag, lane);
                 rescale = softmax_tile<BC>(s, m_i, l_i, corr, scale_log2);
             }
-            if (rescale) {                   // skipped once the row maxima settle
 #pragma unroll
-                for (int pp = 0; pp < PV_PARTS; ++pp)
+            for (int hr = 0; hr < 2; ++hr) {
+                if (rescale & (1u << hr)) {  // skipped once the maxima of these 8 rows settle
 #pragma unroll
-                    for (int i = 0; i < PV_N / 2; ++i) o[pp][i] *= corr[(i / 2) % 2];
+                    for (int pp = 0; pp < PV_PARTS; ++pp)
+#pragma unroll
+                        for (int i = 2 * hr; i < PV_N / 2; i += 4) {
+                            o[pp][i] *= corr[hr];
+                            o[pp][i + 1] *= corr[hr];
+                        }
+                }
             }
             pack_p<BC, T>(pa, s);
         }
