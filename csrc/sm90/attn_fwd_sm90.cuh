@@ -211,7 +211,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             mbar_arrive(k_empty + 8 * (g % STAGES));  // this thread is done with K slot g % STAGES
             if (needs_mask(first * BC)) mask_tile<BC>(s, first * BC, frow, p, causal, diag, lane);
             float corr[2];
-            softmax_tile<BC>(s, m_i, l_i, corr, scale_log2);  // O is still 0: nothing to rescale
+            softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2);  // O is still 0: nothing to rescale
             pack_p<BC, T>(pa, s);
         }
         // Steady state (OVERLAP): S of tile j+step and P_j V_j run on the tensor
@@ -235,7 +235,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 fence_regs(s);
                 mbar_arrive(k_empty + 8 * sn);  // this thread is done with K slot sn
                 if (needs_mask((j + step) * BC)) mask_tile<BC>(s, (j + step) * BC, frow, p, causal, diag, lane);
-                rescale = softmax_tile<BC>(s, m_i, l_i, corr, scale_log2);
+                rescale = softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2);
                 wgmma_wait<0>();
 #pragma unroll
                 for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
@@ -248,7 +248,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 fence_regs(s);
                 mbar_arrive(k_empty + 8 * sn);  // this thread is done with K slot sn
                 if (needs_mask((j + step) * BC)) mask_tile<BC>(s, (j + step) * BC, frow, p, causal, diag, lane);
-                rescale = softmax_tile<BC>(s, m_i, l_i, corr, scale_log2);
+                rescale = softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2);
             }
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr) {

@@ -54,6 +54,9 @@ struct Sm90Tile {
     // K is released as soon as S is done (sm90 v5); 10-17 % slower at D = 64, where
     // the in-order schedule of the two warpgroups overlaps better.
     static constexpr bool OVERLAP = DP >= 128;
+    // The O rescale is voted per 8-row half of a warp (softmax_tile), except
+    // in the two-consumer D = 64 kernel.
+    static constexpr bool HALF_VOTES = !(DP == 64 && CONS == 2);
     static constexpr int THREADS = 128 * (1 + CONSUMERS);
     static constexpr int SLABS = DP / FC_SLAB_COLS;   // 128-byte swizzle slabs across a row
     static constexpr uint32_t Q_BYTES = BR * DP * 2;
@@ -239,7 +242,7 @@ __device__ __forceinline__ void mask_tile(float (&s)[BC / 2], int key0, int row,
 // warp's rows hr*8 .. hr*8+7 has a new max (then O's registers of those rows,
 // (i / 2) % 2 == hr, must be multiplied by corr[hr]). One vote per half skips
 // more of the rescale than one per warp: 8 rows settle sooner than 16.
-template <int BC>
+template <int BC, bool HALF_VOTES>
 __device__ __forceinline__ unsigned softmax_tile(float (&s)[BC / 2], float (&m_i)[2], float (&l_i)[2],
                                                  float (&corr)[2], float scale_log2) {
     unsigned rescale = 0;
@@ -251,7 +254,8 @@ __device__ __forceinline__ unsigned softmax_tile(float (&s)[BC / 2], float (&m_i
         const float m_new = fmaxf(m_i[hr], quad_max(mx) * scale_log2);
         const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no visible key yet: exp2 gives 0, not NaN
         corr[hr] = fast_exp2(m_i[hr] - m_use);
-        rescale |= (unsigned)__any_sync(0xffffffffu, m_new != m_i[hr]) << hr;
+        if constexpr (HALF_VOTES) rescale |= (unsigned)__any_sync(0xffffffffu, m_new != m_i[hr]) << hr;
+        else rescale |= m_new != m_i[hr];
         m_i[hr] = m_new;
         float rs = 0.f;
 #pragma unroll
@@ -264,7 +268,8 @@ __device__ __forceinline__ unsigned softmax_tile(float (&s)[BC / 2], float (&m_i
             }
         l_i[hr] = l_i[hr] * corr[hr] + rs;
     }
-    return rescale;
+    if constexpr (HALF_VOTES) return rescale;
+    else return __any_sync(0xffffffffu, rescale) ? 3u : 0u;
 }
 
 // P as the wgmma A operand: keys 16kk.. are S column tiles 2kk and 2kk+1.
