@@ -420,8 +420,10 @@ static long long sm90_tiles(const fc_attn_params* p, int br) {
 // Sq <= 128 a whole warpgroup's rows are padding) and were not measured.
 static constexpr int SM90_CONS3_MIN_SQ = 512;
 // Causal calls from this many: below it the 192-row tiles' extra masked keys
-// cost more than they win (causal S = 1k: 11-16 % slower).
-static constexpr int SM90_CONS3_CAUSAL_MIN_SQ = 4096;
+// cost more than they win (causal S = 1k: 12 % slower). Measured with the
+// per-half rescale votes (perf notes, session 15): S = 1536 +5 %, 2k +3 %,
+// 3000 +14 % over two consumers.
+static constexpr int SM90_CONS3_CAUSAL_MIN_SQ = 1536;
 
 // Rows per second of three consumers over two, per SM: the measured gain at
 // S >= 2k was 11-23 % (perf notes, session 10); 1.15 errs toward two.
