@@ -55,7 +55,9 @@ struct Sm90Tile {
     // the in-order schedule of the two warpgroups overlaps better.
     static constexpr bool OVERLAP = DP >= 128;
     // The O rescale is voted per 8-row half of a warp (softmax_tile), except
-    // in the two-consumer D = 64 kernel.
+    // in the two-consumer D = 64 kernel. Measured on an H100 (perf notes,
+    // session 15): +2-5 % with three consumers, +1-2 % at D = 128 and 256;
+    // 4-7 % slower in the two-consumer D = 64 kernel, which keeps one vote.
     static constexpr bool HALF_VOTES = !(DP == 64 && CONS == 2);
     static constexpr int THREADS = 128 * (1 + CONSUMERS);
     static constexpr int SLABS = DP / FC_SLAB_COLS;   // 128-byte swizzle slabs across a row
@@ -241,7 +243,8 @@ __device__ __forceinline__ void mask_tile(float (&s)[BC / 2], int key0, int row,
 // l <- l*corr + rowsum(P). Returns a mask: bit hr is set when any of the
 // warp's rows hr*8 .. hr*8+7 has a new max (then O's registers of those rows,
 // (i / 2) % 2 == hr, must be multiplied by corr[hr]). One vote per half skips
-// more of the rescale than one per warp: 8 rows settle sooner than 16.
+// more of the rescale than one per warp: 8 rows settle sooner than 16. With
+// !HALF_VOTES one vote covers the warp: the mask is 3 or 0.
 template <int BC, bool HALF_VOTES>
 __device__ __forceinline__ unsigned softmax_tile(float (&s)[BC / 2], float (&m_i)[2], float (&l_i)[2],
                                                  float (&corr)[2], float scale_log2) {
