@@ -53,7 +53,7 @@ RE_WARN = re.compile(r"ptxas (?:warning|error)\s*:.*")
 # defining accumulator registers ...), C7518 (... due to program dependence),
 # C7517 / C7519 (warpgroup.wait / warpgroup.arrive injected); C7508 (setmaxnreg
 # ignored) is documented but not yet seen here. Every C75xx line fails the report.
-RE_SERIAL = re.compile(r"\(C75\d\d\).*")
+RE_C75 = re.compile(r"\(C75\d\d\).*")
 RE_CU_ARG = re.compile(r"(\S+\.cu)\b")
 
 
@@ -78,8 +78,7 @@ def parse(text, src="?", root_dir=None):
     `src` names the compiled file; in a build log a line that invokes nvcc on
     a .cu file switches it (ninja prints each command before its output).
     """
-    funcs, warnings = [], []
-    serialized = []
+    funcs, warnings, c75 = [], [], []
     entry = None      # the entry function whose "Used ..." line comes next
     props = None      # the function whose "N bytes stack frame" line comes next
     arch = "?"
@@ -121,14 +120,14 @@ def parse(text, src="?", root_dir=None):
             entry.smem = int(sm.group(1)) if sm else 0
             entry = None
             continue
-        m = RE_SERIAL.search(line)
+        m = RE_C75.search(line)
         if m:
-            serialized.append(f"{src}: {m.group(0).strip()}")
+            c75.append(f"{src}: {m.group(0).strip()}")
             continue
         m = RE_WARN.search(line)
         if m:
             warnings.append(f"{src}: {m.group(0).strip()}")
-    return funcs, warnings, serialized
+    return funcs, warnings, c75
 
 
 def demangle(names):
@@ -230,11 +229,11 @@ def main(argv=None):
     p.add_argument("files", nargs="*", help="compile only these .cu files (relative to --root)")
     args = p.parse_args(argv)
 
-    funcs, warnings, serialized, failed = [], [], [], []
+    funcs, warnings, c75, failed = [], [], [], []
     if args.log:
         with open(args.log, errors="replace") as f:
-            funcs, warnings, serialized = parse(f.read(), src=os.path.basename(args.log),
-                                    root_dir=os.path.abspath(args.root))
+            funcs, warnings, c75 = parse(f.read(), src=os.path.basename(args.log),
+                                root_dir=os.path.abspath(args.root))
     else:
         if not (os.path.isfile(args.nvcc) or shutil.which(args.nvcc)):
             print(f"nvcc not found at {args.nvcc!r}; pass --nvcc or set CUDA_HOME", file=sys.stderr)
@@ -254,10 +253,10 @@ def main(argv=None):
                 print(f"\nFAILED ({rc}): {' '.join(shlex.quote(c) for c in cmd)}\n{text.rstrip()}",
                       file=sys.stderr)
                 continue
-            fs, ws, ss = parse(text, src=src)
+            fs, ws, cs = parse(text, src=src)
             funcs += fs
             warnings += ws
-            serialized += ss
+            c75 += cs
 
     if not funcs:
         print("no ptxas -v function records found" + (" (see failures above)" if failed else ""),
@@ -273,9 +272,9 @@ def main(argv=None):
           + (f"; {len(failed)} file(s) failed to compile: {' '.join(failed)}" if failed else ""))
     if failed:
         return 2
-    for w in serialized:
+    for w in c75:
         print("wgmma/setmaxnreg diagnostic:", w)
-    return 1 if bad or serialized else 0
+    return 1 if bad or c75 else 0
 
 
 if __name__ == "__main__":
