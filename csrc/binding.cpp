@@ -12,7 +12,7 @@
 
 namespace {
 
-// flashcore.attention's docstring (pybind11 puts the signature line above it).
+// flashcore.attention's docstring (flashcore/__init__.py sets it).
 const char* const FC_ATTENTION_DOC = R"(Scaled dot-product attention, ``softmax(scale * Q K^T) V``, fused.
 
 Args:
@@ -332,11 +332,13 @@ std::string picked_kernel(const at::Tensor& q, const at::Tensor& k) {
 PYBIND11_MODULE(_C, m) {
     m.doc() = "flashcore C core binding";
     namespace py = pybind11;
-    m.def("attention", &attention, FC_ATTENTION_DOC, py::arg("query"), py::arg("key"), py::arg("value"),
-          py::arg("attn_mask") = py::none(), py::arg("dropout_p") = 0.0, py::arg("is_causal") = false,
-          py::arg("scale") = py::none(), py::arg("enable_gqa") = false, py::kw_only(), py::arg("causal") = py::none(),
-          py::arg("causal_alignment") = "top_left", py::arg("return_lse") = false, py::arg("kernel") = "auto",
-          py::arg("num_splits") = py::none());
+    // flashcore.attention (flashcore/__init__.py) passes all 13 arguments by
+    // position, and makes the last five keyword-only for its callers.
+    m.def("attention", &attention, "flashcore.attention's eager path; see flashcore.attention",
+          py::arg("query"), py::arg("key"), py::arg("value"), py::arg("attn_mask"), py::arg("dropout_p"),
+          py::arg("is_causal"), py::arg("scale"), py::arg("enable_gqa"), py::arg("causal"),
+          py::arg("causal_alignment"), py::arg("return_lse"), py::arg("kernel"), py::arg("num_splits"));
+    m.attr("ATTENTION_DOC") = FC_ATTENTION_DOC;
     m.attr("KERNELS") = name_dict(KERNEL_IDS);
     m.attr("CAUSAL_ALIGNMENTS") = name_dict(ALIGNMENT_IDS);
     m.def("fwd", &fwd, "attention forward with causal mode and kernel ids (see flashcore.attention)");

@@ -5,14 +5,14 @@
 
 ``flashcore.attention`` is a drop-in for
 ``torch.nn.functional.scaled_dot_product_attention`` without a mask or dropout.
+It also works under ``torch.compile`` (``fullgraph=True`` included): there it
+runs as the custom op ``torch.ops.flashcore.attention``.
 """
-import torch  # noqa: F401  (loads torch's libraries before the extension)
+from typing import Optional, Tuple
+
+import torch
 
 from . import _C
-
-# The whole call, argument handling included, is C++ (csrc/binding.cpp), so an
-# eager call does no Python-level work; help(flashcore.attention) has the docs.
-attention = _C.attention
 
 __all__ = ["attention", "KERNELS", "CAUSAL_ALIGNMENTS"]
 
@@ -20,3 +20,59 @@ __all__ = ["attention", "KERNELS", "CAUSAL_ALIGNMENTS"]
 # tables, the ones flashcore.attention parses its string options with.
 KERNELS = dict(_C.KERNELS)
 CAUSAL_ALIGNMENTS = dict(_C.CAUSAL_ALIGNMENTS)
+
+
+def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+              enable_gqa=False, *, causal=None, causal_alignment="top_left", return_lse=False,
+              kernel="auto", num_splits=None):
+    # Eager calls go straight to the binding, which does all the argument
+    # handling in C++ (per-call host time is the point). torch.compile cannot
+    # trace into a C++ function, so while it traces, the call is the custom op
+    # below: the same binding at run time, output shapes from _attention_fake.
+    if torch.compiler.is_compiling():
+        _refuse_grad(query, key, value)
+        out, lse = _attention_op(query, key, value, attn_mask, dropout_p, is_causal, scale, causal,
+                                 causal_alignment, return_lse, kernel, num_splits)
+        return (out, lse) if return_lse else out
+    return _C.attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
+                        causal_alignment, return_lse, kernel, num_splits)
+
+
+attention.__doc__ = _C.ATTENTION_DOC
+
+
+def _refuse_grad(query, key, value):
+    # binding.cpp's check_inputs refuses inputs that require grad while autograd
+    # records; the op has no backward, so a traced call refuses them here, as
+    # the trace sees them (same message). Under fullgraph=True torch.compile
+    # reports the ValueError inside its own error.
+    if not torch.is_grad_enabled():
+        return
+    for name, t in (("q", query), ("k", key), ("v", value)):
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise ValueError(f"{name}: requires grad, but flashcore.attention is forward-only (no backward); "
+                             f"call it under torch.no_grad() or torch.inference_mode(), pass {name}.detach(), "
+                             "or use scaled_dot_product_attention for training")
+
+
+@torch.library.custom_op("flashcore::attention", mutates_args=())
+def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attn_mask: Optional[torch.Tensor], dropout_p: float, is_causal: bool,
+                  scale: Optional[float], causal: Optional[bool], causal_alignment: str,
+                  return_lse: bool, kernel: str, num_splits: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """flashcore.attention as a torch.library op: (out, lse), lse of shape (0,) unless return_lse."""
+    r = _C.attention(query, key, value, attn_mask, dropout_p, is_causal, scale, False, causal,
+                     causal_alignment, return_lse, kernel, num_splits)
+    if return_lse:
+        return r
+    return r, query.new_empty((0,), dtype=torch.float32)
+
+
+@_attention_op.register_fake
+def _attention_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, causal, causal_alignment,
+                    return_lse, kernel, num_splits):
+    # The shapes the binding allocates: out like q (contiguous), lse (B, Hq, Sq)
+    # fp32. Bad arguments raise when the op runs, with the eager messages.
+    out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    lse = query.new_empty(tuple(query.shape[:3]) if return_lse else (0,), dtype=torch.float32)
+    return out, lse

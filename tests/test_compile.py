@@ -1,0 +1,156 @@
+"""flashcore.attention under torch.compile.
+
+While torch.compile traces, flashcore.attention calls the custom op
+torch.ops.flashcore.attention (flashcore/__init__.py): its fake impl gives the
+output shapes, and at run time it is the same binding as an eager call. So a
+compiled call must give the eager call's output bit for bit, with no graph
+break (fullgraph=True), and refuse bad arguments with the eager messages.
+
+The CPU cases run in CI with the aot_eager backend (dynamo + AOTAutograd, no
+code generation); the GPU cases compile with inductor, and with CUDA graphs.
+"""
+import pytest
+import torch
+
+import flashcore
+
+from conftest import make_qkv, requires_gpu
+
+DEVICES = ["cpu", pytest.param("cuda", marks=requires_gpu)]
+DTYPE = {"cpu": torch.float32, "cuda": torch.float16}
+
+# (B, Hq, Hkv, Sq, Sk, D, causal mode, layout of q, k and v)
+CASES = [
+    (2, 4, 4, 17, 17, 64, None, "contiguous"),
+    (1, 4, 2, 113, 203, 64, "top_left", "contiguous"),      # GQA, Sq < Sk
+    (1, 2, 2, 203, 113, 128, "bottom_right", "transposed"),  # Sq > Sk: fully masked rows, strided
+]
+
+
+def case_id(c):
+    return "B{}H{}-{}q{}k{}D{}_{}_{}".format(c[0], c[1], c[2], c[3], c[4], c[5], c[6] or "nocausal", c[7])
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    # Each test compiles its own lambdas; a shared cache would count their
+    # recompiles against one code object's limit.
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def causal_kw(mode):
+    return {"causal": mode is not None, "causal_alignment": mode or "top_left"}
+
+
+def backend(dev):
+    return "aot_eager" if dev == "cpu" else "inductor"
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("dev", DEVICES)
+def test_compiled_matches_eager(dev, case):
+    B, Hq, Hkv, Sq, Sk, D, mode, layout = case
+    q, k, v = make_qkv(B, Hq, Hkv, Sq, Sk, D, DTYPE[dev], dev, layouts=(layout,) * 3)
+    kw = causal_kw(mode)
+    want, want_lse = flashcore.attention(q, k, v, return_lse=True, **kw)
+    f = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, return_lse=True, **kw),
+                      fullgraph=True, backend=backend(dev))
+    out, lse = f(q, k, v)
+    assert out.shape == want.shape and lse.shape == (B, Hq, Sq) and lse.dtype == torch.float32
+    assert torch.equal(out, want)
+    assert torch.equal(lse, want_lse)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_compiled_inside_a_graph(dev):
+    """The op between other ops, with SDPA's argument names; the result is a tensor, not a tuple."""
+    q, k, v = make_qkv(2, 4, 4, 64, 64, 64, DTYPE[dev], dev)
+
+    def block(q, k, v):
+        return flashcore.attention(q * 0.5, k, v, is_causal=True, scale=0.2).sum(dim=-1)
+
+    want = block(q, k, v)
+    out = torch.compile(block, fullgraph=True, backend=backend(dev))(q, k, v)
+    assert isinstance(out, torch.Tensor)
+    assert torch.equal(out, want)
+
+
+def test_compiled_dynamic_shapes():
+    """dynamic=True: one trace serves other sequence lengths (symbolic shapes in the fake impl)."""
+    f = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, causal=True, return_lse=True),
+                      fullgraph=True, dynamic=True, backend="aot_eager")
+    for Sq, Sk in ((17, 33), (40, 9), (97, 97)):
+        q, k, v = make_qkv(1, 2, 2, Sq, Sk, 64, torch.float32, "cpu")
+        want, want_lse = flashcore.attention(q, k, v, causal=True, return_lse=True)
+        out, lse = f(q, k, v)
+        assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+def test_opcheck():
+    """torch.library's own checks of the op: schema, fake impl against the real one, AOT dispatch."""
+    q, k, v = make_qkv(1, 4, 2, 33, 47, 64, torch.float32, "cpu")
+    op = torch.ops.flashcore.attention.default
+    for args in ((q, k, v, None, 0.0, False, None, None, "top_left", False, "auto", None),
+                 (q, k, v, None, 0.0, True, 0.3, None, "bottom_right", True, "auto", None)):
+        torch.library.opcheck(op, args)
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"kernel": "nope"}, r"\bkernel\b"),
+    ({"num_splits": -1}, r"\bnum_splits\b"),
+    ({"dropout_p": 0.5}, r"\bdropout_p\b"),
+    ({"scale": -1.0}, r"\bscale\b"),
+    ({"causal": True, "causal_alignment": "middle"}, r"\bcausal_alignment\b"),
+], ids=["kernel", "num_splits", "dropout_p", "scale", "causal_alignment"])
+def test_compiled_bad_argument(bad, match):
+    """Bad arguments raise the eager ValueError from the compiled function."""
+    q, k, v = make_qkv(1, 2, 2, 17, 17, 64, torch.float32, "cpu")
+    f = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, **bad), fullgraph=True, backend="aot_eager")
+    with pytest.raises(ValueError, match=match):
+        f(q, k, v)
+
+
+def test_compiled_attn_mask_refused():
+    q, k, v = make_qkv(1, 2, 2, 17, 17, 64, torch.float32, "cpu")
+    mask = torch.ones(17, 17, dtype=torch.bool)
+    f = torch.compile(lambda q, k, v, m: flashcore.attention(q, k, v, attn_mask=m), fullgraph=True,
+                      backend="aot_eager")
+    with pytest.raises(ValueError, match=r"\battn_mask\b"):
+        f(q, k, v, mask)
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_compiled_requires_grad_refused(which):
+    """Forward only, as in eager: a traced call with an input that requires grad raises
+    ValueError (fullgraph=True reports it inside torch.compile's error)."""
+    args = dict(zip("qkv", make_qkv(1, 2, 2, 17, 17, 64, torch.float32, "cpu")))
+    args[which].requires_grad_(True)
+    f = torch.compile(lambda q, k, v: flashcore.attention(q, k, v), backend="aot_eager")
+    with pytest.raises(ValueError, match=rf"\b{which}\b: requires grad.*no_grad"):
+        f(args["q"], args["k"], args["v"])
+    torch._dynamo.reset()
+    g = torch.compile(lambda q, k, v: flashcore.attention(q, k, v), fullgraph=True, backend="aot_eager")
+    with pytest.raises(RuntimeError, match=rf"{which}: requires grad"):
+        g(args["q"], args["k"], args["v"])
+    with torch.no_grad():  # where autograd does not record, the same inputs run
+        out = g(args["q"], args["k"], args["v"])
+    assert torch.equal(out, flashcore.attention(*(args[n].detach() for n in "qkv")))
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", ["auto", "sm80"])
+def test_compiled_cuda_graphs(kernel):
+    """mode="reduce-overhead" replays the op in a CUDA graph: the output buffer
+    and the split-KV scratch come from torch's allocator, so replays match eager."""
+    q, k, v = make_qkv(2, 8, 8, 512, 512, 64, torch.float16, "cuda")
+    f = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, is_causal=True, kernel=kernel),
+                      mode="reduce-overhead", fullgraph=True)
+    want = flashcore.attention(q, k, v, is_causal=True, kernel=kernel)
+    for _ in range(3):  # warm-up, record, replay
+        out = f(q, k, v).clone()
+    assert torch.equal(out, want)
+    for x, new in zip((q, k, v), make_qkv(2, 8, 8, 512, 512, 64, torch.float16, "cuda")):
+        x.copy_(new)  # a replay reads the new values in place
+    assert torch.equal(f(q, k, v), flashcore.attention(q, k, v, is_causal=True, kernel=kernel))
