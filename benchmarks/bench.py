@@ -12,7 +12,11 @@ machine's clocks and neighbours (GUIDE.md, section 4).
     python benchmarks/bench.py --suite decode --impls flashcore,sdpa-default
 
 Timing: triton.testing.do_bench(warmup=25, rep=200, return_mode="median"),
-which flushes L2 and times with CUDA events. Seed shapes also get a host-clock
+which flushes L2 and times with CUDA events. Each shape's impls are timed in
+--rounds rounds (default 3), the order reversed every other round, and a row
+reports the median round: under these loads the GPU sits at its power limit
+and its clock drifts over seconds, so a single reading depends on its place in
+the run (benchmarks/clocks.py measures this). Seed shapes also get a host-clock
 loop of back-to-back eager calls (eager_us) and CUDA-graph replay (graph_us).
 FLOPs = 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk.
 
@@ -30,6 +34,7 @@ import json
 import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -46,6 +51,7 @@ DEVICE = "cuda"
 # do_bench parameters fixed by the benchmark protocol.
 WARMUP_MS = 25
 REP_MS = 200
+ROUNDS = 3               # do_bench readings per impl and shape, in alternating order; rows give the median
 
 # Host-clock and graph loops for the seed shapes.
 EAGER_CALLS = 1000       # back-to-back eager calls timed with perf_counter
@@ -283,7 +289,13 @@ def _settle(e):
         raise CudaBroken(f"{first_line(e)} / then {first_line(e2)}") from e
 
 
-def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log):
+def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, rounds=1):
+    """Probes every impl once (output checked against sdpa-default), then times
+    them in `rounds` rounds, the order reversed every other round; a row's us
+    is the median of its rounds (us_rounds has them all). The GPU runs at its
+    power limit under these loads and its clock drifts over seconds, so one
+    reading depends on when in the run it was taken (perf notes, session 16);
+    alternating rounds give every impl the same mix of early and late."""
     dtype = DTYPES[s["dtype"]]
     q = torch.randn(s["B"], s["Hq"], s["Sq"], s["D"], device=DEVICE, dtype=dtype)
     k = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device=DEVICE, dtype=dtype)
@@ -296,7 +308,13 @@ def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log):
     except Exception as e:
         _settle(e)
         log(f"  (no sdpa-default reference: {first_line(e)})")
-    rows = []
+
+    def skip(name, e):
+        _settle(e)
+        skipped.append({**s, "impl": name, "reason": first_line(e)})
+        log(f"  {name:16s} skipped: {first_line(e)}")
+
+    ready = []  # (name, ctx, fn) of the impls that ran
     for name in impls:
         if name == "flex" and (flex is None or (flex_budget_s is not None and flex.compile_s > flex_budget_s)):
             why = "flex unavailable" if flex is None else "flex compile budget spent (--flex-budget)"
@@ -305,8 +323,6 @@ def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log):
         if name.startswith("flashcore") and fc is None:
             skipped.append({**s, "impl": name, "reason": "flashcore did not import"})
             continue
-        row = {**s, "impl": name, "us": None, "tflops": None, "eager_us": None, "graph_us": None}
-        row = {f: row[f] for f in KEY_FIELDS + ("us", "tflops", "eager_us", "graph_us")}
         try:
             t0 = time.perf_counter()
             ctx, fn = make_impl(name, q, k, v, s["causal"], fc, flex)
@@ -322,28 +338,53 @@ def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log):
                         mismatches.append({**s, "impl": name, "max_abs_diff_vs_sdpa_default": err})
                         log(f"  WARNING {name}: max |out - sdpa-default| = {err:.3g}")
                 del out
-                us = bench_us(fn)
-                row["us"] = round(us, 2)
-                row["tflops"] = round(flops(s) / (us * 1e-6) / 1e12, 1)
-                if s["suite"] == "seed":
-                    row["eager_us"] = round(eager_us(fn), 2)
-                    try:
-                        row["graph_us"] = round(graph_us(fn), 2)
-                    except Exception as e:  # some backends cannot be captured
-                        _settle(e)
-                        log(f"  {name}: graph capture failed: {first_line(e)}")
+            ready.append((name, ctx, fn))
         except CudaBroken:
             raise
         except Exception as e:
-            _settle(e)
-            skipped.append({**s, "impl": name, "reason": first_line(e)})
-            log(f"  {name:16s} skipped: {first_line(e)}")
+            skip(name, e)
+
+    times = {name: [] for name, _, _ in ready}
+    for r in range(rounds):
+        for name, ctx, fn in (ready if r % 2 == 0 else ready[::-1]):
+            if name not in times:
+                continue
+            try:
+                with ctx(), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    times[name].append(bench_us(fn))
+            except CudaBroken:
+                raise
+            except Exception as e:
+                del times[name]
+                skip(name, e)
+
+    rows = []
+    for name, ctx, fn in ready:
+        if name not in times:
             continue
+        row = {**s, "impl": name, "us": None, "tflops": None, "eager_us": None, "graph_us": None}
+        row = {f: row[f] for f in KEY_FIELDS + ("us", "tflops", "eager_us", "graph_us")}
+        us = statistics.median(times[name])
+        row["us"] = round(us, 2)
+        row["tflops"] = round(flops(s) / (us * 1e-6) / 1e12, 1)
+        row["us_rounds"] = [round(t, 2) for t in times[name]]
         extra = ""
-        if row["eager_us"] is not None:
+        if s["suite"] == "seed":
+            with ctx(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                row["eager_us"] = round(eager_us(fn), 2)
+                try:
+                    row["graph_us"] = round(graph_us(fn), 2)
+                except Exception as e:  # some backends cannot be captured
+                    _settle(e)
+                    log(f"  {name}: graph capture failed: {first_line(e)}")
             g = f"{row['graph_us']:8.2f}" if row["graph_us"] is not None else f"{'-':>8}"
             extra = f"  eager {row['eager_us']:8.2f} us  graph {g} us"
-        log(f"  {name:16s} {row['us']:10.1f} us {row['tflops']:7.1f} TFLOP/s{extra}")
+        spread = ""
+        if len(times[name]) > 1:
+            spread = f"  rounds {min(times[name]):.1f}-{max(times[name]):.1f} us"
+        log(f"  {name:16s} {row['us']:10.1f} us {row['tflops']:7.1f} TFLOP/s{spread}{extra}")
         rows.append(row)
     del q, k, v, ref
     gc.collect()
@@ -643,6 +684,9 @@ def parse_args(argv):
                         ".md and .png are written beside it")
     p.add_argument("--impls", default=None,
                    help=f"comma list from {','.join(ALL_IMPLS)} (default all)")
+    p.add_argument("--rounds", type=int, default=ROUNDS,
+                   help=f"timing rounds per shape, order reversed every other round; a row is the median "
+                        f"(default {ROUNDS})")
     p.add_argument("--no-plot", action="store_true", help="do not write the PNG")
     p.add_argument("--no-flex", action="store_true", help="leave out FlexAttention")
     p.add_argument("--flex-all", action="store_true",
@@ -668,6 +712,9 @@ def main(argv=None):
         if bad:
             print(f"--impls: unknown impl(s) {bad}; choose from {', '.join(ALL_IMPLS)}", file=sys.stderr)
             return 2
+    if args.rounds < 1:
+        print(f"--rounds: got {args.rounds}; pass 1 or more", file=sys.stderr)
+        return 2
     if args.no_flex and "flex" in impls:
         impls.remove("flex")
 
@@ -730,7 +777,9 @@ def main(argv=None):
             "commit": commit, "dirty": dirty, "date": datetime.date.today().isoformat(),
             "matmul_fp16_tflops": round(mm), "copy_TBps": round(cp, 2),
             "suites": suites, "quick": args.quick, "impls": impls,
-            "note": f"do_bench(warmup={WARMUP_MS}, rep={REP_MS}, median), L2 flushed; "
+            "rounds": args.rounds,
+            "note": f"do_bench(warmup={WARMUP_MS}, rep={REP_MS}, median), L2 flushed; median of {args.rounds} "
+                    "rounds per impl, the impl order reversed every other round (us_rounds); "
                     "FLOPs 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk; "
                     f"eager_us median of {EAGER_LOOPS} loops of {EAGER_CALLS // EAGER_LOOPS} back-to-back calls, graph_us from "
                     f"{GRAPH_CALLS} calls per graph x {GRAPH_REPLAYS} replays"}
@@ -744,7 +793,7 @@ def main(argv=None):
                            and s["dtype"] == FLEX_DTYPE)]
         log(f"[{i + 1}/{len(shapes)}] {shape_label(s)}  ({flops(s) / 1e9:.1f} GFLOP)")
         try:
-            new_rows += run_shape(s, shape_impls, fc, flex, budget, skipped, mismatches, log)
+            new_rows += run_shape(s, shape_impls, fc, flex, budget, skipped, mismatches, log, args.rounds)
         except CudaBroken as e:
             # A sticky fault (e.g. an illegal address) poisons the context:
             # keep what was measured and stop.

@@ -14,6 +14,10 @@ order, right after the shape's inputs are made (as in bench.py).
 Prints, per measurement: TFLOP/s, mean SM MHz, mean W, the share of samples
 with the software power cap or a thermal slowdown active, and TFLOP/s per GHz
 (throughput per clock: what the kernel does, not what the power manager did).
+
+--sustained SECONDS replaces do_bench with back-to-back calls (no L2 flush)
+after a warm-up as long, and adds GFLOP/J from NVML's energy counter: at the
+power limit, throughput is energy efficiency times the limit.
 """
 import argparse
 import ctypes
@@ -53,6 +57,12 @@ class Nvml:
         if rc != 0:
             raise RuntimeError(f"NVML call failed with code {rc}")
 
+    def energy_mj(self):
+        """Energy used since the driver loaded, in mJ (Volta and newer)."""
+        mj = ctypes.c_ulonglong()
+        self._ok(self.lib.nvmlDeviceGetTotalEnergyConsumption(self.h, ctypes.byref(mj)))
+        return mj.value
+
     def sample(self):
         mhz, mw, why = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_ulonglong()
         self.lib.nvmlDeviceGetClockInfo(self.h, NVML_CLOCK_SM, ctypes.byref(mhz))
@@ -81,6 +91,29 @@ class Sampler(threading.Thread):
                 "thermal": sum(1 for x in s if x[3] & REASON_THERMAL) / n, "n": n}
 
 
+def sustained(fn, flop, nvml, sampler, seconds):
+    """Runs fn back to back (no L2 flush) for about `seconds` after a warm-up of
+    the same length, so the power manager has settled; returns TFLOP/s, GFLOP/J
+    (from NVML's energy counter) and the sampler's window over the timed part."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    n = max(1, int(seconds / max(time.perf_counter() - t0, 1e-6)))
+    for _ in range(n):  # warm-up: reach the power limit's steady state
+        fn()
+    torch.cuda.synchronize()
+    e0, t0 = nvml.energy_mj(), time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    e1, t1 = nvml.energy_mj(), time.perf_counter()
+    joules = (e1 - e0) / 1e3
+    return n * flop / (t1 - t0) / 1e12, n * flop / joules / 1e9 if joules > 0 else float("nan"), \
+        sampler.window(t0, t1)
+
+
 def parse_shapes(text):
     out = []
     for item in text.split(","):
@@ -94,6 +127,9 @@ def main(argv=None):
     ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="D:S:causal items (standard-grid B and H)")
     ap.add_argument("--order", default="fc,sm90,cudnn", help="implementations of round 1; later rounds alternate")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sustained", type=float, default=0.0,
+                    help="instead of do_bench: SECONDS of back-to-back calls after as long a warm-up, "
+                         "with GFLOP/J from NVML's energy counter")
     args = ap.parse_args(argv)
     impls = [ALIASES.get(x, x) for x in args.order.split(",")]
     fc = bench.import_flashcore()
@@ -103,7 +139,7 @@ def main(argv=None):
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; do_bench warmup {bench.WARMUP_MS} ms, "
           f"rep {bench.REP_MS} ms; NVML every {SAMPLE_S * 1e3:.0f} ms")
     print(f"{'shape':34s} {'rd':>2s} {'impl':15s} {'TFLOP/s':>8s} {'MHz':>6s} {'W':>5s} {'cap%':>5s} "
-          f"{'therm%':>6s} {'TF/GHz':>7s}")
+          f"{'therm%':>6s} {'TF/GHz':>7s}" + (f" {'GFLOP/J':>7s}" if args.sustained > 0 else ""))
     for s in parse_shapes(args.shapes):
         q = torch.randn(s["B"], s["Hq"], s["Sq"], s["D"], device="cuda", dtype=torch.float16)
         k = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device="cuda", dtype=torch.float16)
@@ -111,19 +147,24 @@ def main(argv=None):
         for r in range(args.rounds):
             for name in (impls if r % 2 == 0 else impls[::-1]):
                 ctx, fn = bench.make_impl(name, q, k, v, s["causal"], fc, None)
+                gfj = None
                 with ctx():
-                    fn()
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    us = bench.bench_us(fn)
-                    t1 = time.perf_counter()
-                tf = bench.flops(s) / (us * 1e-6) / 1e12
-                w = sampler.window(t0, t1)
+                    if args.sustained > 0:
+                        tf, gfj, w = sustained(fn, bench.flops(s), nvml, sampler, args.sustained)
+                    else:
+                        fn()
+                        torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        us = bench.bench_us(fn)
+                        t1 = time.perf_counter()
+                        tf = bench.flops(s) / (us * 1e-6) / 1e12
+                        w = sampler.window(t0, t1)
                 if w is None:
                     print(f"{bench.shape_label(s):34s} {r:2d} {name:15s} {tf:8.1f}  (no NVML samples)")
                     continue
                 print(f"{bench.shape_label(s):34s} {r:2d} {name:15s} {tf:8.1f} {w['mhz']:6.0f} {w['w']:5.0f} "
-                      f"{100 * w['cap']:5.0f} {100 * w['thermal']:6.0f} {tf / (w['mhz'] / 1e3):7.1f}", flush=True)
+                      f"{100 * w['cap']:5.0f} {100 * w['thermal']:6.0f} {tf / (w['mhz'] / 1e3):7.1f}"
+                      + (f" {gfj:7.1f}" if gfj is not None else ""), flush=True)
         del q, k, v
         torch.cuda.empty_cache()
     sampler.stop.set()
