@@ -564,7 +564,8 @@ def write_markdown(path, meta, rows):
     lines = [f"Forward TFLOP/s on {meta['gpu']} (torch {meta['torch']}, cuDNN {meta['cudnn']}, "
              f"commit {meta['commit'][:12]}, {meta['date']}); matmul ceiling "
              f"{meta['matmul_fp16_tflops']} TFLOP/s fp16, copy {meta['copy_TBps']} TB/s. "
-             "do_bench median, L2 flushed; causal FLOPs halved. Columns fc = flashcore (auto), "
+             f"do_bench median, L2 flushed, median of {meta.get('rounds', 1)} round(s) in alternating order; "
+             "causal FLOPs halved. Columns fc = flashcore (auto), "
              "fc:smXX = forced kernel, best SDPA = fastest of default/cudnn/flash/efficient.", ""]
     lines.append(ratio_table(rows, markdown=True))
     seed = [r for r in rows if r["suite"] == "seed"]
