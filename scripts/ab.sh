@@ -11,6 +11,8 @@
 # line per shape: "D S causal" then TFLOP/s of BIN1..BINn, then of BINn..BIN1.
 #
 # SHAPES: "D:S:causal" items (default: D 64/128/256 x S 512/1k/4k/16k x causal 0/1).
+# REPS: timed launches per reading (default 20: a burst of ~10 ms, near the boost clock).
+# REPS=600 reads at the GPU's power limit, as bench.py's do_bench does (perf notes, session 16).
 # FLUSH: the harness's L2 flush before each rep (0 none, the default; 1 zero-fill, as
 # bench.py's do_bench does; 2 read).
 # Build the variants on the CPU machine with
