@@ -21,7 +21,7 @@
 set -euo pipefail
 
 if [ $# -lt 3 ]; then
-    sed -n '2,16p' "$0" >&2
+    sed -n '2,21p' "$0" >&2
     exit 2
 fi
 kernel=$1; shift
