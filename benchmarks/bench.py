@@ -373,7 +373,13 @@ def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, round
         if s["suite"] == "seed":
             with ctx(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                row["eager_us"] = round(eager_us(fn), 2)
+                try:
+                    row["eager_us"] = round(eager_us(fn), 2)
+                except CudaBroken:
+                    raise
+                except Exception as e:
+                    skip(name, e)
+                    continue
                 try:
                     row["graph_us"] = round(graph_us(fn), 2)
                 except Exception as e:  # some backends cannot be captured
