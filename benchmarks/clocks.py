@@ -88,7 +88,7 @@ class Sampler(threading.Thread):
         n = len(s)
         return {"mhz": sum(x[1] for x in s) / n, "w": sum(x[2] for x in s) / n,
                 "cap": sum(1 for x in s if x[3] & REASON_SW_POWER_CAP) / n,
-                "thermal": sum(1 for x in s if x[3] & REASON_THERMAL) / n, "n": n}
+                "thermal": sum(1 for x in s if x[3] & REASON_THERMAL) / n}
 
 
 def sustained(fn, flop, nvml, sampler, seconds):
@@ -118,7 +118,8 @@ def parse_shapes(text):
     out = []
     for item in text.split(","):
         D, S, c = (int(x) for x in item.split(":"))
-        out.append(bench.shape("grid", 16384 // S, 2048 // D, 2048 // D, S, S, D, bool(c), "fp16"))
+        B, H = bench.GRID_TOKENS // S, bench.GRID_HIDDEN // D
+        out.append(bench.shape("grid", B, H, H, S, S, D, bool(c), "fp16"))
     return out
 
 
