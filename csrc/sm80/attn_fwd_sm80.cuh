@@ -68,9 +68,9 @@ struct Sm80Tile {
     static constexpr int M_TILES = MT;                 // 16-row mma tiles per warp
     static constexpr int BR = WARPS * M_TILES * 16;    // query rows per CTA
     // STAGGER: one K slot and one V slot instead of a ring of K/V pairs; V_j
-    // loads while S_j and its softmax run, K_{j+1} while P_j V_j runs. Twice
-    // the keys per tile (BC = 64) in the same shared memory. Measured on an
-    // H100: +8-10 % at D = 256, +7-13 % at D = 128 (perf notes).
+    // loads while S_j and its softmax run (issued before S_j), K_{j+1} while
+    // P_j V_j runs. Twice the keys per tile (BC = 64) in the same shared memory.
+    // Measured on an H100: +8-10 % at D = 256, +7-13 % at D = 128 (perf notes).
     static constexpr bool STAGGER = DP >= FC_SM80_STAGGER_MIN_DP;
     // PIPE: P_{j-1} V_{j-1} overlaps the softmax of S_j (see the main loop), in a
     // 4-stage ring (80 KB). Measured on an H100: +3-5 % at D = 64. At D = 128/256
@@ -202,6 +202,12 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
         load_tile<DP, BC, THREADS>(sK, k_thr, k, p.k_row_stride, min(BC, p.Sk), p.D, tid);
         cp_async_commit();
     }
+    // V of tile j into the V slot, its own commit group (the STAGGER variant).
+    auto load_v = [&](int j) {
+        load_tile<DP, BC, THREADS>(sV, v + (j * BC + thr_row) * p.v_row_stride + thr_col, v, p.v_row_stride,
+                                   min(BC, p.Sk - j * BC), p.D, tid);
+        cp_async_commit();
+    };
     // K and V of tile t into ring slot t % STAGES (the ring variants).
     auto load_kv = [&](int t) {
         const int slot = t % STAGES, keys = min(BC, p.Sk - t * BC);
@@ -448,6 +454,8 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                 cp_async_wait<0>();  // this thread's copies of K_j (and Q) have landed
                 __syncthreads();     // orders every thread's K_j copies before any warp reads them, and every
                                      // warp's reads of V_{j-1} (P V) before V_j overwrites the V slot
+                load_v(j);           // V_j lands during S_j and the softmax; issued after S_j, it waited
+                                     // on the tail of it (perf notes, session 17: +3-5 % at D = 256)
             } else if (jn < n_blocks) {
                 load_kv(jn);
             }
@@ -461,11 +469,6 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
             STile acc_s;
             qk(acc_s, slot_off);
 
-            if constexpr (Tile::STAGGER) {  // V_j loads during the mask and softmax
-                load_tile<DP, BC, THREADS>(sV, v + (j * BC + thr_row) * p.v_row_stride + thr_col, v, p.v_row_stride,
-                                           min(BC, p.Sk - j * BC), p.D, tid);
-                cp_async_commit();
-            }
             const int key0 = j * BC;
             if (key0 + BC > p.Sk || (causal && key0 + BC - 1 > row0 + diag)) mask(acc_s, key0);
             softmax(acc_s);
