@@ -202,12 +202,6 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
         load_tile<DP, BC, THREADS>(sK, k_thr, k, p.k_row_stride, min(BC, p.Sk), p.D, tid);
         cp_async_commit();
     }
-    // V of tile j into the V slot, its own commit group (the STAGGER variant).
-    auto load_v = [&](int j) {
-        load_tile<DP, BC, THREADS>(sV, v + (j * BC + thr_row) * p.v_row_stride + thr_col, v, p.v_row_stride,
-                                   min(BC, p.Sk - j * BC), p.D, tid);
-        cp_async_commit();
-    };
     // K and V of tile t into ring slot t % STAGES (the ring variants).
     auto load_kv = [&](int t) {
         const int slot = t % STAGES, keys = min(BC, p.Sk - t * BC);
@@ -454,8 +448,11 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                 cp_async_wait<0>();  // this thread's copies of K_j (and Q) have landed
                 __syncthreads();     // orders every thread's K_j copies before any warp reads them, and every
                                      // warp's reads of V_{j-1} (P V) before V_j overwrites the V slot
-                load_v(j);           // V_j lands during S_j and the softmax; issued after S_j, it waited
-                                     // on the tail of it (perf notes, session 17: +3-5 % at D = 256)
+                // V_j, in its own group, lands during S_j and the softmax (issued after S_j, it
+                // waited on the tail of it: perf notes, session 17, +3-5 % at D = 256).
+                load_tile<DP, BC, THREADS>(sV, v + (j * BC + thr_row) * p.v_row_stride + thr_col, v, p.v_row_stride,
+                                           min(BC, p.Sk - j * BC), p.D, tid);
+                cp_async_commit();
             } else if (jn < n_blocks) {
                 load_kv(jn);
             }
