@@ -55,6 +55,21 @@ Returns:
     ``out`` of shape (B, Hq, Sq, D) and q's dtype, or ``(out, lse)``.)";
 
 [[noreturn]] void value_error(const std::string& msg) { throw pybind11::value_error(msg); }
+
+// The refusal of an input that requires grad, with {name} for the argument.
+// Exported as _C.REQUIRES_GRAD_MSG: flashcore.attention raises the same text
+// while torch.compile traces (where this C++ check cannot run).
+const char* const FC_REQUIRES_GRAD_MSG =
+    "{name}: requires grad, but flashcore.attention is forward-only (no backward); call it under "
+    "torch.no_grad() or torch.inference_mode(), pass {name}.detach(), or use scaled_dot_product_attention "
+    "for training";
+
+std::string requires_grad_message(const std::string& name) {
+    std::string msg = FC_REQUIRES_GRAD_MSG;
+    for (size_t at = msg.find("{name}"); at != std::string::npos; at = msg.find("{name}", at + name.size()))
+        msg.replace(at, 6, name);
+    return msg;
+}
 [[noreturn]] void type_error(const std::string& msg) { throw pybind11::type_error(msg); }
 
 std::string shape_str(const at::Tensor& t) {
@@ -96,9 +111,7 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
         // The output would carry no grad_fn, and a backward pass would leave
         // out this path's gradients without a word: refused instead.
         if (t.requires_grad() && at::GradMode::is_enabled())
-            value_error(std::string(names[i]) + ": requires grad, but flashcore.attention is forward-only "
-                        "(no backward); call it under torch.no_grad() or torch.inference_mode(), pass " +
-                        names[i] + ".detach(), or use scaled_dot_product_attention for training");
+            value_error(requires_grad_message(names[i]));
     }
     for (int i = 1; i < 3; ++i) {
         if (ts[i]->device() != q.device())
@@ -339,6 +352,7 @@ PYBIND11_MODULE(_C, m) {
           py::arg("is_causal"), py::arg("scale"), py::arg("enable_gqa"), py::arg("causal"),
           py::arg("causal_alignment"), py::arg("return_lse"), py::arg("kernel"), py::arg("num_splits"));
     m.attr("ATTENTION_DOC") = FC_ATTENTION_DOC;
+    m.attr("REQUIRES_GRAD_MSG") = FC_REQUIRES_GRAD_MSG;
     m.attr("KERNELS") = name_dict(KERNEL_IDS);
     m.attr("CAUSAL_ALIGNMENTS") = name_dict(ALIGNMENT_IDS);
     m.def("fwd", &fwd, "attention forward with causal mode and kernel ids (see flashcore.attention)");

@@ -44,15 +44,13 @@ attention.__doc__ = _C.ATTENTION_DOC
 def _refuse_grad(query, key, value):
     # binding.cpp's check_inputs refuses inputs that require grad while autograd
     # records; the op has no backward, so a traced call refuses them here, as
-    # the trace sees them (same message). Under fullgraph=True torch.compile
-    # reports the ValueError inside its own error.
+    # the trace sees them, with the binding's message. Under fullgraph=True
+    # torch.compile reports the ValueError inside its own error.
     if not torch.is_grad_enabled():
         return
     for name, t in (("q", query), ("k", key), ("v", value)):
         if isinstance(t, torch.Tensor) and t.requires_grad:
-            raise ValueError(f"{name}: requires grad, but flashcore.attention is forward-only (no backward); "
-                             f"call it under torch.no_grad() or torch.inference_mode(), pass {name}.detach(), "
-                             "or use scaled_dot_product_attention for training")
+            raise ValueError(_C.REQUIRES_GRAD_MSG.format(name=name))
 
 
 @torch.library.custom_op("flashcore::attention", mutates_args=())
