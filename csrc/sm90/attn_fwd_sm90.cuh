@@ -57,6 +57,7 @@
 #include "attn_sm90_parts.cuh"
 #include "hopper.cuh"
 #include "tensor_map.h"
+#include "trace.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FC_SM90_BODY 1
@@ -127,7 +128,11 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++local) {
             const Sm90TileCoord t = sm90_tile<BC>(p, tile, n_tiles, n_mblocks, br, window);
             const int qb = local % Q_BUFS;
+            TR_DECL(args, local, 0, true)
+            TR_SET(TR_START);
+            TR_GTIME();
             mbar_wait(q_empty + 8 * qb, ((local / Q_BUFS) & 1) ^ 1);  // buffer qb's previous tile is finished
+            TR_SET(TR_Q);
             mbar_expect_tx(q_full + 8 * qb, br * DP * 2);
             for (int s = 0; s < SLABS; ++s)
                 tma_load_4d(sQ + qb * Tile::Q_BYTES + s * BR * ROWB, &args.q_map, q_full + 8 * qb,
@@ -135,17 +140,20 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             for (int j = 0; j < t.n_blocks; ++j, ++it) {
                 const int st = it % STAGES;
                 const uint32_t free_parity = ((it / STAGES) & 1) ^ 1;
-                mbar_wait(k_empty + 8 * st, free_parity);  // K slot st is free
+                TR_TIME(TR_W_K, mbar_wait(k_empty + 8 * st, free_parity));  // K slot st is free
                 mbar_expect_tx(k_full + 8 * st, Tile::KV_BYTES);
                 for (int s = 0; s < SLABS; ++s)
                     tma_load_4d(sK + st * Tile::KV_BYTES + s * BC * ROWB, &args.k_map, k_full + 8 * st,
                                 s * FC_SLAB_COLS, j * BC, t.hk, t.b);
-                mbar_wait(v_empty + 8 * st, free_parity);  // V slot st is free
+                TR_TIME(TR_W_V, mbar_wait(v_empty + 8 * st, free_parity));  // V slot st is free
                 mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
                 for (int s = 0; s < SLABS; ++s)
                     tma_load_4d(sV + st * Tile::KV_BYTES + s * BC * ROWB, &args.v_map, v_full + 8 * st,
                                 s * FC_SLAB_COLS, j * BC, t.hk, t.b);
             }
+            TR_SET(TR_END);
+            TR_VAL(TR_BLOCKS, t.n_blocks);
+            TR_FLUSH();
         }
         return;
     }
@@ -187,7 +195,11 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         float s[BC / 2];                        // S, then P, of the next tile
         uint32_t pa[BC / 16][4];                // P of the current tile, as A fragments
 
+        TR_DECL(args, local, wg, t128 == 0)
+        TR_SET(TR_START);
+        TR_GTIME();
         mbar_wait(q_full + 8 * qb, (local / Q_BUFS) & 1);  // this tile's Q has landed (TMA)
+        TR_SET(TR_Q);
         // Ring position g of K/V tile j: a running counter in ordinary mode, base + j in
         // key-split mode. Ordinary mode with base + j got a different softmax schedule
         // from ptxas and ran 15 % slower at D = 64 (perf notes, "D = 64 regression").
@@ -195,9 +207,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         // O += P V for the V tile at ring position g, waited for, then its slot released.
         auto pv_tile = [&](int g) {
             const int st = g % STAGES;
-            mbar_wait(v_full + 8 * st, (g / STAGES) & 1);  // V of tile g has landed
+            TR_TIME(TR_W_V, mbar_wait(v_full + 8 * st, (g / STAGES) & 1));  // V of tile g has landed
             issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
-            wgmma_wait<0>();
+            TR_TIME(TR_W_PV, wgmma_wait<0>());
 #pragma unroll
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
             mbar_arrive(v_empty + 8 * st);  // this thread is done with V slot st
@@ -214,6 +226,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2);  // O is still 0: nothing to rescale
             pack_p<BC, T>(pa, s);
         }
+        TR_SET(TR_PRO);
         // Steady state (OVERLAP): S of tile j+step and P_j V_j run on the tensor
         // cores while this warpgroup does the softmax of tile j+step. The last tile is peeled
         // off so that every wgmma group in the loop is issued unconditionally
@@ -227,28 +240,28 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             float corr[2];
             unsigned rescale;
             if constexpr (overlap) {
-                mbar_wait(k_full + 8 * sn, (gn / STAGES) & 1);  // K of the next tile has landed
+                TR_TIME(TR_W_K, mbar_wait(k_full + 8 * sn, (gn / STAGES) & 1));  // K of the next tile has landed
                 issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES);
-                mbar_wait(v_full + 8 * st, (g / STAGES) & 1);  // V of tile j has landed
+                TR_TIME(TR_W_V, mbar_wait(v_full + 8 * st, (g / STAGES) & 1));  // V of tile j has landed
                 issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
-                wgmma_wait<1>();  // S of the next tile is done; P_j V_j may still run
+                TR_TIME(TR_W_S, wgmma_wait<1>());  // S of the next tile is done; P_j V_j may still run
                 fence_regs(s);
                 mbar_arrive(k_empty + 8 * sn);  // this thread is done with K slot sn
-                if (needs_mask((j + step) * BC)) mask_tile<BC>(s, (j + step) * BC, frow, p, causal, diag, lane);
-                rescale = softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2);
-                wgmma_wait<0>();
+                TR_TIME(TR_SOFT, if (needs_mask((j + step) * BC)) mask_tile<BC>(s, (j + step) * BC, frow, p, causal, diag, lane);
+                        rescale = softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2));
+                TR_TIME(TR_W_PV, wgmma_wait<0>());
 #pragma unroll
                 for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
                 mbar_arrive(v_empty + 8 * st);  // this thread is done with V slot st
             } else {  // in order: P_j V_j, then S of the next tile and its softmax
                 pv_tile(g);
-                mbar_wait(k_full + 8 * sn, (gn / STAGES) & 1);  // K of the next tile has landed
+                TR_TIME(TR_W_K, mbar_wait(k_full + 8 * sn, (gn / STAGES) & 1));  // K of the next tile has landed
                 issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES);
-                wgmma_wait<0>();
+                TR_TIME(TR_W_S, wgmma_wait<0>());
                 fence_regs(s);
                 mbar_arrive(k_empty + 8 * sn);  // this thread is done with K slot sn
-                if (needs_mask((j + step) * BC)) mask_tile<BC>(s, (j + step) * BC, frow, p, causal, diag, lane);
-                rescale = softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2);
+                TR_TIME(TR_SOFT, if (needs_mask((j + step) * BC)) mask_tile<BC>(s, (j + step) * BC, frow, p, causal, diag, lane);
+                        rescale = softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2));
             }
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr) {
@@ -264,6 +277,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             }
             pack_p<BC, T>(pa, s);
         }
+        TR_SET(TR_LOOP);
         if (any) {  // last tile: P V only
             // Every S of this tile is done (waited for above): Q may be overwritten.
             if constexpr (Tile::EARLY_Q) mbar_arrive(q_empty + 8 * qb);
@@ -272,6 +286,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             pv_tile(split ? base + j : it);
             if constexpr (!split) ++it;
         }
+        TR_SET(TR_LASTPV);
         if constexpr (split) base += t.n_blocks;  // both warpgroups: past this tile's K/V tiles
 
         if constexpr (split) {  // merge the two warpgroups' partials; warpgroup 1 (cw = 0) writes the tile
@@ -390,6 +405,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             fence_proxy_async();
             mbar_arrive(q_empty + 8 * qb);
         }
+        TR_SET(TR_END);
+        TR_VAL(TR_BLOCKS, t.n_blocks);
+        TR_FLUSH();
     }
 #else
     __trap();  // built without sm_90a; dispatch never launches this
@@ -454,6 +472,9 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     using Tile = Sm90Tile<DP>;
     Sm90Args a;
     a.p = *p;
+#ifdef FC_SM90_TRACE
+    a.trace = fc_sm90_trace_buf;
+#endif
     // Key-split mode when the 64-row tiles fit on the SMs in one wave: twice
     // the SMs at work, each on half the keys of its tile.
     const bool kv_split = Tile::KV_SPLIT_OK && sm90_tiles(p, Tile::WG_ROWS) <= num_sms;

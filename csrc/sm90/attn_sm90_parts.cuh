@@ -96,6 +96,9 @@ struct Sm90Args {
     CUtensorMap k_map;  // K as (D, Sk, Hkv, B), box (64, BC)
     CUtensorMap v_map;  // V as (D, Sk, Hkv, B), box (64, BC)
     fc_attn_params p;   // shapes, strides, O/LSE pointers, scale, causal mode
+#ifdef FC_SM90_TRACE
+    unsigned long long* trace;  // timeline records (trace.cuh), or null
+#endif
 };
 
 // Where tile `tile` lies and how many K/V tiles it visits. Producer and

@@ -6,6 +6,10 @@
 
 #include "tensor_map.h"
 
+#ifdef FC_SM90_TRACE
+unsigned long long* fc_sm90_trace_buf = nullptr;
+#endif
+
 typedef CUresult (*fc_encode_tiled_fn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                        const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                        CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);

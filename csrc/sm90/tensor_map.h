@@ -19,6 +19,11 @@ extern "C" {
 fc_status fc_sm90_tensor_map(CUtensorMap* map, fc_dtype dtype, const void* base, int D, int S, int H, int B,
                              int64_t row_stride, int64_t head_stride, int64_t batch_stride, int box_rows);
 
+#ifdef FC_SM90_TRACE
+/* Device buffer the Hopper kernel records its timeline into (trace.cuh); set by the harness. */
+extern unsigned long long* fc_sm90_trace_buf;
+#endif
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,6 +8,9 @@
 //                                     each launch: 0 none (default), 1 zero-fill (as do_bench), 2 read
 //   build/harness host kernel B Hq Hkv Sq Sk D causal
 //                                     host time of one fc_attn_fwd call (loops of back-to-back calls)
+//   build/harness trace sm90 B Hq Hkv Sq Sk D causal FILE
+//                                     (a -DFC_SM90_TRACE build) the Hopper kernel's timeline of one
+//                                     launch after an L2 flush, written to FILE (scripts/sm90_trace.py)
 //
 // kernel: auto (default), sm80 or sm90. Builds with nvcc on a machine without
 // a GPU (scripts/build_harness.sh) and runs on the GPU machine as is. Exit
@@ -27,6 +30,10 @@
 #include <vector>
 
 #include "../flashcore.h"
+#ifdef FC_SM90_TRACE
+#include "../sm90/trace.cuh"
+#include "../sm90/tensor_map.h"
+#endif
 
 #define CUDA_OK(x)                                                                          \
     do {                                                                                    \
@@ -324,6 +331,46 @@ static void print_header() {
            "TFLOP/s");
 }
 
+#ifdef FC_SM90_TRACE
+// One launch of `c` after a zero-fill L2 flush, preceded by 20 untraced ones,
+// with the kernel's timeline records (trace.cuh) written to `path`: a header
+// of five int64 (CTAs, tiles per CTA, warpgroups, slots, launch ns), then the
+// records.
+static int run_trace(const Case& c, fc_kernel kernel, const char* path) {
+    DeviceCase d(c, kernel);
+    cudaDeviceProp prop;
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    const size_t n = (size_t)prop.multiProcessorCount * FC_TRACE_TILES * FC_TRACE_WGS * FC_TRACE_EV;
+    void* fbuf = nullptr;
+    CUDA_OK(cudaMalloc(&fbuf, FLUSH_BYTES));
+    for (int i = 0; i < 20; ++i)
+        if (fc_attn_fwd(&d.p, nullptr) != FC_OK) { printf("launch failed\n"); return 1; }
+    CUDA_OK(cudaMalloc(&fc_sm90_trace_buf, n * 8));
+    CUDA_OK(cudaMemset(fc_sm90_trace_buf, 0, n * 8));
+    CUDA_OK(cudaMemset(fbuf, 0, FLUSH_BYTES));
+    cudaEvent_t e0, e1;
+    CUDA_OK(cudaEventCreate(&e0)); CUDA_OK(cudaEventCreate(&e1));
+    CUDA_OK(cudaEventRecord(e0));
+    if (fc_attn_fwd(&d.p, nullptr) != FC_OK) { printf("launch failed\n"); return 1; }
+    CUDA_OK(cudaEventRecord(e1));
+    CUDA_OK(cudaEventSynchronize(e1));
+    float ms; CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+    std::vector<unsigned long long> rec(n);
+    CUDA_OK(cudaMemcpy(rec.data(), fc_sm90_trace_buf, n * 8, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaFree(fc_sm90_trace_buf)); fc_sm90_trace_buf = nullptr;
+    cudaFree(fbuf);
+    FILE* f = fopen(path, "wb");
+    if (!f) { printf("cannot write %s\n", path); return 1; }
+    const long long hdr[5] = {prop.multiProcessorCount, FC_TRACE_TILES, FC_TRACE_WGS, FC_TRACE_EV, (long long)(ms * 1e6)};
+    fwrite(hdr, 8, 5, f);
+    fwrite(rec.data(), 8, n, f);
+    fclose(f);
+    print_header();
+    print_time(c, ms * 1e3);
+    return 0;
+}
+#endif
+
 static int run_bench(fc_kernel kernel) {
     print_header();
     for (int D : {64, 128, 256})
@@ -356,6 +403,9 @@ int main(int argc, char** argv) {
     if (mode == "check") return run_check(kernel, argc > 3 && std::string(argv[3]) == "small");
     if (mode == "bench") return run_bench(kernel);
     if (mode == "host" && argc == 10) return run_host(case_from_args(argv + 3), kernel);
+#ifdef FC_SM90_TRACE
+    if (mode == "trace" && argc == 11) return run_trace(case_from_args(argv + 3), kernel, argv[10]);
+#endif
     const int flush = argc == 12 ? atoi(argv[11]) : FLUSH_NONE;
     if (mode == "shape" && (argc == 11 || argc == 12) && flush >= FLUSH_NONE && flush <= FLUSH_READ) {
         // one case, fp16, e.g. for ncu or compute-sanitizer
