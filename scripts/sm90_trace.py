@@ -6,8 +6,8 @@
 
 For consumer warpgroups (thread 0 of each) it splits a tile's cycles into: the
 wait for Q, the prologue (first S, its softmax), the steady-state loop (and in
-it the waits on K and V, on S and on P V, and the softmax), the last P V and the
-epilogue, averaged over every recorded tile, as cycles and as a share of the
+it the waits on K and V, on S and on P V, the softmax, the issue of the wgmma
+groups, the O rescale and P packing), the last P V and the epilogue, averaged over every recorded tile, as cycles and as a share of the
 tile. The producer line gives its waits for free K and V slots. The gap is the
 time from one tile's end to the next one's start in the same warpgroup.
 """
@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-START, Q, PRO, LOOP, LASTPV, END, W_K, W_V, W_S, W_PV, SOFT, BLOCKS, GT = range(13)
+START, Q, PRO, LOOP, LASTPV, END, W_K, W_V, W_S, W_PV, SOFT, ISSUE, TAIL, BLOCKS, GT = range(15)
 
 
 def load(path):
@@ -58,13 +58,15 @@ def summarise(rec, launch_ns):
             "  S wait": r[:, W_S],
             "  PV wait": r[:, W_PV],
             "  softmax": r[:, SOFT],
+            "  wgmma issue": r[:, ISSUE],
+            "  rescale, pack": r[:, TAIL],
             "last PV": r[:, LASTPV] - r[:, LOOP],
             "epilogue": r[:, END] - r[:, LASTPV],
         }
         out.append(f"consumer {w}: {len(tot)} tiles, {blocks.mean():.1f} K/V tiles each, "
                    f"{tot.mean():.0f} cycles per tile ({tot.mean() / max(blocks.mean(), 1):.0f} per K/V tile)")
         for k, v in parts.items():
-            out.append(f"  {k:<10} {v.mean():9.0f} cycles  {100 * v.mean() / tot.mean():5.1f} %")
+            out.append(f"  {k:<16} {v.mean():9.0f} cycles  {100 * v.mean() / tot.mean():5.1f} %")
         gaps = []
         for c in range(ctas):
             idx = np.nonzero(used[c, :, w])[0]
@@ -76,7 +78,8 @@ def summarise(rec, launch_ns):
         out.append(f"  loop per K/V tile {np.mean((r[:, LOOP] - r[:, PRO]) / steps):.0f} cycles, of which waits "
                    f"K {np.mean(r[:, W_K] / steps):.0f} V {np.mean(r[:, W_V] / steps):.0f} "
                    f"S {np.mean(r[:, W_S] / steps):.0f} PV {np.mean(r[:, W_PV] / steps):.0f}, "
-                   f"softmax {np.mean(r[:, SOFT] / steps):.0f}")
+                   f"softmax {np.mean(r[:, SOFT] / steps):.0f}, issue {np.mean(r[:, ISSUE] / steps):.0f}, "
+                   f"rescale and pack {np.mean(r[:, TAIL] / steps):.0f}")
     m = used[:, :, 0]
     if m.any():
         r = rec[:, :, 0][m]

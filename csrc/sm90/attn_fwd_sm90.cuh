@@ -241,9 +241,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             unsigned rescale;
             if constexpr (overlap) {
                 TR_TIME(TR_W_K, mbar_wait(k_full + 8 * sn, (gn / STAGES) & 1));  // K of the next tile has landed
-                issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES);
+                TR_TIME(TR_ISSUE, issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES));
                 TR_TIME(TR_W_V, mbar_wait(v_full + 8 * st, (g / STAGES) & 1));  // V of tile j has landed
-                issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
+                TR_TIME(TR_ISSUE, issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES));
                 TR_TIME(TR_W_S, wgmma_wait<1>());  // S of the next tile is done; P_j V_j may still run
                 fence_regs(s);
                 mbar_arrive(k_empty + 8 * sn);  // this thread is done with K slot sn
@@ -263,6 +263,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 TR_TIME(TR_SOFT, if (needs_mask((j + step) * BC)) mask_tile<BC>(s, (j + step) * BC, frow, p, causal, diag, lane);
                         rescale = softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2));
             }
+            TR_MARK(tr_tail);
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr) {
                 if (rescale & (1u << hr)) {  // skipped once the maxima of these 8 rows settle
@@ -276,6 +277,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 }
             }
             pack_p<BC, T>(pa, s);
+            TR_SINCE(TR_TAIL, tr_tail);
         }
         TR_SET(TR_LOOP);
         if (any) {  // last tile: P V only

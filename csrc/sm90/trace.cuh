@@ -5,7 +5,7 @@
 // Record layout: for CTA c, its tile number l < FC_TRACE_TILES and warpgroup
 // w (0 producer, 1.. consumers, thread 0 of each), FC_TRACE_EV 64-bit slots at
 // trace[((c * FC_TRACE_TILES + l) * FC_TRACE_WGS + w) * FC_TRACE_EV]. Slots
-// TR_START .. TR_END are clock64() readings; TR_W_* are cycles summed over the
+// TR_START .. TR_END are clock64() readings; TR_W_K .. TR_TAIL are cycles summed over the
 // tile's waits of one kind; TR_BLOCKS is the tile's K/V tile count; TR_GT is
 // %globaltimer (ns) at the tile's start, for lining CTAs up.
 #pragma once
@@ -26,9 +26,12 @@ enum {
     TR_W_S = 8,      // wgmma_wait<1>: S of the next tile
     TR_W_PV = 9,     // wgmma_wait<0>: P V
     TR_SOFT = 10,    // masking + softmax in the loop
-    TR_BLOCKS = 11,  // K/V tiles of this tile
-    TR_GT = 12,      // globaltimer at the start
+    TR_ISSUE = 11,   // issuing the loop's wgmma groups
+    TR_TAIL = 12,    // the loop's O rescale and P packing
+    TR_BLOCKS = 13,  // K/V tiles of this tile
+    TR_GT = 14,      // globaltimer at the start
 };
+#define TR_ACCS 7    // accumulated slots, TR_W_K .. TR_TAIL
 
 #ifdef FC_SM90_TRACE
 __device__ __forceinline__ unsigned long long tr_globaltimer() {
@@ -42,7 +45,7 @@ __device__ __forceinline__ unsigned long long tr_globaltimer() {
                                   ? (args).trace + (((size_t)blockIdx.x * FC_TRACE_TILES + (local)) * FC_TRACE_WGS + \
                                                     (wg)) * FC_TRACE_EV                                      \
                                   : nullptr;                                                                 \
-    unsigned tr_acc_[5] = {0, 0, 0, 0, 0};
+    unsigned tr_acc_[TR_ACCS] = {};
 #define TR_SET(e) \
     do {          \
         if (tr_) tr_[e] = clock64(); \
@@ -59,10 +62,13 @@ __device__ __forceinline__ unsigned long long tr_globaltimer() {
         __VA_ARGS__;                                             \
         tr_acc_[(e) - TR_W_K] += (unsigned)(clock64() - tr_t0_); \
     } while (0)
+// TR_MARK(t) takes a clock reading; TR_SINCE(e, t) adds the cycles since it to accumulator e.
+#define TR_MARK(t) const long long t = clock64()
+#define TR_SINCE(e, t) tr_acc_[(e) - TR_W_K] += (unsigned)(clock64() - (t))
 #define TR_FLUSH()                                                     \
     do {                                                               \
         if (tr_)                                                       \
-            for (int e_ = 0; e_ < 5; ++e_) tr_[TR_W_K + e_] = tr_acc_[e_]; \
+            for (int e_ = 0; e_ < TR_ACCS; ++e_) tr_[TR_W_K + e_] = tr_acc_[e_]; \
     } while (0)
 #else
 #define TR_DECL(args, local, wg, rec)
@@ -70,5 +76,7 @@ __device__ __forceinline__ unsigned long long tr_globaltimer() {
 #define TR_VAL(e, v)
 #define TR_GTIME()
 #define TR_TIME(e, ...) __VA_ARGS__
+#define TR_MARK(t)
+#define TR_SINCE(e, t)
 #define TR_FLUSH()
 #endif
