@@ -26,6 +26,31 @@ def load(path):
     return rec.reshape(ctas, tiles, wgs, ev), launch_ns
 
 
+def consumer_parts(rec, w):
+    """Per-tile cycles of consumer warpgroup w over every recorded tile: a dict of
+    numpy arrays (tile total, K/V tiles, and each part of the tile), or None."""
+    m = rec[:, :, w, START] != 0
+    if not m.any():
+        return None
+    r = rec[:, :, w][m]
+    return {
+        "total": r[:, END] - r[:, START],
+        "blocks": r[:, BLOCKS],
+        "Q wait": r[:, Q] - r[:, START],
+        "prologue": r[:, PRO] - r[:, Q],
+        "loop": r[:, LOOP] - r[:, PRO],
+        "  K wait": r[:, W_K],
+        "  V wait": r[:, W_V],
+        "  S wait": r[:, W_S],
+        "  PV wait": r[:, W_PV],
+        "  softmax": r[:, SOFT],
+        "  wgmma issue": r[:, ISSUE],
+        "  rescale, pack": r[:, TAIL],
+        "last PV": r[:, LASTPV] - r[:, LOOP],
+        "epilogue": r[:, END] - r[:, LASTPV],
+    }
+
+
 def summarise(rec, launch_ns):
     ctas, tiles, wgs, _ = rec.shape
     used = rec[:, :, :, START] != 0
@@ -43,26 +68,11 @@ def summarise(rec, launch_ns):
     out.append(f"launch {launch_ns / 1e3:.1f} us, SM clock about {mhz:.0f} MHz, "
                f"{int(used[:, :, 1].sum())} first-consumer tiles on {ctas} CTAs")
     for w in range(1, wgs):
-        m = used[:, :, w]
-        if not m.any():
+        parts = consumer_parts(rec, w)
+        if parts is None:
             continue
-        r = rec[:, :, w][m]
-        tot = r[:, END] - r[:, START]
-        blocks = r[:, BLOCKS]
-        parts = {
-            "Q wait": r[:, Q] - r[:, START],
-            "prologue": r[:, PRO] - r[:, Q],
-            "loop": r[:, LOOP] - r[:, PRO],
-            "  K wait": r[:, W_K],
-            "  V wait": r[:, W_V],
-            "  S wait": r[:, W_S],
-            "  PV wait": r[:, W_PV],
-            "  softmax": r[:, SOFT],
-            "  wgmma issue": r[:, ISSUE],
-            "  rescale, pack": r[:, TAIL],
-            "last PV": r[:, LASTPV] - r[:, LOOP],
-            "epilogue": r[:, END] - r[:, LASTPV],
-        }
+        tot, blocks = parts.pop("total"), parts.pop("blocks")
+        r = rec[:, :, w][used[:, :, w]]
         out.append(f"consumer {w}: {len(tot)} tiles, {blocks.mean():.1f} K/V tiles each, "
                    f"{tot.mean():.0f} cycles per tile ({tot.mean() / max(blocks.mean(), 1):.0f} per K/V tile)")
         for k, v in parts.items():

@@ -28,7 +28,8 @@
 // persistent: grid = SM count, tile t goes to CTA t % grid, and causal tiles
 // are numbered longest first inside windows of a few heads, so the query
 // blocks of a head run close in time and share its K/V in L2 (and taken in
-// reverse in odd stripes of grid tiles, see sm90_tile).
+// reverse in odd stripes of grid tiles, see sm90_tile). A build with
+// -DFC_SM90_TRACE records where each tile's cycles go (trace.cuh, TR_* marks).
 //
 // Key-split mode (small grids). When 64-row tiles number no more than the
 // SMs (e.g. B=2, H=8, S=512) and DP <= 128, a tile is 64 query rows and the
@@ -247,8 +248,10 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 TR_TIME(TR_W_S, wgmma_wait<1>());  // S of the next tile is done; P_j V_j may still run
                 fence_regs(s);
                 mbar_arrive(k_empty + 8 * sn);  // this thread is done with K slot sn
-                TR_TIME(TR_SOFT, if (needs_mask((j + step) * BC)) mask_tile<BC>(s, (j + step) * BC, frow, p, causal, diag, lane);
-                        rescale = softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2));
+                TR_MARK(tr_soft);
+                if (needs_mask((j + step) * BC)) mask_tile<BC>(s, (j + step) * BC, frow, p, causal, diag, lane);
+                rescale = softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2);
+                TR_SINCE(TR_SOFT, tr_soft);
                 TR_TIME(TR_W_PV, wgmma_wait<0>());
 #pragma unroll
                 for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
@@ -260,8 +263,10 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 TR_TIME(TR_W_S, wgmma_wait<0>());
                 fence_regs(s);
                 mbar_arrive(k_empty + 8 * sn);  // this thread is done with K slot sn
-                TR_TIME(TR_SOFT, if (needs_mask((j + step) * BC)) mask_tile<BC>(s, (j + step) * BC, frow, p, causal, diag, lane);
-                        rescale = softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2));
+                TR_MARK(tr_soft);
+                if (needs_mask((j + step) * BC)) mask_tile<BC>(s, (j + step) * BC, frow, p, causal, diag, lane);
+                rescale = softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2);
+                TR_SINCE(TR_SOFT, tr_soft);
             }
             TR_MARK(tr_tail);
 #pragma unroll
