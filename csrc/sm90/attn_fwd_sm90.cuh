@@ -19,7 +19,8 @@
 // shared memory (N-major). At D = 128 and 256 the two are software-pipelined:
 // S_{j+1} and P_j V_j are issued back to back, and the masking and online
 // softmax of tile j+1 (exp2, log2(e) folded into the scale) run while P_j V_j
-// is still on the tensor cores; the O rescale waits for it. At D = 64 they run
+// is still on the tensor cores (at D = 256; at D = 128 ptxas puts the P V wait
+// first, see PIN_SOFTMAX); the O rescale waits for it. At D = 64 they run
 // in order, and the two consumer warpgroups overlap each other instead. The
 // epilogue divides by the row sum, stages O in the warpgroup's own Q rows
 // (at D = 256, whose one Q buffer is released as soon as the tile's last S is
@@ -91,6 +92,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     const uint32_t k_full = q_empty + 8 * Q_BUFS, v_full = k_full + 8 * STAGES;
     const uint32_t k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;
     const uint32_t ml = v_empty + 8 * STAGES;  // key-split: consumer 2's m and l (ML_BYTES past the ordinary smem)
+    const uint32_t sink = ml + (KV_SPLIT ? Tile::ML_BYTES : 0);  // PIN_SOFTMAX: SINK_BYTES
     static_assert(!KV_SPLIT || Tile::KV_SPLIT_OK, "key-split mode needs DP <= 128");
     constexpr bool split = KV_SPLIT;
     constexpr int br = split ? Tile::WG_ROWS : BR;  // query rows per tile
@@ -252,6 +254,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 if (needs_mask((j + step) * BC)) mask_tile<BC>(s, (j + step) * BC, frow, p, causal, diag, lane);
                 rescale = softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2);
                 TR_SINCE(TR_SOFT, tr_soft);
+                if constexpr (Tile::PIN_SOFTMAX) {  // keeps the softmax ahead of the P V wait
+                    if (lane == 0) st_shared_f32(sink + 4 * (cw * 4 + warp), l_i[0] + l_i[1]);
+                }
                 TR_TIME(TR_W_PV, wgmma_wait<0>());
 #pragma unroll
                 for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);

@@ -54,7 +54,13 @@ struct Sm90Tile {
     // K is released as soon as S is done (sm90 v5); 10-17 % slower at D = 64, where
     // the in-order schedule of the two warpgroups overlaps better.
     static constexpr bool OVERLAP = DP >= 128;
-    // The O rescale is voted per 8-row half of a warp (softmax_tile), except
+    // ptxas schedules the P V wait (and V's release) of a loop step ahead of
+    // the softmax, so without help the softmax never runs under its own P V.
+    // PIN_SOFTMAX: a shared-memory store of the row sums, which depend on every
+    // exponential, sits between them and keeps the softmax first. Measured on an
+    // H100 (perf notes, session 18): D = 256 +3-4.5 % at S >= 1k (sustained too);
+    // D = 128 -2.5 to +3 %, so it stays off there.
+    static constexpr bool PIN_SOFTMAX = DP == 256;    // The O rescale is voted per 8-row half of a warp (softmax_tile), except
     // in the two-consumer D = 64 kernel. Measured on an H100 (perf notes,
     // session 15): +2-5 % with three consumers, +1-2 % at D = 128 and 256;
     // 4-7 % slower in the two-consumer D = 64 kernel, which keeps one vote.
@@ -77,13 +83,14 @@ struct Sm90Tile {
     // it needs DP / 2 <= 16 * Q_BUFS * SLABS, true for DP <= 128.
     static constexpr bool KV_SPLIT_OK = DP <= 128 && CONS == 2;
     static constexpr uint32_t ML_BYTES = 4 * 128 * 4;  // key-split: consumer 2's m and l, 4 floats per thread
+    static constexpr uint32_t SINK_BYTES = PIN_SOFTMAX ? 4 * 4 * CONS : 0;  // one word per consumer warp
     __host__ __device__ static constexpr int stages(bool kv_split) { return kv_split ? SPLIT_STAGES : STAGES; }
     // q_full[], q_empty[], k_full[], v_full[], k_empty[], v_empty[]
     static constexpr int n_barriers(bool kv_split) { return 2 * Q_BUFS + 4 * stages(kv_split); }
     // Dynamic smem; key-split mode adds ML_BYTES for its merge.
     static constexpr size_t smem_bytes(bool kv_split) {
         return FC_SWZ_GROUP_BYTES /* alignment slack */ + Q_BUFS * Q_BYTES + 2 * stages(kv_split) * (size_t)KV_BYTES +
-               CONSUMERS * O_STAGE_BYTES + 8 * n_barriers(kv_split) + (kv_split ? ML_BYTES : 0);
+               CONSUMERS * O_STAGE_BYTES + 8 * n_barriers(kv_split) + (kv_split ? ML_BYTES : 0) + SINK_BYTES;
     }
     static_assert(SPLIT_STAGES % 2 == 0, "key-split mode needs an even K/V ring");
     static_assert(!KV_SPLIT_OK || DP / 2 <= 16 * Q_BUFS * SLABS, "key-split partials must fit the Q buffers");

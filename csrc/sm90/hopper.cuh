@@ -37,6 +37,10 @@ FC_DEVICE void mbar_wait(uint32_t bar, uint32_t parity) {
         : "memory");
 }
 
+FC_DEVICE void st_shared_f32(uint32_t addr, float v) {
+    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
+}
+
 // ---------------------------------------------------------------------------
 // TMA: one box of a 4-D tensor map into shared memory, completing on `bar`.
 // Coordinates are (col, row, head, batch); out-of-range elements read as 0.
