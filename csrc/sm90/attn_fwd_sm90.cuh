@@ -113,10 +113,20 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     }
     __syncthreads();  // the barriers are initialized before any thread waits on or arrives at them
 
+    // Tile coordinates by multiply and shift (sm90_tile_magic, the order
+    // computed on the host): measured on an H100 (perf notes, session 18) +4-9 %
+    // on causal D = 64 at S <= 1k and +1-1.5 % at D = 256; D = 128 +2 % at
+    // S = 512 but 1.4 % slower at 2k, and 3-7 % slower in the three-consumer
+    // kernel. Those two keep sm90_tile and `/`.
+    constexpr bool MAGIC_DIV = CONS == 2 && DP != 128;
     const int n_mblocks = (p.Sq + br - 1) / br;
     const int n_tiles = n_mblocks * p.B * p.Hq;
-    const int window = sm90_causal_window(gridDim.x, n_mblocks, p.B * p.Hq,
-                                          (long long)p.Sk * DP * 4);  // causal tile order, see sm90_tile
+    const int window = MAGIC_DIV ? 0 : sm90_causal_window(gridDim.x, n_mblocks, p.B * p.Hq,
+                                                          (long long)p.Sk * DP * 4);  // causal tile order, see sm90_tile
+    auto tile_at = [&](int tile) {
+        if constexpr (MAGIC_DIV) return sm90_tile_magic<BC>(p, args.sched, tile);
+        else return sm90_tile<BC>(p, tile, n_tiles, n_mblocks, br, window);
+    };
     const int wg = tid / 128;
 
     if (wg == 0) {
@@ -129,7 +139,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         int it = 0;  // K/V tiles issued so far: position in the ring
         int local = 0;
         for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++local) {
-            const Sm90TileCoord t = sm90_tile<BC>(p, tile, n_tiles, n_mblocks, br, window);
+            const Sm90TileCoord t = tile_at(tile);
             const int qb = local % Q_BUFS;
             TR_DECL(args, local, 0, true)
             TR_SET(TR_START);
@@ -180,7 +190,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     int base = 0;  // key-split mode: ring position of the current tile's K/V tile 0
     int local = 0;
     for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++local) {
-        const Sm90TileCoord t = sm90_tile<BC>(p, tile, n_tiles, n_mblocks, br, window);
+        const Sm90TileCoord t = tile_at(tile);
         const int qb = local % Q_BUFS;
         const uint32_t q_rows = sQ + qb * Tile::Q_BYTES + row_off * ROWB;  // our rows of slab 0
         const int wrow0 = t.row0 + row_off;             // first query row of this warpgroup
@@ -445,6 +455,27 @@ static long long sm90_tiles(const fc_attn_params* p, int br) {
     return (long long)((p->Sq + br - 1) / br) * p->B * p->Hq;
 }
 
+// The tile order of a launch of `grid` CTAs with `br`-row tiles (see sm90_tile).
+// kv_head_bytes: one head's K and V at the padded head dim, for the causal window.
+static Sm90Sched sm90_sched(const fc_attn_params* p, int br, int grid, long long kv_head_bytes) {
+    Sm90Sched o;
+    const int n_bh = p->B * p->Hq;
+    o.br = br;
+    o.n_mblocks = (p->Sq + br - 1) / br;
+    o.n_tiles = o.n_mblocks * n_bh;
+    o.window = sm90_causal_window(grid, o.n_mblocks, n_bh, kv_head_bytes);
+    o.last_window = (n_bh - 1) / o.window;
+    o.last_heads = n_bh - o.last_window * o.window;
+    o.by_grid = sm90_div(grid);
+    o.by_mblocks = sm90_div(o.n_mblocks);
+    o.by_hq = sm90_div(p->Hq);
+    o.by_group = sm90_div(p->Hq / p->Hkv);
+    o.by_wtiles = sm90_div(o.window * o.n_mblocks);
+    o.by_window = sm90_div(o.window);
+    o.by_last = sm90_div(o.last_heads);
+    return o;
+}
+
 // Three consumers (D = 64) from this many query rows on: measured at parity at
 // S = 512-1k and ahead from 2k. Shorter rows pad a 192-row tile further (at
 // Sq <= 128 a whole warpgroup's rows are padding) and were not measured.
@@ -503,6 +534,7 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     if (s != FC_OK) return s;
     const long long n_tiles = sm90_tiles(p, br);
     const unsigned grid = (unsigned)(n_tiles < num_sms ? n_tiles : num_sms);
+    a.sched = sm90_sched(p, br, (int)grid, (long long)p->Sk * DP * 4);
     if constexpr (Tile::KV_SPLIT_OK) {
         if (kv_split) return attn_fwd_sm90_run<DP, 2, T, true>(a, grid, stream);
     }

@@ -97,12 +97,50 @@ struct Sm90Tile {
     static_assert(DP % FC_SLAB_COLS == 0, "DP must be a whole number of 64-column slabs");
 };
 
+// Division by a number fixed for a launch, as a multiply and a shift:
+// n / d == (umulhi(n, mul) + n) >> shift for 0 <= n < 2^31 and 1 <= d < 2^31,
+// with shift = ceil(log2 d) and mul = floor(2^32 (2^shift - d) / d) + 1
+// (Granlund and Montgomery's method for invariant divisors; n < 2^31 keeps the
+// add within 32 bits). A runtime `/` costs a float reciprocal and a dozen
+// dependent instructions; the persistent tile loop did five per tile.
+struct Sm90Div {
+    uint32_t mul;    // magic multiplier
+    uint32_t shift;  // ceil(log2 d)
+};
+static inline Sm90Div sm90_div(int d) {
+    uint32_t shift = 0;
+    while ((1ull << shift) < (unsigned long long)d) ++shift;
+    const unsigned long long mul = ((1ull << 32) * ((1ull << shift) - (unsigned long long)d)) / (unsigned long long)d + 1;
+    return {(uint32_t)mul, shift};
+}
+__device__ __forceinline__ int sm90_quot(int n, Sm90Div v) {
+    return (int)((__umulhi((uint32_t)n, v.mul) + (uint32_t)n) >> v.shift);
+}
+
+// The persistent tile order of one launch (sm90_tile), computed on the host.
+struct Sm90Sched {
+    int br;              // query rows per tile
+    int n_mblocks;       // query blocks per (batch, head)
+    int n_tiles;         // n_mblocks x B x Hq
+    int window;          // causal: heads per window (sm90_causal_window)
+    int last_window;     // causal: index of the last window, which may hold fewer heads
+    int last_heads;      // causal: heads in the last window
+    Sm90Div by_grid;     // CTAs
+    Sm90Div by_mblocks;  // n_mblocks
+    Sm90Div by_hq;       // Hq
+    Sm90Div by_group;    // Hq / Hkv
+    Sm90Div by_wtiles;   // causal: tiles per full window, window x n_mblocks
+    Sm90Div by_window;   // causal: window
+    Sm90Div by_last;     // causal: last_heads
+};
+
 // Kernel parameters: the three TMA maps plus the call's params.
 struct Sm90Args {
     CUtensorMap q_map;  // Q as (D, Sq, Hq, B), box (64, tile rows: BR, or WG_ROWS in key-split mode)
     CUtensorMap k_map;  // K as (D, Sk, Hkv, B), box (64, BC)
     CUtensorMap v_map;  // V as (D, Sk, Hkv, B), box (64, BC)
     fc_attn_params p;   // shapes, strides, O/LSE pointers, scale, causal mode
+    Sm90Sched sched;    // tile order
 #ifdef FC_SM90_TRACE
     unsigned long long* trace;  // timeline records (trace.cuh), or null
 #endif
@@ -161,6 +199,39 @@ __device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int 
     return t;
 }
 
+// The same order with Sm90Sched's multipliers in place of `/` (see Sm90Div).
+// Both versions stay: with this one ptxas scheduled the D = 128 and the
+// three-consumer kernels worse (see attn_fwd_sm90_kernel).
+template <int BC>
+__device__ __forceinline__ Sm90TileCoord sm90_tile_magic(const fc_attn_params& p, const Sm90Sched& o, int tile) {
+    const int grid = gridDim.x, stripe = sm90_quot(tile, o.by_grid);
+    if (p.causal != FC_CAUSAL_NONE && (stripe & 1) && (stripe + 1) * grid <= o.n_tiles)
+        tile = stripe * grid + grid - 1 - (tile - stripe * grid);
+    int mblock, bh;
+    if (p.causal != FC_CAUSAL_NONE) {
+        const int w = sm90_quot(tile, o.by_wtiles), i = tile - w * o.window * o.n_mblocks;
+        const bool last = w == o.last_window;
+        const int q = sm90_quot(i, last ? o.by_last : o.by_window);
+        mblock = o.n_mblocks - 1 - q;
+        bh = w * o.window + i - q * (last ? o.last_heads : o.window);
+    } else {
+        bh = sm90_quot(tile, o.by_mblocks);
+        mblock = tile - bh * o.n_mblocks;
+    }
+    Sm90TileCoord t;
+    t.b = sm90_quot(bh, o.by_hq);
+    t.h = bh - t.b * p.Hq;
+    t.hk = sm90_quot(t.h, o.by_group);
+    t.row0 = mblock * o.br;
+    t.n_blocks = (p.Sk + BC - 1) / BC;
+    if (p.causal != FC_CAUSAL_NONE) {
+        const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
+        const int last_key = min(t.row0 + o.br, p.Sq) - 1 + diag;
+        t.n_blocks = last_key < 0 ? 0 : min(t.n_blocks, last_key / BC + 1);
+    }
+    return t;
+}
+
 // Heads per causal window: 2 grid / gcd(2 grid, n_mblocks), so that a window
 // is a whole number of stripe pairs and the snake keeps CTAs' work even
 // (33 heads on 132 SMs for 8 or 16 query blocks per head), at most all heads.
@@ -173,7 +244,7 @@ __device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int 
 // 5 % slower (D = 64 causal S4k, 6-head windows), probably because the last,
 // partial window still holds the longest tiles and runs them last.
 static constexpr long long SM90_WINDOW_KV_BYTES = 16ll << 20;
-__device__ __forceinline__ int sm90_causal_window(int grid, int n_mblocks, int n_bh, long long kv_head_bytes) {
+__host__ __device__ inline int sm90_causal_window(int grid, int n_mblocks, int n_bh, long long kv_head_bytes) {
     int a = 2 * grid, b = n_mblocks;
     while (b != 0) {
         const int r = a % b;
@@ -182,7 +253,7 @@ __device__ __forceinline__ int sm90_causal_window(int grid, int n_mblocks, int n
     }
     int heads = 2 * grid / a;
     if (grid % n_mblocks == 0 && heads * kv_head_bytes > SM90_WINDOW_KV_BYTES) heads = grid / n_mblocks;
-    return min(heads, n_bh);
+    return heads < n_bh ? heads : n_bh;
 }
 
 template <int N, typename T>
