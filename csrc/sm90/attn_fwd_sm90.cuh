@@ -113,12 +113,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     }
     __syncthreads();  // the barriers are initialized before any thread waits on or arrives at them
 
-    // Tile coordinates by multiply and shift (sm90_tile_magic, the order
-    // computed on the host): measured on an H100 (perf notes, session 18) +4-9 %
-    // on causal D = 64 at S <= 1k and +1-1.5 % at D = 256; D = 128 +2 % at
-    // S = 512 but 1.4 % slower at 2k, and 3-7 % slower in the three-consumer
-    // kernel. Those two keep sm90_tile and `/`.
-    constexpr bool MAGIC_DIV = CONS == 2 && DP != 128;
+    constexpr bool MAGIC_DIV = Tile::MAGIC_DIV;  // see the tile table
     const int n_mblocks = (p.Sq + br - 1) / br;
     const int n_tiles = n_mblocks * p.B * p.Hq;
     const int window = MAGIC_DIV ? 0 : sm90_causal_window(gridDim.x, n_mblocks, p.B * p.Hq,
@@ -534,7 +529,9 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     if (s != FC_OK) return s;
     const long long n_tiles = sm90_tiles(p, br);
     const unsigned grid = (unsigned)(n_tiles < num_sms ? n_tiles : num_sms);
-    a.sched = sm90_sched(p, br, (int)grid, (long long)p->Sk * DP * 4);
+    // Host work per call: only a kernel that reads the tile order gets it.
+    a.sched = sm90_magic_div(DP, cons3 ? 3 : 2) ? sm90_sched(p, br, (int)grid, (long long)p->Sk * DP * 4)
+                                                : Sm90Sched{};
     if constexpr (Tile::KV_SPLIT_OK) {
         if (kv_split) return attn_fwd_sm90_run<DP, 2, T, true>(a, grid, stream);
     }

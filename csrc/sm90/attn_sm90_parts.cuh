@@ -29,6 +29,11 @@
 // +11-23 % at S >= 2k non-causal and +3-18 % causal S >= 4k, but 11-16 %
 // slower at causal S <= 1k, where 192-row tiles waste more keys past the
 // diagonal (perf notes, session 10). Dispatch: sm90_use_cons3.
+// Whether the kernel at padded head dim dp with `cons` consumers finds its
+// tiles by multiply and shift (Sm90Tile::MAGIC_DIV; the launcher then fills
+// Sm90Args::sched).
+__host__ __device__ constexpr bool sm90_magic_div(int dp, int cons) { return cons == 2 && dp != 128; }
+
 template <int DP, int CONS = 2>
 struct Sm90Tile {
     static_assert(CONS == 2 || (CONS == 3 && DP == 64), "three consumers fit their registers only at D = 64");
@@ -60,7 +65,14 @@ struct Sm90Tile {
     // exponential, sits between them and keeps the softmax first. Measured on an
     // H100 (perf notes, session 18): D = 256 +3-4.5 % at S >= 1k (sustained too);
     // D = 128 -2.5 to +3 %, so it stays off there.
-    static constexpr bool PIN_SOFTMAX = DP == 256;    // The O rescale is voted per 8-row half of a warp (softmax_tile), except
+    static constexpr bool PIN_SOFTMAX = DP == 256;
+    // Tile coordinates by multiply and shift (sm90_tile_magic, the order
+    // computed on the host by sm90_sched): measured on an H100 (perf notes,
+    // session 18) +4-9 % on causal D = 64 at S <= 1k and +1-1.5 % at D = 256;
+    // D = 128 +2 % at S = 512 but 1.4 % slower at 2k, and 3-7 % slower in the
+    // three-consumer kernel. Those two keep sm90_tile and `/`.
+    static constexpr bool MAGIC_DIV = sm90_magic_div(DP, CONS);
+    // The O rescale is voted per 8-row half of a warp (softmax_tile), except
     // in the two-consumer D = 64 kernel. Measured on an H100 (perf notes,
     // session 15): +2-5 % with three consumers, +1-2 % at D = 128 and 256;
     // 4-7 % slower in the two-consumer D = 64 kernel, which keeps one vote.
@@ -201,7 +213,8 @@ __device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int 
 
 // The same order with Sm90Sched's multipliers in place of `/` (see Sm90Div).
 // Both versions stay: with this one ptxas scheduled the D = 128 and the
-// three-consumer kernels worse (see attn_fwd_sm90_kernel).
+// three-consumer kernels worse (see Sm90Tile::MAGIC_DIV). The last lines
+// repeat sm90_tile's on purpose: a shared helper changed the measured SASS.
 template <int BC>
 __device__ __forceinline__ Sm90TileCoord sm90_tile_magic(const fc_attn_params& p, const Sm90Sched& o, int tile) {
     const int grid = gridDim.x, stripe = sm90_quot(tile, o.by_grid);
