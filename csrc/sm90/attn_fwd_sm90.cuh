@@ -216,7 +216,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         auto pv_tile = [&](int g) {
             const int st = g % STAGES;
             TR_TIME(TR_W_V, mbar_wait(v_full + 8 * st, (g / STAGES) & 1));  // V of tile g has landed
-            issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES);
+            issue_pv<BC, PV_N, PV_PARTS, T, Tile::DESC_ADD>(o, pa, sV + st * Tile::KV_BYTES);
             TR_TIME(TR_W_PV, wgmma_wait<0>());
 #pragma unroll
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
@@ -225,7 +225,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         if (any) {  // prologue: P of tile `first`
             const int g = split ? base + first : it;
             mbar_wait(k_full + 8 * (g % STAGES), (g / STAGES) & 1);  // K of tile `first` has landed
-            issue_qk<DP, BR, BC, T>(s, q_rows, sK + (g % STAGES) * Tile::KV_BYTES);
+            issue_qk<DP, BR, BC, T, Tile::DESC_ADD>(s, q_rows, sK + (g % STAGES) * Tile::KV_BYTES);
             wgmma_wait<0>();
             fence_regs(s);
             mbar_arrive(k_empty + 8 * (g % STAGES));  // this thread is done with K slot g % STAGES
@@ -249,9 +249,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             unsigned rescale;
             if constexpr (overlap) {
                 TR_TIME(TR_W_K, mbar_wait(k_full + 8 * sn, (gn / STAGES) & 1));  // K of the next tile has landed
-                TR_TIME(TR_ISSUE, issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES));
+                TR_TIME(TR_ISSUE, issue_qk<DP, BR, BC, T, Tile::DESC_ADD>(s, q_rows, sK + sn * Tile::KV_BYTES));
                 TR_TIME(TR_W_V, mbar_wait(v_full + 8 * st, (g / STAGES) & 1));  // V of tile j has landed
-                TR_TIME(TR_ISSUE, issue_pv<BC, PV_N, PV_PARTS, T>(o, pa, sV + st * Tile::KV_BYTES));
+                TR_TIME(TR_ISSUE, issue_pv<BC, PV_N, PV_PARTS, T, Tile::DESC_ADD>(o, pa, sV + st * Tile::KV_BYTES));
                 TR_TIME(TR_W_S, wgmma_wait<1>());  // S of the next tile is done; P_j V_j may still run
                 fence_regs(s);
                 mbar_arrive(k_empty + 8 * sn);  // this thread is done with K slot sn
@@ -269,7 +269,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             } else {  // in order: P_j V_j, then S of the next tile and its softmax
                 pv_tile(g);
                 TR_TIME(TR_W_K, mbar_wait(k_full + 8 * sn, (gn / STAGES) & 1));  // K of the next tile has landed
-                issue_qk<DP, BR, BC, T>(s, q_rows, sK + sn * Tile::KV_BYTES);
+                issue_qk<DP, BR, BC, T, Tile::DESC_ADD>(s, q_rows, sK + sn * Tile::KV_BYTES);
                 TR_TIME(TR_W_S, wgmma_wait<0>());
                 fence_regs(s);
                 mbar_arrive(k_empty + 8 * sn);  // this thread is done with K slot sn

@@ -77,6 +77,12 @@ struct Sm90Tile {
     // session 15): +2-5 % with three consumers, +1-2 % at D = 128 and 256;
     // 4-7 % slower in the two-consumer D = 64 kernel, which keeps one vote.
     static constexpr bool HALF_VOTES = !(DP == 64 && CONS == 2);
+    // wgmma descriptors as one base per operand and tile plus a constant per k
+    // step (wgmma_desc_add), in place of building each from its address (five
+    // uniform instructions per wgmma). Measured on an H100 (perf notes, session
+    // 19): D = 256 +3.5-5 %, D = 128 +0.5-1.7 %, three consumers +0.5-1 %; the
+    // two-consumer D = 64 kernel lost 2-2.5 % at causal S <= 1k and keeps the old way.
+    static constexpr bool DESC_ADD = !(DP == 64 && CONS == 2);
     static constexpr int THREADS = 128 * (1 + CONSUMERS);
     static constexpr int SLABS = DP / FC_SLAB_COLS;   // 128-byte swizzle slabs across a row
     static constexpr uint32_t Q_BYTES = BR * DP * 2;
@@ -286,31 +292,43 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[N / 2], const uint32_t a[4],
 
 // Issues S = Q K^T for one K tile (DP/16 k steps; a step inside a slab moves
 // 32 bytes) as one wgmma group. q_rows: this warpgroup's rows of slab 0.
-template <int DP, int BR, int BC, typename T>
+// DESC_ADD: see Sm90Tile::DESC_ADD.
+template <int DP, int BR, int BC, typename T, bool DESC_ADD>
 __device__ __forceinline__ void issue_qk(float (&s)[BC / 2], uint32_t q_rows, uint32_t k_tile) {
     wgmma_fence();  // orders earlier register use of s before the async writes
+    if constexpr (DESC_ADD) {
+        const uint64_t qd = wgmma_desc(q_rows, 16, FC_SWZ_GROUP_BYTES), kd = wgmma_desc(k_tile, 16, FC_SWZ_GROUP_BYTES);
 #pragma unroll
-    for (int kk = 0; kk < DP / 16; ++kk) {
-        const uint32_t qa = q_rows + (kk / 4) * BR * FC_SWZ_ROW_BYTES + (kk % 4) * 32;
-        const uint32_t kb = k_tile + (kk / 4) * BC * FC_SWZ_ROW_BYTES + (kk % 4) * 32;
-        wgmma_qk<BC, T>(s, wgmma_desc(qa, 16, FC_SWZ_GROUP_BYTES), wgmma_desc(kb, 16, FC_SWZ_GROUP_BYTES), kk > 0);
+        for (int kk = 0; kk < DP / 16; ++kk)
+            wgmma_qk<BC, T>(s, wgmma_desc_add(qd, (kk / 4) * BR * FC_SWZ_ROW_BYTES + (kk % 4) * 32),
+                            wgmma_desc_add(kd, (kk / 4) * BC * FC_SWZ_ROW_BYTES + (kk % 4) * 32), kk > 0);
+    } else {
+#pragma unroll
+        for (int kk = 0; kk < DP / 16; ++kk) {
+            const uint32_t qa = q_rows + (kk / 4) * BR * FC_SWZ_ROW_BYTES + (kk % 4) * 32;
+            const uint32_t kb = k_tile + (kk / 4) * BC * FC_SWZ_ROW_BYTES + (kk % 4) * 32;
+            wgmma_qk<BC, T>(s, wgmma_desc(qa, 16, FC_SWZ_GROUP_BYTES), wgmma_desc(kb, 16, FC_SWZ_GROUP_BYTES), kk > 0);
+        }
     }
     wgmma_commit();
 }
 
 // Issues O += P V for one V tile as one wgmma group. V is N-major: a 16-key
 // step moves 16 rows, a part (PV_N = 128 columns) moves 2 slabs.
-template <int BC, int PV_N, int PV_PARTS, typename T>
+template <int BC, int PV_N, int PV_PARTS, typename T, bool DESC_ADD>
 __device__ __forceinline__ void issue_pv(float (&o)[PV_PARTS][PV_N / 2], const uint32_t (&pa)[BC / 16][4],
                                          uint32_t v_tile) {
     wgmma_fence();  // orders earlier register writes of o and pa before the async accumulation
+    const uint64_t vd = wgmma_desc(v_tile, BC * FC_SWZ_ROW_BYTES, FC_SWZ_GROUP_BYTES);
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk)
 #pragma unroll
-        for (int pp = 0; pp < PV_PARTS; ++pp)
+        for (int pp = 0; pp < PV_PARTS; ++pp) {
+            const uint32_t off = pp * 2 * BC * FC_SWZ_ROW_BYTES + kk * 16 * FC_SWZ_ROW_BYTES;
             wgmma_pv<PV_N, T>(o[pp], pa[kk],
-                              wgmma_desc(v_tile + pp * 2 * BC * FC_SWZ_ROW_BYTES + kk * 16 * FC_SWZ_ROW_BYTES,
-                                         BC * FC_SWZ_ROW_BYTES, FC_SWZ_GROUP_BYTES));
+                              DESC_ADD ? wgmma_desc_add(vd, off)
+                                       : wgmma_desc(v_tile + off, BC * FC_SWZ_ROW_BYTES, FC_SWZ_GROUP_BYTES));
+        }
     wgmma_commit();
 }
 

@@ -78,6 +78,13 @@ FC_DEVICE uint64_t wgmma_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t s
            ((uint64_t)(sbo_bytes >> 4) << 32) | (1ull << 62);  // layout type 1: 128-byte swizzle
 }
 
+// The descriptor of the operand `bytes` past the one desc describes (same
+// strides). The start address field holds address / 16 in 14 bits; a CTA's
+// shared memory (at most 227 KB from address 0) keeps address + bytes below
+// 256 KB, so the sum never carries out of the field. One add per wgmma, where
+// building each descriptor from its address took five uniform instructions.
+FC_DEVICE uint64_t wgmma_desc_add(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
 FC_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 FC_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
