@@ -83,6 +83,11 @@ struct Sm90Tile {
     // 19): D = 256 +3.5-5 %, D = 128 +0.5-1.7 %, three consumers +0.5-1 %; the
     // two-consumer D = 64 kernel lost 2-2.5 % at causal S <= 1k and keeps the old way.
     static constexpr bool DESC_ADD = !(DP == 64 && CONS == 2);
+    // UNIFORM_CW: the consumer index is broadcast from lane 0 (__shfl_sync), so
+    // ptxas knows it is warp-uniform and builds the Q descriptors in uniform
+    // registers (no R2UR per wgmma). Measured on an H100 (perf notes, session
+    // 19): D = 256 +1.5-3 %; D = 128 0.5-1 % and D = 64 2-5 % slower.
+    static constexpr bool UNIFORM_CW = DP == 256;
     static constexpr int THREADS = 128 * (1 + CONSUMERS);
     static constexpr int SLABS = DP / FC_SLAB_COLS;   // 128-byte swizzle slabs across a row
     static constexpr uint32_t Q_BYTES = BR * DP * 2;
