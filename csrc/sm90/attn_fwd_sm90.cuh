@@ -372,6 +372,13 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             // not hoist a register per pass out of the tile loop.
             static_assert((ROWS_PER_PASS & (ROWS_PER_PASS - 1)) == 0, "rows per pass must be a power of two");
             const int c = t128 % CH, r0 = t128 / CH;
+            // Both rows' sums and reciprocals first, the LSE after the O writes:
+            // one chain per row half made ptxas run the halves one after the other.
+            float l[2], inv[2];
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) l[hr] = quad_sum(l_i[hr]);
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) inv[hr] = l[hr] > 0.f ? 1.f / l[hr] : 0.f;
 #pragma unroll
             for (int pass = 0; pass < PASSES; ++pass) {
                 // (ids 1-3; key-split mode's merge uses 3 and 4, but has only consumers 1-2)
@@ -379,8 +386,6 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                     named_barrier_sync(1 + cw, 128);  // the last pass's (or tile's) reads of the O buffer are done
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
-                    const float l = quad_sum(l_i[hr]);
-                    const float inv = l > 0.f ? 1.f / l : 0.f;
                     const int r = warp * 16 + lane / 4 + hr * 8;  // row within the warpgroup
 #pragma unroll
                     for (int q = 0; q < PASS_PARTS; ++q)
@@ -391,11 +396,17 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                             const uint32_t off = (col / FC_SLAB_COLS) * SLAB_STRIDE + r * ROWB +
                                                  ((((col % FC_SLAB_COLS) / 8) ^ (r & 7)) << 4) + (lane % 4) * 4;
                             *reinterpret_cast<uint32_t*>(stage_p + off) =
-                                pack2<T>(o[pp][4 * nt + 2 * hr] * inv, o[pp][4 * nt + 2 * hr + 1] * inv);
+                                pack2<T>(o[pp][4 * nt + 2 * hr] * inv[hr], o[pp][4 * nt + 2 * hr + 1] * inv[hr]);
                         }
-                    if (pass == 0 && p.lse && lane % 4 == 0 && wrow0 + r < p.Sq)
-                        p.lse[((int64_t)t.b * p.Hq + t.h) * p.Sq + wrow0 + r] =
-                            l > 0.f ? (m_i[hr] + log2f(l)) * FC_LN2 : -INFINITY;
+                }
+                if (pass == 0 && p.lse && lane % 4 == 0) {
+#pragma unroll
+                    for (int hr = 0; hr < 2; ++hr) {
+                        const int r = warp * 16 + lane / 4 + hr * 8;
+                        if (wrow0 + r < p.Sq)
+                            p.lse[((int64_t)t.b * p.Hq + t.h) * p.Sq + wrow0 + r] =
+                                l[hr] > 0.f ? (m_i[hr] + log2f(l[hr])) * FC_LN2 : -INFINITY;
+                    }
                 }
                 named_barrier_sync(1 + cw, 128);  // this warpgroup's O rows are in smem before its threads read them back
                 if (pass * PASS_COLS + c * 8 < p.D) {
