@@ -211,7 +211,8 @@ def test_gpu_row_max_moves(kernel, ramp, D, mode, dtype):
 
 @dtype_param
 @mode_param
-@pytest.mark.parametrize("shape", [(1, 2, 1, 8192), (1, 2, 4096, 4096), (1, 1, 2048, 8192), (1, 2, 8192, 1024)],
+@pytest.mark.parametrize("shape", [(1, 2, 1, 8192), (1, 2, 4096, 4096), (1, 1, 2048, 8192), (1, 2, 8192, 1024),
+                                   (2, 8, 600, 2100)],
                          ids=shape_id)
 @kernel_param
 def test_gpu_long_sequences(kernel, shape, mode, dtype):

@@ -70,11 +70,12 @@
 
 // KV_SPLIT selects key-split mode at compile time: as a runtime flag the
 // extra paths cost the ordinary mode 13 % at D = 64 (perf notes, sm90 v4).
-template <int DP, int CONS, typename T, bool KV_SPLIT>
+// LONG: the D = 128 instantiation for long key rows (Sm90Tile::PIN_SOFTMAX).
+template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false>
 __global__ void __launch_bounds__(Sm90Tile<DP, CONS>::THREADS, 1)
 attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 #ifdef FC_SM90_BODY
-    using Tile = Sm90Tile<DP, CONS>;
+    using Tile = Sm90Tile<DP, CONS, LONG>;
     constexpr int BR = Tile::BR, BC = Tile::BC, STAGES = Tile::stages(KV_SPLIT);
     constexpr int SLABS = Tile::SLABS, Q_BUFS = Tile::Q_BUFS;
     constexpr int PV_N = Tile::PV_N, PV_PARTS = Tile::PV_PARTS;
@@ -446,13 +447,13 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 // Launcher and the C entry points of one padded head dim (see kernels.h)
 
 // Sets the smem limit of one instantiation and launches it.
-template <int DP, int CONS, typename T, bool KV_SPLIT>
+template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false>
 static fc_status attn_fwd_sm90_run(const Sm90Args& a, unsigned grid, cudaStream_t stream) {
-    using Tile = Sm90Tile<DP, CONS>;
+    using Tile = Sm90Tile<DP, CONS, LONG>;
     constexpr size_t smem = Tile::smem_bytes(KV_SPLIT);
-    if (fc_smem_limit_once<attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT>>((int)smem) != cudaSuccess)
+    if (fc_smem_limit_once<attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT, LONG>>((int)smem) != cudaSuccess)
         return FC_ERR_CUDA;
-    attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT><<<grid, Tile::THREADS, smem, stream>>>(a);
+    attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT, LONG><<<grid, Tile::THREADS, smem, stream>>>(a);
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 
@@ -491,6 +492,11 @@ static constexpr int SM90_CONS3_MIN_SQ = 512;
 // per-half rescale votes (perf notes, session 15): S = 1536 +5 %, 2k +3 %,
 // 3000 +14 % over two consumers.
 static constexpr int SM90_CONS3_CAUSAL_MIN_SQ = 1536;
+
+// D = 128 calls from this many keys per row run the LONG instantiation (the
+// softmax pinned ahead of the P V wait). Measured on an H100 (perf notes,
+// session 19): +1-2 % at S = 2k-4k, +3-4 % at 16k; 1-1.5 % slower at S <= 1k.
+static constexpr int SM90_LONG_MIN_SK = 2048;
 
 // Rows per second of three consumers over two, per SM: the measured gain at
 // S >= 2k was 11-23 % (perf notes, session 10); 1.15 errs toward two.
@@ -548,6 +554,9 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     }
     if constexpr (DP == 64) {
         if (cons3) return attn_fwd_sm90_run<DP, 3, T, false>(a, grid, stream);
+    }
+    if constexpr (DP == 128) {
+        if (p->Sk >= SM90_LONG_MIN_SK) return attn_fwd_sm90_run<DP, 2, T, false, true>(a, grid, stream);
     }
     return attn_fwd_sm90_run<DP, 2, T, false>(a, grid, stream);
 }

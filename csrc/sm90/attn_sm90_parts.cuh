@@ -34,9 +34,10 @@
 // Sm90Args::sched).
 __host__ __device__ constexpr bool sm90_magic_div(int dp, int cons) { return cons == 2 && dp != 128; }
 
-template <int DP, int CONS = 2>
+template <int DP, int CONS = 2, bool LONG = false>
 struct Sm90Tile {
     static_assert(CONS == 2 || (CONS == 3 && DP == 64), "three consumers fit their registers only at D = 64");
+    static_assert(!LONG || (DP == 128 && CONS == 2), "the long-row instantiation is D = 128's");
     static constexpr int CONSUMERS = CONS;            // consumer warpgroups
     static constexpr int WG_ROWS = 64;                // query rows per consumer (wgmma M)
     static constexpr int BR = CONSUMERS * WG_ROWS;    // query rows per tile
@@ -63,9 +64,11 @@ struct Sm90Tile {
     // the softmax, so without help the softmax never runs under its own P V.
     // PIN_SOFTMAX: a shared-memory store of the row sums, which depend on every
     // exponential, sits between them and keeps the softmax first. Measured on an
-    // H100 (perf notes, session 18): D = 256 +3-4.5 % at S >= 1k (sustained too);
-    // D = 128 -2.5 to +3 %, so it stays off there.
-    static constexpr bool PIN_SOFTMAX = DP == 256;
+    // H100 (perf notes, session 18): D = 256 +3-4.5 % at S >= 1k (sustained too).
+    // At D = 128 it helps long rows and costs short ones (session 19), so it is
+    // on in the LONG instantiation only, which dispatch picks from
+    // SM90_LONG_MIN_SK keys.
+    static constexpr bool PIN_SOFTMAX = DP == 256 || LONG;
     // Tile coordinates by multiply and shift (sm90_tile_magic, the order
     // computed on the host by sm90_sched): measured on an H100 (perf notes,
     // session 18) +4-9 % on causal D = 64 at S <= 1k and +1-1.5 % at D = 256;
