@@ -19,8 +19,9 @@
 // shared memory (N-major). At D = 128 and 256 the two are software-pipelined:
 // S_{j+1} and P_j V_j are issued back to back, and the masking and online
 // softmax of tile j+1 (exp2, log2(e) folded into the scale) run while P_j V_j
-// is still on the tensor cores (at D = 256; at D = 128 ptxas puts the P V wait
-// first, see PIN_SOFTMAX); the O rescale waits for it. At D = 64 they run
+// is still on the tensor cores (at D = 256, and at D = 128 in the LONG
+// instantiation for long rows; otherwise ptxas puts the P V wait first, see
+// PIN_SOFTMAX); the O rescale waits for it. At D = 64 they run
 // in order, and the two consumer warpgroups overlap each other instead. The
 // epilogue divides by the row sum, stages O in the warpgroup's own Q rows
 // (at D = 256, whose one Q buffer is released as soon as the tile's last S is
