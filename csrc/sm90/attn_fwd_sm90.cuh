@@ -170,7 +170,8 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 
     // ---------------- consumer warpgroups ----------------
     setmaxnreg_inc<Tile::CONSUMER_REGS>();
-    const int cw = (Tile::UNIFORM_CW ? __shfl_sync(0xffffffffu, wg, 0) : wg) - 1;  // rows cw*64 .. cw*64+63 of the tile (key-split: all 64 rows, K/V tiles cw, cw+2, ...)
+    // rows cw*64 .. cw*64+63 of the tile (key-split: all 64 rows, K/V tiles cw, cw+2, ...)
+    const int cw = (Tile::UNIFORM_CW ? __shfl_sync(0xffffffffu, wg, 0) : wg) - 1;
     const int t128 = tid % 128, warp = t128 / 32, lane = tid % 32;
     const float scale_log2 = p.scale * FC_LOG2E;
     const bool causal = p.causal != FC_CAUSAL_NONE;
