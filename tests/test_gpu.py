@@ -223,6 +223,19 @@ def test_gpu_long_sequences(kernel, shape, mode, dtype):
 
 
 @dtype_param
+@mode_param
+@pytest.mark.parametrize("shape", [(4, 8, 2000, 2000), (4, 8, 1700, 1900)], ids=shape_id)
+@kernel_param
+def test_gpu_causal_partial_blocks(kernel, shape, mode, dtype):
+    """D = 64 with enough rows for the sm90 kernel's 192-row tiles, whose causal
+    query blocks end at the last row: the first block holds the padding rows."""
+    B, H, Sq, Sk = shape
+    q, k, v = make_qkv(B, H, H, Sq, Sk, 64, dtype, DEV)
+    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
+    check_attention(out, lse, q, k, v, None, mode)
+
+
+@dtype_param
 @pytest.mark.parametrize("shape", [(65535, 1, 1, 8, 8), (1, 65535, 65535, 8, 8), (1, 65535, 5, 8, 8),
                                    (2, 40000, 8, 3, 5), (300, 300, 1, 2, 3)],
                          ids=lambda s: "B{}Hq{}Hkv{}_q{}k{}".format(*s))

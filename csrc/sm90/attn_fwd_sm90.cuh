@@ -122,7 +122,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                                                           (long long)p.Sk * DP * 4);  // causal tile order, see sm90_tile
     auto tile_at = [&](int tile) {
         if constexpr (MAGIC_DIV) return sm90_tile_magic<BC>(p, args.sched, tile);
-        else return sm90_tile<BC>(p, tile, n_tiles, n_mblocks, br, window);
+        else return sm90_tile<BC, Tile::PAD_FIRST>(p, tile, n_tiles, n_mblocks, br, window);
     };
     const int wg = tid / 128;
 
@@ -406,7 +406,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 #pragma unroll
                     for (int hr = 0; hr < 2; ++hr) {
                         const int r = warp * 16 + lane / 4 + hr * 8;
-                        if (wrow0 + r < p.Sq)
+                        if ((!Tile::PAD_FIRST || wrow0 + r >= 0) && wrow0 + r < p.Sq)
                             p.lse[((int64_t)t.b * p.Hq + t.h) * p.Sq + wrow0 + r] =
                                 l[hr] > 0.f ? (m_i[hr] + log2f(l[hr])) * FC_LN2 : -INFINITY;
                     }
@@ -419,7 +419,8 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                     const int64_t o_step = (int64_t)ROWS_PER_PASS * p.o_row_stride;
 #pragma unroll
                     for (int i = 0; i < Tile::WG_ROWS / ROWS_PER_PASS; ++i) {
-                        if (wrow0 + r0 + i * ROWS_PER_PASS < p.Sq) {
+                        if ((!Tile::PAD_FIRST || wrow0 + r0 + i * ROWS_PER_PASS >= 0) &&
+                            wrow0 + r0 + i * ROWS_PER_PASS < p.Sq) {
                             const uint32_t off = base + i * ROWS_PER_PASS * ROWB + ((sw ^ ((i * ROWS_PER_PASS) & 7)) << 4);
                             *reinterpret_cast<uint4*>(o_thr) = *reinterpret_cast<const uint4*>(stage_p + off);
                         }

@@ -91,6 +91,14 @@ struct Sm90Tile {
     // registers (no R2UR per wgmma). Measured on an H100 (perf notes, session
     // 19): D = 256 +1.5-3 %; D = 128 0.5-1 % and D = 64 2-5 % slower.
     static constexpr bool UNIFORM_CW = DP == 256;
+    // PAD_FIRST: causal query blocks are aligned to the last row, so when BR does
+    // not divide Sq the padding rows (negative row numbers: Q loads as zeros, O
+    // and LSE are not written) fall in the head's shortest tile, not its longest.
+    // With 192-row tiles the grid's causal shapes leave 64-128 padding rows per
+    // head. Measured on an H100 (perf notes, session 19): three consumers +2 %
+    // at causal S2k, +4.5 % at 4k; applied to the 128-row kernels (no padding on
+    // the grid) ptxas's new schedule cost 1.5-3.5 %, so they keep the old blocks.
+    static constexpr bool PAD_FIRST = CONS == 3;
     static constexpr int THREADS = 128 * (1 + CONSUMERS);
     static constexpr int SLABS = DP / FC_SLAB_COLS;   // 128-byte swizzle slabs across a row
     static constexpr uint32_t Q_BYTES = BR * DP * 2;
@@ -176,7 +184,7 @@ struct Sm90Args {
 // consumers call this with the same arguments and get the same answer.
 struct Sm90TileCoord {
     int b, h, hk;   // batch, query head, KV head
-    int row0;       // first query row
+    int row0;       // first query row (negative in a PAD_FIRST kernel's first causal block)
     int n_blocks;   // K/V tiles with at least one visible key
 };
 
@@ -194,7 +202,7 @@ struct Sm90TileCoord {
 // are CTAs, one query block each, and a head's K/V is fetched from HBM once
 // per query block; in a window, several query blocks of a head run together
 // and share its K/V in L2 (measured: causal S = 1k +12-52 %, perf notes).
-template <int BC>
+template <int BC, bool PAD_FIRST>
 __device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int tile, int n_tiles, int n_mblocks,
                                                    int br, int window) {
     const int grid = gridDim.x, stripe = tile / grid;
@@ -215,7 +223,7 @@ __device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int 
     t.h = bh % p.Hq;
     t.b = bh / p.Hq;
     t.hk = t.h / (p.Hq / p.Hkv);
-    t.row0 = mblock * br;
+    t.row0 = mblock * br - (PAD_FIRST && p.causal != FC_CAUSAL_NONE ? n_mblocks * br - p.Sq : 0);  // Sm90Tile::PAD_FIRST
     t.n_blocks = (p.Sk + BC - 1) / BC;
     if (p.causal != FC_CAUSAL_NONE) {
         const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
