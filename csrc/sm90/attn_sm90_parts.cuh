@@ -99,6 +99,7 @@ struct Sm90Tile {
     // at causal S2k, +4.5 % at 4k; applied to the 128-row kernels (no padding on
     // the grid) ptxas's new schedule cost 1.5-3.5 %, so they keep the old blocks.
     static constexpr bool PAD_FIRST = CONS == 3;
+    static_assert(!(PAD_FIRST && MAGIC_DIV), "sm90_tile_magic does not shift causal blocks");
     static constexpr int THREADS = 128 * (1 + CONSUMERS);
     static constexpr int SLABS = DP / FC_SLAB_COLS;   // 128-byte swizzle slabs across a row
     static constexpr uint32_t Q_BYTES = BR * DP * 2;
