@@ -14,11 +14,14 @@ else
     python3 -m venv .venv
   fi
   PY="$ROOT/.venv/bin/python"
+  # Installs once: .ci/run sources this file twice (itself and through test.sh).
   # --no-cache-dir: the CUDA wheels take about 5 GB installed; a cached copy
   # would double that on a small disk.
-  df -h . | tail -1 | awk '{print "flashcore: " $4 " free on " $6 " before installing torch"}'
-  "$PY" -m pip install -q --no-cache-dir --upgrade pip >/dev/null
-  "$PY" -m pip install -q --no-cache-dir torch==2.14.1 numpy pytest pybind11 ninja setuptools wheel matplotlib
+  if ! "$PY" -c "import torch, numpy, pytest, pybind11, ninja, matplotlib" >/dev/null 2>&1; then
+    df -h . | tail -1 | awk '{print "flashcore: " $4 " free on " $6 " before installing torch"}'
+    "$PY" -m pip install -q --no-cache-dir --upgrade pip >/dev/null
+    "$PY" -m pip install -q --no-cache-dir torch==2.14.1 numpy pytest pybind11 ninja setuptools wheel matplotlib
+  fi
 fi
 if [ -z "${CUDA_HOME:-}" ]; then
   for d in /usr/local/cuda "$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /x/x)")")"; do
