@@ -22,7 +22,9 @@
 // is still on the tensor cores (at D = 256, and at D = 128 in the LONG
 // instantiation for long rows; otherwise ptxas puts the P V wait first, see
 // PIN_SOFTMAX); the O rescale waits for it. At D = 64 they run
-// in order, and the two consumer warpgroups overlap each other instead. The
+// in order, and the two consumer warpgroups overlap each other instead. In
+// causal tiles at D = 256 and with three consumers, a consumer runs only the
+// K/V tiles its own rows see and releases the rest unread (WG_SKIP). The
 // epilogue divides by the row sum, stages O in the warpgroup's own Q rows
 // (at D = 256, whose one Q buffer is released as soon as the tile's last S is
 // done, in a buffer of its own), writes it with 16-byte coalesced stores, and
@@ -214,7 +216,19 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         // Ring position g of K/V tile j: a running counter in ordinary mode, base + j in
         // key-split mode. Ordinary mode with base + j got a different softmax schedule
         // from ptxas and ran 15 % slower at D = 64 (perf notes, "D = 64 regression").
-        const bool any = first < t.n_blocks;  // this warpgroup has a K/V tile
+        // WG_SKIP (causal): this warpgroup's own K/V tile count, the tiles its rows see.
+        int nb = t.n_blocks;
+        if constexpr (Tile::WG_SKIP) {
+            if (causal) {
+                const int last_key = min(wrow0 + Tile::WG_ROWS, p.Sq) - 1 + diag;
+                nb = last_key < 0 ? 0 : min(nb, last_key / BC + 1);
+                // Without UNIFORM_CW ptxas cannot tell that nb is warp-uniform, and a
+                // loop bound it cannot moves the ring arithmetic out of the uniform
+                // datapath (about 40 more vector instructions per K/V step).
+                if constexpr (!Tile::UNIFORM_CW) nb = __shfl_sync(0xffffffffu, nb, 0);
+            }
+        }
+        const bool any = first < nb;  // this warpgroup has a K/V tile
         // O += P V for the V tile at ring position g, waited for, then its slot released.
         auto pv_tile = [&](int g) {
             const int st = g % STAGES;
@@ -243,7 +257,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         // off so that every wgmma group in the loop is issued unconditionally
         // (ptxas must see that wait<1> retires the S group, or it serializes).
         int j = first;
-        for (; j + step < t.n_blocks; j += step, it += step) {
+        for (; j + step < nb; j += step, it += step) {
             const int g = split ? base + j : it, gn = g + step, st = g % STAGES, sn = gn % STAGES;
             // The O rescale (ordinary register writes) precedes both wgmma groups.
 #pragma unroll
@@ -305,6 +319,20 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
             pv_tile(split ? base + j : it);
             if constexpr (!split) ++it;
+        }
+        if constexpr (Tile::WG_SKIP) {
+            // The tiles past nb are masked for every row of ours: release them unread,
+            // each once it has landed (an arrival before the load would count toward
+            // the slot's previous phase).
+#pragma unroll 1
+            for (int jj = nb; jj < t.n_blocks; ++jj, ++it) {
+                const int st = it % STAGES;
+                const uint32_t ph = (it / STAGES) & 1;
+                mbar_wait(k_full + 8 * st, ph);  // K of tile jj has landed
+                mbar_arrive(k_empty + 8 * st);
+                mbar_wait(v_full + 8 * st, ph);  // V of tile jj has landed
+                mbar_arrive(v_empty + 8 * st);
+            }
         }
         TR_SET(TR_LASTPV);
         if constexpr (split) base += t.n_blocks;  // both warpgroups: past this tile's K/V tiles

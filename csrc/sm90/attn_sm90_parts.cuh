@@ -100,6 +100,13 @@ struct Sm90Tile {
     // the grid) ptxas's new schedule cost 1.5-3.5 %, so they keep the old blocks.
     static constexpr bool PAD_FIRST = CONS == 3;
     static_assert(!(PAD_FIRST && MAGIC_DIV), "sm90_tile_magic does not shift causal blocks");
+    // WG_SKIP: in causal tiles each consumer runs only the K/V tiles its own rows
+    // see, and releases the rest unread. At D = 256 (64-key tiles) the first
+    // consumer's rows see none of a 128-row tile's last K/V tile; with three
+    // consumers (192-row tiles, 128-key tiles) the first two often skip one.
+    // Measured on an H100 (perf notes, session 21): three consumers causal
+    // +4-5 % at S2k, +1 % at 4k, +2-4 % at 8k; D = 256 causal +0.5-1.2 %.
+    static constexpr bool WG_SKIP = DP == 256 || CONS == 3;
     static constexpr int THREADS = 128 * (1 + CONSUMERS);
     static constexpr int SLABS = DP / FC_SLAB_COLS;   // 128-byte swizzle slabs across a row
     static constexpr uint32_t Q_BYTES = BR * DP * 2;
