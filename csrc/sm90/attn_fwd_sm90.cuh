@@ -519,10 +519,10 @@ static Sm90Sched sm90_sched(const fc_attn_params* p, int br, int grid, long long
 // Sq <= 128 a whole warpgroup's rows are padding) and were not measured.
 static constexpr int SM90_CONS3_MIN_SQ = 512;
 // Causal calls from this many: below it the 192-row tiles' extra masked keys
-// cost more than they win (causal S = 1k: 12 % slower). Measured with the
-// per-half rescale votes (perf notes, session 15): S = 1536 +5 %, 2k +3 %,
-// 3000 +14 % over two consumers.
-static constexpr int SM90_CONS3_CAUSAL_MIN_SQ = 1536;
+// cost more than they win. Since each consumer runs only the K/V tiles its rows
+// see (WG_SKIP), measured on an H100 (perf notes, session 21): causal S = 512
+// 1 % slower, 768 +4 %, 1k +3-4 %, 1280 +9 % over two consumers.
+static constexpr int SM90_CONS3_CAUSAL_MIN_SQ = 768;
 
 // D = 128 calls from this many keys per row run the LONG instantiation (the
 // softmax pinned ahead of the P V wait). Measured on an H100 (perf notes,
