@@ -97,6 +97,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     const uint32_t k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;
     const uint32_t ml = v_empty + 8 * STAGES;  // key-split: consumer 2's m and l (ML_BYTES past the ordinary smem)
     const uint32_t sink = ml + (KV_SPLIT ? Tile::ML_BYTES : 0);  // PIN_SOFTMAX: SINK_BYTES
+    const uint32_t info = sink + Tile::SINK_BYTES;  // tile coordinates, 16 bytes per Q buffer (16-byte aligned)
     static_assert(!KV_SPLIT || Tile::KV_SPLIT_OK, "key-split mode needs DP <= 128");
     constexpr bool split = KV_SPLIT;
     constexpr int br = split ? Tile::WG_ROWS : BR;  // query rows per tile
@@ -145,7 +146,10 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             TR_GTIME();
             mbar_wait(q_empty + 8 * qb, ((local / Q_BUFS) & 1) ^ 1);  // buffer qb's previous tile is finished
             TR_SET(TR_Q);
-            mbar_expect_tx(q_full + 8 * qb, br * DP * 2);
+            // The consumers read the tile's coordinates with its Q, so that finding
+            // them (divisions) is not on their path from one tile to the next.
+            if constexpr (Tile::TILE_INFO) st_shared_v4_s32(info + 16 * qb, t.b, t.h, t.row0, t.n_blocks);
+            mbar_expect_tx(q_full + 8 * qb, br * DP * 2);  // (an arrive: releases the store above to its waiters)
             for (int s = 0; s < SLABS; ++s)
                 tma_load_4d(sQ + qb * Tile::Q_BYTES + s * BR * ROWB, &args.q_map, q_full + 8 * qb,
                             s * FC_SLAB_COLS, t.row0, t.h, t.b);
@@ -190,8 +194,22 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     int base = 0;  // key-split mode: ring position of the current tile's K/V tile 0
     int local = 0;
     for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++local) {
-        const Sm90TileCoord t = tile_at(tile);
         const int qb = local % Q_BUFS;
+        Sm90TileCoord t;
+        if constexpr (Tile::TILE_INFO) {
+            // The tile's coordinates, as the producer found them, once they have landed
+            // with Q. Broadcast from lane 0 so that ptxas knows them warp-uniform (see
+            // nb below). (A trace counts this wait in the gap before the tile's start.)
+            mbar_wait(q_full + 8 * qb, (local / Q_BUFS) & 1);  // this tile's Q (TMA) and coordinates have landed
+            const int4 ti = ld_shared_v4_s32(info + 16 * qb);
+            t.b = __shfl_sync(0xffffffffu, ti.x, 0);
+            t.h = __shfl_sync(0xffffffffu, ti.y, 0);
+            t.row0 = __shfl_sync(0xffffffffu, ti.z, 0);
+            t.n_blocks = __shfl_sync(0xffffffffu, ti.w, 0);
+            t.hk = 0;  // (the producer's)
+        } else {
+            t = tile_at(tile);
+        }
         const uint32_t q_rows = sQ + qb * Tile::Q_BYTES + row_off * ROWB;  // our rows of slab 0
         const int wrow0 = t.row0 + row_off;             // first query row of this warpgroup
         const int frow = wrow0 + warp * 16 + lane / 4;  // this thread's first fragment row
@@ -211,7 +229,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         TR_DECL(args, local, wg, t128 == 0)
         TR_SET(TR_START);
         TR_GTIME();
-        mbar_wait(q_full + 8 * qb, (local / Q_BUFS) & 1);  // this tile's Q has landed (TMA)
+        if constexpr (!Tile::TILE_INFO) mbar_wait(q_full + 8 * qb, (local / Q_BUFS) & 1);  // this tile's Q has landed (TMA)
         TR_SET(TR_Q);
         // Ring position g of K/V tile j: a running counter in ordinary mode, base + j in
         // key-split mode. Ordinary mode with base + j got a different softmax schedule

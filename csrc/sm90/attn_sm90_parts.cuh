@@ -126,13 +126,21 @@ struct Sm90Tile {
     static constexpr bool KV_SPLIT_OK = DP <= 128 && CONS == 2;
     static constexpr uint32_t ML_BYTES = 4 * 128 * 4;  // key-split: consumer 2's m and l, 4 floats per thread
     static constexpr uint32_t SINK_BYTES = PIN_SOFTMAX ? 4 * 4 * CONS : 0;  // one word per consumer warp
+    // TILE_INFO: the producer, which finds each tile's coordinates anyway, stores
+    // them next to the tile's Q, and the consumers read them once Q has landed,
+    // in place of their own divisions between two tiles. Measured on an H100
+    // (perf notes, session 22): +1-4 % at S <= 1k and causal D = 64; the D = 128
+    // LONG kernel lost 1-2 % (ptxas rescheduled its loop) and keeps sm90_tile.
+    static constexpr bool TILE_INFO = !LONG;
+    static constexpr uint32_t INFO_BYTES = TILE_INFO ? 16 * Q_BUFS : 0;  // per Q buffer, its tile's b, h, row0, n_blocks
     __host__ __device__ static constexpr int stages(bool kv_split) { return kv_split ? SPLIT_STAGES : STAGES; }
     // q_full[], q_empty[], k_full[], v_full[], k_empty[], v_empty[]
     static constexpr int n_barriers(bool kv_split) { return 2 * Q_BUFS + 4 * stages(kv_split); }
     // Dynamic smem; key-split mode adds ML_BYTES for its merge.
     static constexpr size_t smem_bytes(bool kv_split) {
         return FC_SWZ_GROUP_BYTES /* alignment slack */ + Q_BUFS * Q_BYTES + 2 * stages(kv_split) * (size_t)KV_BYTES +
-               CONSUMERS * O_STAGE_BYTES + 8 * n_barriers(kv_split) + (kv_split ? ML_BYTES : 0) + SINK_BYTES;
+               CONSUMERS * O_STAGE_BYTES + 8 * n_barriers(kv_split) + (kv_split ? ML_BYTES : 0) + SINK_BYTES +
+               INFO_BYTES;
     }
     static_assert(SPLIT_STAGES % 2 == 0, "key-split mode needs an even K/V ring");
     static_assert(!KV_SPLIT_OK || DP / 2 <= 16 * Q_BUFS * SLABS, "key-split partials must fit the Q buffers");
