@@ -68,17 +68,17 @@ def test_large_grid_shapes_leave_key_split_mode(shape):
 
 
 # At D = 64 the sm90 kernel's ordinary mode runs 192-row tiles (three consumer
-# warpgroups) for non-causal calls from Sq = 512 and causal ones from Sq = 768,
-# when the grid favours them (sm90_use_cons3). These shapes qualify in every
+# warpgroups) for calls from Sq = 512, when the grid favours them
+# (sm90_use_cons3). These shapes qualify in every
 # causal mode, with a partial last 192-row tile; Sk is kept short so that the
 # fp64 reference stays small.
-D64_WIDE_SHAPES = [(4, 16, 1000, 300), (4, 16, 1601, 300), (4, 16, 4100, 300), (3, 12, 4097, 1000)]
+D64_WIDE_SHAPES = [(4, 16, 600, 300), (4, 16, 1000, 300), (4, 16, 1601, 300), (4, 16, 4100, 300), (3, 12, 4097, 1000)]
 
 
 def uses_three_consumers(B, H, Sq, sms):
     """sm90_use_cons3 (csrc/sm90/attn_fwd_sm90.cuh) for a causal call, mirrored."""
     stripes = lambda br: -(-(-(-Sq // br) * B * H) // sms)  # noqa: E731
-    return Sq >= 768 and -(-Sq // 64) * B * H > sms and stripes(192) * 192 < stripes(128) * 128 * 1.15
+    return Sq >= 512 and -(-Sq // 64) * B * H > sms and stripes(192) * 192 < stripes(128) * 128 * 1.15
 
 
 @pytest.mark.parametrize("shape", D64_WIDE_SHAPES, ids=shape_id)

@@ -532,15 +532,12 @@ static Sm90Sched sm90_sched(const fc_attn_params* p, int br, int grid, long long
     return o;
 }
 
-// Three consumers (D = 64) from this many query rows on: measured at parity at
-// S = 512-1k and ahead from 2k. Shorter rows pad a 192-row tile further (at
-// Sq <= 128 a whole warpgroup's rows are padding) and were not measured.
+// Three consumers (D = 64) from this many query rows on, causal or not:
+// measured on an H100 (perf notes, session 22, with TILE_INFO) S = 512 4 % ahead
+// of two consumers non-causal and 7 % causal; ahead from there on (sessions
+// 10, 21). Shorter rows pad a 192-row tile further (at Sq <= 128 a whole
+// warpgroup's rows are padding) and were not measured.
 static constexpr int SM90_CONS3_MIN_SQ = 512;
-// Causal calls from this many: below it the 192-row tiles' extra masked keys
-// cost more than they win. Since each consumer runs only the K/V tiles its rows
-// see (WG_SKIP), measured on an H100 (perf notes, session 21): causal S = 512
-// 1 % slower, 768 +4 %, 1k +3-4 %, 1280 +9 % over two consumers.
-static constexpr int SM90_CONS3_CAUSAL_MIN_SQ = 768;
 
 // D = 128 calls from this many keys per row run the LONG instantiation (the
 // softmax pinned ahead of the P V wait). Measured on an H100 (perf notes,
@@ -552,7 +549,7 @@ static constexpr int SM90_LONG_MIN_SK = 2048;
 static constexpr double SM90_CONS3_SPEEDUP = 1.15;
 
 // Whether an ordinary-mode call at padded head dim DP runs Sm90Tile<DP, 3>.
-// Beyond the row limits, the grid decides: persistent CTAs take tiles in
+// Beyond the row limit, the grid decides: persistent CTAs take tiles in
 // stripes of num_sms, so a call costs about ceil(tiles / SMs) stripes of one
 // tile's rows. Three consumers must win that count, which they do not on a
 // grid just past key-split mode (B1 H4 S4k: one stripe of 128-row tiles
@@ -563,7 +560,6 @@ static bool sm90_use_cons3(const fc_attn_params* p, int num_sms) {
         return false;
     } else {
         if (p->Sq < SM90_CONS3_MIN_SQ) return false;
-        if (p->causal != FC_CAUSAL_NONE && p->Sq < SM90_CONS3_CAUSAL_MIN_SQ) return false;
         constexpr int BR2 = Sm90Tile<DP, 2>::BR, BR3 = Sm90Tile<DP, 3>::BR;
         const long long stripes2 = (sm90_tiles(p, BR2) + num_sms - 1) / num_sms;
         const long long stripes3 = (sm90_tiles(p, BR3) + num_sms - 1) / num_sms;
