@@ -245,6 +245,7 @@ typedef struct {
     fc_kernel kernel;           /* the resolved kernel (never FC_KERNEL_AUTO) */
     const fc_device_info* dev;  /* the current device; NULL for the CPU kernel */
     int split;                  /* 1: the split-KV kernel runs with `plan` */
+    int dyn;                    /* 1: the sm90 kernel takes its tiles from a workspace counter */
     fc_split_plan plan;         /* valid when split (workspace pointers unset) */
 } fc_choice;
 
@@ -256,6 +257,7 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
     c->kernel = FC_KERNEL_CPU;
     c->dev = NULL;
     c->split = 0;
+    c->dyn = 0;
     if (!p) { fail(&r, FC_ERR_NULL_POINTER, "params: NULL"); *rp = r; return r.first; }
 
     if (!p->q || !p->k || !p->v || !p->o)
@@ -333,6 +335,15 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
             else if (need > 0 && (uintptr_t)p->workspace % 16 != 0)
                 fail(&r, FC_ERR_WORKSPACE, "workspace: pointer is not 16-byte aligned");
         }
+        if (r.first == FC_OK && !c->split && k == FC_KERNEL_SM90 &&
+            (c->dyn = fc_sm90_dynamic_order(p, dev->sm_count)) && check_workspace) {
+            if (!p->workspace || p->workspace_bytes < FC_SM90_DYN_WORKSPACE)
+                fail(&r, FC_ERR_WORKSPACE, "workspace: %zu bytes given, %d needed for the tile counter of a "
+                     "causal sm90 call; allocate fc_attn_fwd_workspace_size(params) bytes",
+                     p->workspace ? p->workspace_bytes : (size_t)0, FC_SM90_DYN_WORKSPACE);
+            else if ((uintptr_t)p->workspace % 16 != 0)
+                fail(&r, FC_ERR_WORKSPACE, "workspace: pointer is not 16-byte aligned");
+        }
     }
     c->dev = dev;
     *rp = r;
@@ -355,7 +366,8 @@ int fc_attn_fwd_num_splits(const fc_attn_params* p) {
 size_t fc_attn_fwd_workspace_size(const fc_attn_params* p) {
     fc_reasons r = {FC_OK, NULL, 0, 0};
     fc_choice c;
-    return check_impl(p, &r, 0, &c) == FC_OK && c.split ? split_workspace_bytes(p, &c.plan) : 0;
+    if (check_impl(p, &r, 0, &c) != FC_OK) return 0;
+    return c.split ? split_workspace_bytes(p, &c.plan) : c.dyn ? FC_SM90_DYN_WORKSPACE : 0;
 }
 
 fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {

@@ -84,7 +84,8 @@ typedef struct {
 
     int num_splits;   /* split-KV: 0 = heuristic, 1 = no split, n > 1 = run the split-KV kernel with Sk
                          split n ways (clamped to the key tiles and FC_MAX_SPLITS); the CPU path ignores it */
-    void* workspace;  /* device scratch for split-KV partials, 16-byte aligned; NULL when none is needed */
+    void* workspace;  /* device scratch (split-KV partials, or the sm90 kernel's tile counter), 16-byte
+                         aligned; NULL when none is needed */
     size_t workspace_bytes; /* bytes at workspace; must be >= fc_attn_fwd_workspace_size(p) */
 } fc_attn_params;
 
@@ -127,11 +128,13 @@ fc_kernel fc_attn_fwd_pick(const fc_attn_params* p);
 int fc_attn_fwd_num_splits(const fc_attn_params* p);
 
 /*
- * Bytes of workspace fc_attn_fwd needs for p: 0 when it needs none (no split,
- * CPU path, or params fc_attn_fwd_check rejects). With n > 1 splits it is
+ * Bytes of workspace fc_attn_fwd needs for p: 0 when it needs none (CPU path,
+ * or params fc_attn_fwd_check rejects). With n > 1 splits it is
  * n * B*Hq*Sq * (D + 1) * 4: fp32 partial O (n, B, Hq, Sq, D) followed by the
- * fp32 partial LSE (n, B, Hq, Sq). Depends on p's shapes, num_splits and the
- * current device (its SM count), never on the pointers.
+ * fp32 partial LSE (n, B, Hq, Sq). A causal call that runs the sm90 kernel
+ * with its dynamic tile order needs 16 bytes (a counter the launch zeroes).
+ * Depends on p's shapes, num_splits and the current device (its SM count),
+ * never on the pointers.
  */
 size_t fc_attn_fwd_workspace_size(const fc_attn_params* p);
 

@@ -24,6 +24,23 @@ size_t fc_sm80_smem_d256(void);
 fc_status fc_sm90_fwd_d64(const fc_attn_params* p, int num_sms, fc_stream_t stream);   /* D <= 64 */
 fc_status fc_sm90_fwd_d128(const fc_attn_params* p, int num_sms, fc_stream_t stream);  /* 64 < D <= 128 */
 fc_status fc_sm90_fwd_d256(const fc_attn_params* p, int num_sms, fc_stream_t stream);  /* 128 < D <= 256 */
+/* Whether an sm90 call takes its tiles from a counter in the workspace (the
+ * dynamic tile order) rather than round robin: causal calls at D > 64 with
+ * Sk < 2048 and more 128-row tiles than SMs (key-split mode and the D = 128
+ * long-row kernel keep the static order). The counter is 16 bytes of
+ * workspace, zeroed by the launcher before each launch. Measured on an H100
+ * (perf notes, session 22): causal S = 512 +5-7 %, 1k +2-3 %; D = 64 and
+ * non-causal calls lose with it. dispatch.c sizes the workspace with this
+ * rule and the sm90 launcher follows it. */
+#define FC_SM90_DYN_WORKSPACE 16
+#define FC_SM90_DYN_MAX_SK 2048 /* = the launcher's SM90_LONG_MIN_SK */
+static inline int fc_sm90_dynamic_order(const fc_attn_params* p, int num_sms) {
+    if (p->causal == FC_CAUSAL_NONE || p->D <= 64 || p->Sk >= FC_SM90_DYN_MAX_SK) return 0;
+    const long long tiles64 = (long long)((p->Sq + 63) / 64) * p->B * p->Hq;
+    const long long tiles128 = (long long)((p->Sq + 127) / 128) * p->B * p->Hq;
+    if (p->D <= 128 && tiles64 <= num_sms) return 0; /* key-split mode */
+    return tiles128 > num_sms;
+}
 size_t fc_sm90_smem_d64(void);   /* dynamic shared memory per CTA, bytes (the larger mode) */
 size_t fc_sm90_smem_d128(void);
 size_t fc_sm90_smem_d256(void);

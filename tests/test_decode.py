@@ -18,8 +18,8 @@ import torch.nn.functional as F
 import flashcore
 from flashcore import _C
 
-from conftest import (CAUSAL_MODES, call, check_attention, dtype_id, make_qkv, mode_id, ref_attention,
-                      requires_gpu, run_poisoned)
+from conftest import (CAUSAL_MODES, GPU_KERNELS, call, check_attention, dtype_id, make_qkv, mode_id,
+                      ref_attention, requires_gpu, run_poisoned)
 
 DEV = "cuda"
 DTYPES = [torch.float16, torch.bfloat16]
@@ -261,6 +261,42 @@ def test_c_api_workspace_checks():
     ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     assert torch.allclose(out, ref, atol=1e-3, rtol=1e-3)
     p.num_splits = 1
+    assert lib.fc_attn_fwd_workspace_size(ctypes.byref(p)) == 0
+
+
+@requires_gpu
+@pytest.mark.skipif("sm90" not in GPU_KERNELS, reason="needs the sm90 kernel (an H100/H200)")
+@pytest.mark.parametrize("D", [128, 256])
+def test_c_api_tile_counter_workspace(D):
+    """Causal sm90 calls at D > 64 with Sk < 2048 and more 128-row tiles than SMs
+    take their tiles from a 16-byte counter in the workspace (kernels.h,
+    fc_sm90_dynamic_order): sized, refused when missing, zeroed by each launch."""
+    lib = _lib()
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    B, H, S = 4, 16, 1000
+    assert -(-S // 128) * B * H > sms
+    q, k, v = make_qkv(B, H, H, S, S, D, torch.float16, DEV)
+    out = torch.empty_like(q)
+    p = _params(q, k, v, out, 0, 0)
+    p.causal = 1  # top-left
+    assert lib.fc_attn_fwd_workspace_size(ctypes.byref(p)) == 16
+    why = ctypes.create_string_buffer(512)
+    st = lib.fc_attn_fwd_check(ctypes.byref(p), why, len(why))
+    assert lib.fc_status_string(st) == b"workspace missing or too small"
+    assert b"tile counter" in why.value
+    ws = torch.full((16,), 0xFF, dtype=torch.uint8, device=DEV)  # the launch must zero it
+    p.workspace, p.workspace_bytes = ws.data_ptr(), 16
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    outs = []
+    for _ in range(2):  # the counter restarts on every launch
+        out.fill_(float("nan"))
+        assert lib.fc_attn_fwd(ctypes.byref(p), stream) == 0
+        torch.cuda.synchronize()
+        outs.append(out.clone())
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert torch.allclose(outs[0], ref, atol=1e-3, rtol=1e-3)
+    assert torch.equal(outs[0], outs[1])
+    p.causal = 0  # the static order: no workspace
     assert lib.fc_attn_fwd_workspace_size(ctypes.byref(p)) == 0
 
 

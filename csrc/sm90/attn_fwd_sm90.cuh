@@ -74,7 +74,12 @@
 // KV_SPLIT selects key-split mode at compile time: as a runtime flag the
 // extra paths cost the ordinary mode 13 % at D = 64 (perf notes, sm90 v4).
 // LONG: the D = 128 instantiation for long key rows (Sm90Tile::PIN_SOFTMAX).
-template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false>
+// DYN: the dynamic tile order (fc_sm90_dynamic_order): after tile blockIdx.x the
+// producer takes tile gridDim.x + atomicAdd(args.tile_counter, 1) and, when none
+// is left, hands the consumers a sentinel (a K/V tile count of -1) through the
+// TILE_INFO slot. Its own instantiation: the consumers' sentinel loop measured
+// 1-5 % slower where the static order runs (perf notes, session 22).
+template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false, bool DYN = false>
 __global__ void __launch_bounds__(Sm90Tile<DP, CONS>::THREADS, 1)
 attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 #ifdef FC_SM90_BODY
@@ -123,9 +128,15 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     const int n_tiles = n_mblocks * p.B * p.Hq;
     const int window = MAGIC_DIV ? 0 : sm90_causal_window(gridDim.x, n_mblocks, p.B * p.Hq,
                                                           (long long)p.Sk * DP * 4);  // causal tile order, see sm90_tile
+    static_assert(!DYN || (Tile::TILE_INFO && !KV_SPLIT), "the dynamic order hands out tiles through TILE_INFO");
     auto tile_at = [&](int tile) {
-        if constexpr (MAGIC_DIV) return sm90_tile_magic<BC>(p, args.sched, tile);
-        else return sm90_tile<BC, Tile::PAD_FIRST>(p, tile, n_tiles, n_mblocks, br, window);
+        if constexpr (MAGIC_DIV) return sm90_tile_magic<BC, !DYN>(p, args.sched, tile);
+        else return sm90_tile<BC, Tile::PAD_FIRST, !DYN>(p, tile, n_tiles, n_mblocks, br, window);
+    };
+    // The producer's next tile after `tile`.
+    auto next_tile = [&](int tile) {
+        if constexpr (DYN) return (int)gridDim.x + (int)atomicAdd(args.tile_counter, 1u);
+        else return (int)(tile + gridDim.x);  // (unsigned, as the consumers' `tile += gridDim.x`)
     };
     const int wg = tid / 128;
 
@@ -138,7 +149,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         tma_prefetch_map(&args.v_map);
         int it = 0;  // K/V tiles issued so far: position in the ring
         int local = 0;
-        for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++local) {
+        for (int tile = blockIdx.x; tile < n_tiles; tile = next_tile(tile), ++local) {
             const Sm90TileCoord t = tile_at(tile);
             const int qb = local % Q_BUFS;
             TR_DECL(args, local, 0, true)
@@ -150,6 +161,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             // them (divisions) is not on their path from one tile to the next.
             if constexpr (Tile::TILE_INFO) st_shared_v4_s32(info + 16 * qb, t.b, t.h, t.row0, t.n_blocks);
             mbar_expect_tx(q_full + 8 * qb, br * DP * 2);  // (an arrive: releases the store above to its waiters)
+#pragma unroll(DYN && DP == 256 ? 1 : SLABS)  // (the DYN D = 256 producer's 24 registers)
             for (int s = 0; s < SLABS; ++s)
                 tma_load_4d(sQ + qb * Tile::Q_BYTES + s * BR * ROWB, &args.q_map, q_full + 8 * qb,
                             s * FC_SLAB_COLS, t.row0, t.h, t.b);
@@ -158,11 +170,13 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 const uint32_t free_parity = ((it / STAGES) & 1) ^ 1;
                 TR_TIME(TR_W_K, mbar_wait(k_empty + 8 * st, free_parity));  // K slot st is free
                 mbar_expect_tx(k_full + 8 * st, Tile::KV_BYTES);
+#pragma unroll(DYN && DP == 256 ? 1 : SLABS)  // (the DYN D = 256 producer's 24 registers)
                 for (int s = 0; s < SLABS; ++s)
                     tma_load_4d(sK + st * Tile::KV_BYTES + s * BC * ROWB, &args.k_map, k_full + 8 * st,
                                 s * FC_SLAB_COLS, j * BC, t.hk, t.b);
                 TR_TIME(TR_W_V, mbar_wait(v_empty + 8 * st, free_parity));  // V slot st is free
                 mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
+#pragma unroll(DYN && DP == 256 ? 1 : SLABS)  // (the DYN D = 256 producer's 24 registers)
                 for (int s = 0; s < SLABS; ++s)
                     tma_load_4d(sV + st * Tile::KV_BYTES + s * BC * ROWB, &args.v_map, v_full + 8 * st,
                                 s * FC_SLAB_COLS, j * BC, t.hk, t.b);
@@ -170,6 +184,12 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             TR_SET(TR_END);
             TR_VAL(TR_BLOCKS, t.n_blocks);
             TR_FLUSH();
+        }
+        if constexpr (DYN) {  // no tile left: the sentinel, in the next Q buffer's slot
+            const int qb = local % Q_BUFS;
+            mbar_wait(q_empty + 8 * qb, ((local / Q_BUFS) & 1) ^ 1);  // buffer qb's previous tile is finished
+            st_shared_v4_s32(info + 16 * qb, 0, 0, 0, -1);
+            mbar_arrive(q_full + 8 * qb);  // (no load: releases the sentinel to the consumers)
         }
         return;
     }
@@ -193,7 +213,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     int it = 0;    // ordinary mode: ring position of the current K/V tile
     int base = 0;  // key-split mode: ring position of the current tile's K/V tile 0
     int local = 0;
-    for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++local) {
+    for (int tile = blockIdx.x; DYN || tile < n_tiles; tile += gridDim.x, ++local) {  // DYN: to the sentinel
         const int qb = local % Q_BUFS;
         Sm90TileCoord t;
         if constexpr (Tile::TILE_INFO) {
@@ -207,6 +227,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             t.row0 = __shfl_sync(0xffffffffu, ti.z, 0);
             t.n_blocks = __shfl_sync(0xffffffffu, ti.w, 0);
             t.hk = 0;  // (the producer's)
+            if constexpr (DYN) {
+                if (t.n_blocks < 0) break;  // the producer's sentinel: no tile left
+            }
         } else {
             t = tile_at(tile);
         }
@@ -496,13 +519,13 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 // Launcher and the C entry points of one padded head dim (see kernels.h)
 
 // Sets the smem limit of one instantiation and launches it.
-template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false>
+template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false, bool DYN = false>
 static fc_status attn_fwd_sm90_run(const Sm90Args& a, unsigned grid, cudaStream_t stream) {
     using Tile = Sm90Tile<DP, CONS, LONG>;
     constexpr size_t smem = Tile::smem_bytes(KV_SPLIT);
-    if (fc_smem_limit_once<attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT, LONG>>((int)smem) != cudaSuccess)
+    if (fc_smem_limit_once<attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT, LONG, DYN>>((int)smem) != cudaSuccess)
         return FC_ERR_CUDA;
-    attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT, LONG><<<grid, Tile::THREADS, smem, stream>>>(a);
+    attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT, LONG, DYN><<<grid, Tile::THREADS, smem, stream>>>(a);
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 
@@ -543,6 +566,7 @@ static constexpr int SM90_CONS3_MIN_SQ = 512;
 // softmax pinned ahead of the P V wait). Measured on an H100 (perf notes,
 // session 19): +1-2 % at S = 2k-4k, +3-4 % at 16k; 1-1.5 % slower at S <= 1k.
 static constexpr int SM90_LONG_MIN_SK = 2048;
+static_assert(SM90_LONG_MIN_SK == FC_SM90_DYN_MAX_SK, "the dynamic order (kernels.h) stops where LONG starts");
 
 // Rows per second of three consumers over two, per SM: the measured gain at
 // S >= 2k was 11-23 % (perf notes, session 10); 1.15 errs toward two.
@@ -572,6 +596,7 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     using Tile = Sm90Tile<DP>;
     Sm90Args a;
     a.p = *p;
+    a.tile_counter = nullptr;  // the static order unless fc_sm90_dynamic_order (below)
 #ifdef FC_SM90_TRACE
     a.trace = fc_sm90_trace_buf;
 #endif
@@ -596,6 +621,14 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
                                                 : Sm90Sched{};
     if constexpr (Tile::KV_SPLIT_OK) {
         if (kv_split) return attn_fwd_sm90_run<DP, 2, T, true>(a, grid, stream);
+    }
+    if constexpr (DP >= 128) {
+        if (fc_sm90_dynamic_order(p, num_sms)) {  // (dispatch checked the workspace)
+            if (!p->workspace || p->workspace_bytes < FC_SM90_DYN_WORKSPACE) return FC_ERR_WORKSPACE;
+            a.tile_counter = static_cast<unsigned int*>(p->workspace);
+            if (cudaMemsetAsync(a.tile_counter, 0, sizeof(unsigned int), stream) != cudaSuccess) return FC_ERR_CUDA;
+            return attn_fwd_sm90_run<DP, 2, T, false, false, true>(a, grid, stream);
+        }
     }
     if constexpr (DP == 64) {
         if (cons3) return attn_fwd_sm90_run<DP, 3, T, false>(a, grid, stream);

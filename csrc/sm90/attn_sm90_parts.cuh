@@ -191,6 +191,7 @@ struct Sm90Args {
     CUtensorMap v_map;  // V as (D, Sk, Hkv, B), box (64, BC)
     fc_attn_params p;   // shapes, strides, O/LSE pointers, scale, causal mode
     Sm90Sched sched;    // tile order
+    unsigned int* tile_counter;  // dynamic order: tiles handed out past the first grid, zeroed before the launch
 #ifdef FC_SM90_TRACE
     unsigned long long* trace;  // timeline records (trace.cuh), or null
 #endif
@@ -218,11 +219,14 @@ struct Sm90TileCoord {
 // are CTAs, one query block each, and a head's K/V is fetched from HBM once
 // per query block; in a window, several query blocks of a head run together
 // and share its K/V in L2 (measured: causal S = 1k +12-52 %, perf notes).
-template <int BC, bool PAD_FIRST>
+// SNAKE: false for the dynamic order (Sm90Args::tile_counter), where CTAs take
+// tiles as they finish and there are no stripes to balance. (A template flag: as
+// a runtime argument, even a constant one, it changed the D = 128 kernels' SASS.)
+template <int BC, bool PAD_FIRST, bool SNAKE = true>
 __device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int tile, int n_tiles, int n_mblocks,
                                                    int br, int window) {
     const int grid = gridDim.x, stripe = tile / grid;
-    if (p.causal != FC_CAUSAL_NONE && (stripe & 1) && (stripe + 1) * grid <= n_tiles)
+    if (SNAKE && p.causal != FC_CAUSAL_NONE && (stripe & 1) && (stripe + 1) * grid <= n_tiles)
         tile = stripe * grid + grid - 1 - (tile - stripe * grid);
     const int n_bh = p.B * p.Hq;
     int mblock, bh;
@@ -253,10 +257,10 @@ __device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int 
 // Both versions stay: with this one ptxas scheduled the D = 128 and the
 // three-consumer kernels worse (see Sm90Tile::MAGIC_DIV). The last lines
 // repeat sm90_tile's on purpose: a shared helper changed the measured SASS.
-template <int BC>
+template <int BC, bool SNAKE = true>
 __device__ __forceinline__ Sm90TileCoord sm90_tile_magic(const fc_attn_params& p, const Sm90Sched& o, int tile) {
     const int grid = gridDim.x, stripe = sm90_quot(tile, o.by_grid);
-    if (p.causal != FC_CAUSAL_NONE && (stripe & 1) && (stripe + 1) * grid <= o.n_tiles)
+    if (SNAKE && p.causal != FC_CAUSAL_NONE && (stripe & 1) && (stripe + 1) * grid <= o.n_tiles)
         tile = stripe * grid + grid - 1 - (tile - stripe * grid);
     int mblock, bh;
     if (p.causal != FC_CAUSAL_NONE) {
