@@ -1,0 +1,148 @@
+// attn_fwd_sm90_launch.cuh -- host side of the Hopper attention forward
+// (attn_fwd_sm90.cuh): the choice of instantiation (key-split mode, three
+// consumers, the long-row D = 128 kernel, the dynamic tile order), the tensor
+// maps and the tile order's host-computed divisors, and the C entry points of
+// one padded head dim (FC_SM90_DEFINE, see kernels.h).
+#pragma once
+
+#include "attn_fwd_sm90.cuh"
+
+// ---------------------------------------------------------------------------
+// Launcher and the C entry points of one padded head dim (see kernels.h)
+
+// Sets the smem limit of one instantiation and launches it.
+template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false, bool DYN = false>
+static fc_status attn_fwd_sm90_run(const Sm90Args& a, unsigned grid, cudaStream_t stream) {
+    using Tile = Sm90Tile<DP, CONS, LONG>;
+    constexpr size_t smem = Tile::smem_bytes(KV_SPLIT);
+    if (fc_smem_limit_once<attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT, LONG, DYN>>((int)smem) != cudaSuccess)
+        return FC_ERR_CUDA;
+    attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT, LONG, DYN><<<grid, Tile::THREADS, smem, stream>>>(a);
+    return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
+}
+
+// Tiles of a call with `br`-row tiles: query blocks x batch x heads.
+static long long sm90_tiles(const fc_attn_params* p, int br) {
+    return (long long)((p->Sq + br - 1) / br) * p->B * p->Hq;
+}
+
+// The tile order of a launch of `grid` CTAs with `br`-row tiles (see sm90_tile).
+// kv_head_bytes: one head's K and V at the padded head dim, for the causal window.
+static Sm90Sched sm90_sched(const fc_attn_params* p, int br, int grid, long long kv_head_bytes) {
+    Sm90Sched o;
+    const int n_bh = p->B * p->Hq;
+    o.br = br;
+    o.n_mblocks = (p->Sq + br - 1) / br;
+    o.n_tiles = o.n_mblocks * n_bh;
+    o.window = sm90_causal_window(grid, o.n_mblocks, n_bh, kv_head_bytes);
+    o.last_window = (n_bh - 1) / o.window;
+    o.last_heads = n_bh - o.last_window * o.window;
+    o.by_grid = sm90_div(grid);
+    o.by_mblocks = sm90_div(o.n_mblocks);
+    o.by_hq = sm90_div(p->Hq);
+    o.by_group = sm90_div(p->Hq / p->Hkv);
+    o.by_wtiles = sm90_div(o.window * o.n_mblocks);
+    o.by_window = sm90_div(o.window);
+    o.by_last = sm90_div(o.last_heads);
+    return o;
+}
+
+// Three consumers (D = 64) from this many query rows on, causal or not:
+// measured on an H100 (perf notes, session 22, with TILE_INFO) S = 512 4 % ahead
+// of two consumers non-causal and 7 % causal; ahead from there on (sessions
+// 10, 21). Shorter rows pad a 192-row tile further (at Sq <= 128 a whole
+// warpgroup's rows are padding) and were not measured.
+static constexpr int SM90_CONS3_MIN_SQ = 512;
+
+// D = 128 calls from this many keys per row run the LONG instantiation (the
+// softmax pinned ahead of the P V wait). Measured on an H100 (perf notes,
+// session 19): +1-2 % at S = 2k-4k, +3-4 % at 16k; 1-1.5 % slower at S <= 1k.
+static constexpr int SM90_LONG_MIN_SK = 2048;
+static_assert(SM90_LONG_MIN_SK == FC_SM90_DYN_MAX_SK, "the dynamic order (kernels.h) stops where LONG starts");
+
+// Rows per second of three consumers over two, per SM: the measured gain at
+// S >= 2k was 11-23 % (perf notes, session 10); 1.15 errs toward two.
+static constexpr double SM90_CONS3_SPEEDUP = 1.15;
+
+// Whether an ordinary-mode call at padded head dim DP runs Sm90Tile<DP, 3>.
+// Beyond the row limit, the grid decides: persistent CTAs take tiles in
+// stripes of num_sms, so a call costs about ceil(tiles / SMs) stripes of one
+// tile's rows. Three consumers must win that count, which they do not on a
+// grid just past key-split mode (B1 H4 S4k: one stripe of 128-row tiles
+// against one of 192-row tiles on fewer SMs).
+template <int DP>
+static bool sm90_use_cons3(const fc_attn_params* p, int num_sms) {
+    if constexpr (DP != 64) {
+        return false;
+    } else {
+        if (p->Sq < SM90_CONS3_MIN_SQ) return false;
+        constexpr int BR2 = Sm90Tile<DP, 2>::BR, BR3 = Sm90Tile<DP, 3>::BR;
+        const long long stripes2 = (sm90_tiles(p, BR2) + num_sms - 1) / num_sms;
+        const long long stripes3 = (sm90_tiles(p, BR3) + num_sms - 1) / num_sms;
+        return (double)(stripes3 * BR3) < (double)(stripes2 * BR2) * SM90_CONS3_SPEEDUP;
+    }
+}
+
+template <int DP, typename T>
+static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cudaStream_t stream) {
+    using Tile = Sm90Tile<DP>;
+    Sm90Args a;
+    a.p = *p;
+    a.tile_counter = nullptr;  // the static order unless fc_sm90_dynamic_order (below)
+#ifdef FC_SM90_TRACE
+    a.trace = fc_sm90_trace_buf;
+#endif
+    // Key-split mode when the 64-row tiles fit on the SMs in one wave: twice
+    // the SMs at work, each on half the keys of its tile.
+    const bool kv_split = Tile::KV_SPLIT_OK && sm90_tiles(p, Tile::WG_ROWS) <= num_sms;
+    const bool cons3 = !kv_split && sm90_use_cons3<DP>(p, num_sms);
+    const int br = kv_split ? Tile::WG_ROWS : cons3 ? 3 * Tile::WG_ROWS : Tile::BR;  // 3 consumers: Sm90Tile<64, 3>::BR
+    fc_status s = fc_sm90_tensor_map(&a.q_map, p->dtype, p->q, p->D, p->Sq, p->Hq, p->B, p->q_row_stride,
+                                     p->q_head_stride, p->q_batch_stride, br);
+    if (s == FC_OK)
+        s = fc_sm90_tensor_map(&a.k_map, p->dtype, p->k, p->D, p->Sk, p->Hkv, p->B, p->k_row_stride,
+                               p->k_head_stride, p->k_batch_stride, Tile::BC);
+    if (s == FC_OK)
+        s = fc_sm90_tensor_map(&a.v_map, p->dtype, p->v, p->D, p->Sk, p->Hkv, p->B, p->v_row_stride,
+                               p->v_head_stride, p->v_batch_stride, Tile::BC);
+    if (s != FC_OK) return s;
+    const long long n_tiles = sm90_tiles(p, br);
+    const unsigned grid = (unsigned)(n_tiles < num_sms ? n_tiles : num_sms);
+    // Host work per call: only a kernel that reads the tile order gets it.
+    a.sched = sm90_magic_div(DP, cons3 ? 3 : 2) ? sm90_sched(p, br, (int)grid, (long long)p->Sk * DP * 4)
+                                                : Sm90Sched{};
+    if constexpr (Tile::KV_SPLIT_OK) {
+        if (kv_split) return attn_fwd_sm90_run<DP, 2, T, true>(a, grid, stream);
+    }
+    if constexpr (DP >= 128) {
+        if (fc_sm90_dynamic_order(p, num_sms)) {  // (dispatch checked the workspace)
+            if (!p->workspace || p->workspace_bytes < FC_SM90_DYN_WORKSPACE) return FC_ERR_WORKSPACE;
+            a.tile_counter = static_cast<unsigned int*>(p->workspace);
+            if (cudaMemsetAsync(a.tile_counter, 0, sizeof(unsigned int), stream) != cudaSuccess) return FC_ERR_CUDA;
+            return attn_fwd_sm90_run<DP, 2, T, false, false, true>(a, grid, stream);
+        }
+    }
+    if constexpr (DP == 64) {
+        if (cons3) return attn_fwd_sm90_run<DP, 3, T, false>(a, grid, stream);
+    }
+    if constexpr (DP == 128) {
+        if (p->Sk >= SM90_LONG_MIN_SK) return attn_fwd_sm90_run<DP, 2, T, false, true>(a, grid, stream);
+    }
+    return attn_fwd_sm90_run<DP, 2, T, false>(a, grid, stream);
+}
+
+// Dynamic smem of the largest instantiation at DP (dispatch checks the device can give it).
+template <int DP>
+static constexpr size_t sm90_smem_max() {
+    size_t m = Sm90Tile<DP>::smem_bytes(Sm90Tile<DP>::KV_SPLIT_OK);
+    if constexpr (DP == 64) m = m > Sm90Tile<DP, 3>::smem_bytes(false) ? m : Sm90Tile<DP, 3>::smem_bytes(false);
+    return m;
+}
+
+#define FC_SM90_DEFINE(DP)                                                                              \
+    extern "C" fc_status fc_sm90_fwd_d##DP(const fc_attn_params* p, int num_sms, fc_stream_t stream) { \
+        return p->dtype == FC_DTYPE_BF16                                                                \
+                   ? attn_fwd_sm90_launch<DP, __nv_bfloat16>(p, num_sms, (cudaStream_t)stream)          \
+                   : attn_fwd_sm90_launch<DP, __half>(p, num_sms, (cudaStream_t)stream);                \
+    }                                                                                                   \
+    extern "C" size_t fc_sm90_smem_d##DP(void) { return sm90_smem_max<DP>(); }
