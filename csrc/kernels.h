@@ -34,12 +34,17 @@ fc_status fc_sm90_fwd_d256(const fc_attn_params* p, int num_sms, fc_stream_t str
  * rule and the sm90 launcher follows it. */
 #define FC_SM90_DYN_WORKSPACE 16
 #define FC_SM90_DYN_MAX_SK 2048 /* = the launcher's SM90_LONG_MIN_SK */
+/* Tiles of an sm90 call with `br`-row tiles: query blocks x batch x heads. */
+static inline long long fc_sm90_tiles(const fc_attn_params* p, int br) {
+    return (long long)((p->Sq + br - 1) / br) * p->B * p->Hq;
+}
+/* Key-split mode (D <= 128): the 64-row tiles fit on the SMs in one wave. */
+static inline int fc_sm90_key_split(const fc_attn_params* p, int num_sms) {
+    return p->D <= 128 && fc_sm90_tiles(p, 64) <= num_sms;
+}
 static inline int fc_sm90_dynamic_order(const fc_attn_params* p, int num_sms) {
     if (p->causal == FC_CAUSAL_NONE || p->D <= 64 || p->Sk >= FC_SM90_DYN_MAX_SK) return 0;
-    const long long tiles64 = (long long)((p->Sq + 63) / 64) * p->B * p->Hq;
-    const long long tiles128 = (long long)((p->Sq + 127) / 128) * p->B * p->Hq;
-    if (p->D <= 128 && tiles64 <= num_sms) return 0; /* key-split mode */
-    return tiles128 > num_sms;
+    return !fc_sm90_key_split(p, num_sms) && fc_sm90_tiles(p, 128) > num_sms;
 }
 size_t fc_sm90_smem_d64(void);   /* dynamic shared memory per CTA, bytes (the larger mode) */
 size_t fc_sm90_smem_d128(void);

@@ -21,11 +21,6 @@ static fc_status attn_fwd_sm90_run(const Sm90Args& a, unsigned grid, cudaStream_
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 
-// Tiles of a call with `br`-row tiles: query blocks x batch x heads.
-static long long sm90_tiles(const fc_attn_params* p, int br) {
-    return (long long)((p->Sq + br - 1) / br) * p->B * p->Hq;
-}
-
 // The tile order of a launch of `grid` CTAs with `br`-row tiles (see sm90_tile).
 // kv_head_bytes: one head's K and V at the padded head dim, for the causal window.
 static Sm90Sched sm90_sched(const fc_attn_params* p, int br, int grid, long long kv_head_bytes) {
@@ -77,8 +72,8 @@ static bool sm90_use_cons3(const fc_attn_params* p, int num_sms) {
     } else {
         if (p->Sq < SM90_CONS3_MIN_SQ) return false;
         constexpr int BR2 = Sm90Tile<DP, 2>::BR, BR3 = Sm90Tile<DP, 3>::BR;
-        const long long stripes2 = (sm90_tiles(p, BR2) + num_sms - 1) / num_sms;
-        const long long stripes3 = (sm90_tiles(p, BR3) + num_sms - 1) / num_sms;
+        const long long stripes2 = (fc_sm90_tiles(p, BR2) + num_sms - 1) / num_sms;
+        const long long stripes3 = (fc_sm90_tiles(p, BR3) + num_sms - 1) / num_sms;
         return (double)(stripes3 * BR3) < (double)(stripes2 * BR2) * SM90_CONS3_SPEEDUP;
     }
 }
@@ -94,7 +89,8 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
 #endif
     // Key-split mode when the 64-row tiles fit on the SMs in one wave: twice
     // the SMs at work, each on half the keys of its tile.
-    const bool kv_split = Tile::KV_SPLIT_OK && sm90_tiles(p, Tile::WG_ROWS) <= num_sms;
+    static_assert(Tile::KV_SPLIT_OK == (DP <= 128) && Tile::WG_ROWS == 64, "fc_sm90_key_split (kernels.h)");
+    const bool kv_split = fc_sm90_key_split(p, num_sms);
     const bool cons3 = !kv_split && sm90_use_cons3<DP>(p, num_sms);
     const int br = kv_split ? Tile::WG_ROWS : cons3 ? 3 * Tile::WG_ROWS : Tile::BR;  // 3 consumers: Sm90Tile<64, 3>::BR
     fc_status s = fc_sm90_tensor_map(&a.q_map, p->dtype, p->q, p->D, p->Sq, p->Hq, p->B, p->q_row_stride,
@@ -106,7 +102,7 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
         s = fc_sm90_tensor_map(&a.v_map, p->dtype, p->v, p->D, p->Sk, p->Hkv, p->B, p->v_row_stride,
                                p->v_head_stride, p->v_batch_stride, Tile::BC);
     if (s != FC_OK) return s;
-    const long long n_tiles = sm90_tiles(p, br);
+    const long long n_tiles = fc_sm90_tiles(p, br);
     const unsigned grid = (unsigned)(n_tiles < num_sms ? n_tiles : num_sms);
     // Host work per call: only a kernel that reads the tile order gets it.
     a.sched = sm90_magic_div(DP, cons3 ? 3 : 2) ? sm90_sched(p, br, (int)grid, (long long)p->Sk * DP * 4)
