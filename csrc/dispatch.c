@@ -249,6 +249,12 @@ typedef struct {
     fc_split_plan plan;         /* valid when split (workspace pointers unset) */
 } fc_choice;
 
+/* Bytes of workspace the choice c needs: the split-KV partials, or the sm90
+ * dynamic order's tile counter (see fc_attn_fwd_workspace_size). */
+static size_t choice_workspace_bytes(const fc_attn_params* p, const fc_choice* c) {
+    return c->split ? split_workspace_bytes(p, &c->plan) : c->dyn ? FC_SM90_DYN_WORKSPACE : 0;
+}
+
 /* Every check; the workspace is checked only when check_workspace is set
  * (the size queries run before the caller has one). On FC_OK, *c says which
  * kernel runs and how. */
@@ -326,21 +332,18 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
         else if (p->num_splits > 1 && row_blocks * p->B * p->Hkv > FC_GRID_X_MAX)
             fail(&r, FC_ERR_INVALID_SHAPE, "num_splits: B=%d x Hkv=%d x Hq/Hkv*Sq/16 needs more than 2^31-1 "
                  "thread blocks; pass num_splits=None", p->B, p->Hkv);
-        else if ((c->split = use_split(p, k, dev, &c->plan)) && check_workspace) {
-            const size_t need = split_workspace_bytes(p, &c->plan);
-            if (need > 0 && (!p->workspace || p->workspace_bytes < need))
-                fail(&r, FC_ERR_WORKSPACE, "workspace: %zu bytes given, %zu needed for %d splits; allocate "
+        else
+            c->split = use_split(p, k, dev, &c->plan);
+        if (r.first == FC_OK && !c->split && k == FC_KERNEL_SM90) c->dyn = fc_sm90_dynamic_order(p, dev->sm_count);
+        const size_t need = r.first == FC_OK ? choice_workspace_bytes(p, c) : 0;
+        if (check_workspace && need > 0) {
+            char what[64];
+            if (c->split) snprintf(what, sizeof what, "%d splits", c->plan.splits);
+            else snprintf(what, sizeof what, "the tile counter of a causal sm90 call");
+            if (!p->workspace || p->workspace_bytes < need)
+                fail(&r, FC_ERR_WORKSPACE, "workspace: %zu bytes given, %zu needed for %s; allocate "
                      "fc_attn_fwd_workspace_size(params) bytes", p->workspace ? p->workspace_bytes : (size_t)0,
-                     need, c->plan.splits);
-            else if (need > 0 && (uintptr_t)p->workspace % 16 != 0)
-                fail(&r, FC_ERR_WORKSPACE, "workspace: pointer is not 16-byte aligned");
-        }
-        if (r.first == FC_OK && !c->split && k == FC_KERNEL_SM90 &&
-            (c->dyn = fc_sm90_dynamic_order(p, dev->sm_count)) && check_workspace) {
-            if (!p->workspace || p->workspace_bytes < FC_SM90_DYN_WORKSPACE)
-                fail(&r, FC_ERR_WORKSPACE, "workspace: %zu bytes given, %d needed for the tile counter of a "
-                     "causal sm90 call; allocate fc_attn_fwd_workspace_size(params) bytes",
-                     p->workspace ? p->workspace_bytes : (size_t)0, FC_SM90_DYN_WORKSPACE);
+                     need, what);
             else if ((uintptr_t)p->workspace % 16 != 0)
                 fail(&r, FC_ERR_WORKSPACE, "workspace: pointer is not 16-byte aligned");
         }
@@ -366,8 +369,7 @@ int fc_attn_fwd_num_splits(const fc_attn_params* p) {
 size_t fc_attn_fwd_workspace_size(const fc_attn_params* p) {
     fc_reasons r = {FC_OK, NULL, 0, 0};
     fc_choice c;
-    if (check_impl(p, &r, 0, &c) != FC_OK) return 0;
-    return c.split ? split_workspace_bytes(p, &c.plan) : c.dyn ? FC_SM90_DYN_WORKSPACE : 0;
+    return check_impl(p, &r, 0, &c) == FC_OK ? choice_workspace_bytes(p, &c) : 0;
 }
 
 fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
