@@ -100,6 +100,33 @@ def test_gpu_d64_wide_tiles(kernel, shape, mode, dtype, group):
     check_attention(out, lse, q, k, v, None, mode)
 
 
+# D = 128 grids in the sm90 kernel's ordinary mode and static tile order (not
+# key-split, and causal with no more 128-row tiles than SMs or with Sk >= 2048),
+# where the producer issues the next tile's Q after a tile's second K/V tile, or
+# after its last when it has fewer (Sm90Tile::Q_AHEAD): bottom-right with Sq > Sk
+# gives tiles of zero and one K/V tile, Sk = 2100 runs the LONG instantiation.
+Q_AHEAD_SHAPES = [(2, 8, 900, 300), (2, 8, 700, 2100)]
+
+
+@pytest.mark.parametrize("shape", Q_AHEAD_SHAPES, ids=shape_id)
+def test_q_ahead_shapes_run_the_static_order(shape):
+    B, H, Sq, Sk = shape
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    assert -(-Sq // 64) * B * H > sms, "more 64-row tiles than SMs: not key-split"
+    assert -(-Sq // 128) * B * H <= sms or Sk >= 2048, "causal calls keep the static order"
+
+
+@dtype_param
+@mode_param
+@pytest.mark.parametrize("shape", Q_AHEAD_SHAPES, ids=shape_id)
+@kernel_param
+def test_gpu_d128_q_ahead(kernel, shape, mode, dtype):
+    B, H, Sq, Sk = shape
+    q, k, v = make_qkv(B, H, H, Sq, Sk, 128, dtype, DEV)
+    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
+    check_attention(out, lse, q, k, v, None, mode)
+
+
 @dtype_param
 @mode_param
 @pytest.mark.parametrize("D", [64, 128, 256])

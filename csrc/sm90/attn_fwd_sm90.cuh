@@ -8,7 +8,8 @@
 // third consumer makes the tile 192 rows (Sm90Tile<64, 3>; the tile table and
 // the per-tile steps are in attn_sm90_parts.cuh). The producer
 // loads Q into one of Q_BUFS buffers per tile (so the next tile's Q arrives
-// while this one runs) and streams K and V tiles of BC keys through a
+// while this one runs; at D = 128 it is issued after the tile's second K/V
+// tile, Q_AHEAD) and streams K and V tiles of BC keys through a
 // STAGES-deep ring; each load completes on an mbarrier (q_full, k_full,
 // v_full) and the consumers release a buffer by arriving on q_empty, k_empty
 // (as soon as S = Q K^T is done, so the next K tile for that slot loads
@@ -153,47 +154,104 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         tma_prefetch_map(&args.v_map);
         int it = 0;  // K/V tiles issued so far: position in the ring
         int local = 0;
-        for (int tile = blockIdx.x; tile < n_tiles; tile = next_tile(tile), ++local) {
-            const Sm90TileCoord t = tile_at(tile);
-            const int qb = local % Q_BUFS;
-            TR_DECL(args, local, 0, true)
-            TR_SET(TR_START);
-            TR_GTIME();
-            mbar_wait(q_empty + 8 * qb, ((local / Q_BUFS) & 1) ^ 1);  // buffer qb's previous tile is finished
-            TR_SET(TR_Q);
-            // The consumers read the tile's coordinates with its Q, so that finding
-            // them (divisions) is not on their path from one tile to the next.
-            if constexpr (Tile::TILE_INFO) st_shared_v4_s32(info + 16 * qb, t.b, t.h, t.row0, t.n_blocks);
-            mbar_expect_tx(q_full + 8 * qb, br * DP * 2);  // (an arrive: releases the store above to its waiters)
-#pragma unroll(DYN && DP == 256 ? 1 : SLABS)  // (the DYN D = 256 producer's 24 registers)
-            for (int s = 0; s < SLABS; ++s)
-                tma_load_4d(sQ + qb * Tile::Q_BYTES + s * BR * ROWB, &args.q_map, q_full + 8 * qb,
-                            s * FC_SLAB_COLS, t.row0, t.h, t.b);
-            for (int j = 0; j < t.n_blocks; ++j, ++it) {
-                const int st = it % STAGES;
-                const uint32_t free_parity = ((it / STAGES) & 1) ^ 1;
-                TR_TIME(TR_W_K, mbar_wait(k_empty + 8 * st, free_parity));  // K slot st is free
-                mbar_expect_tx(k_full + 8 * st, Tile::KV_BYTES);
-#pragma unroll(DYN && DP == 256 ? 1 : SLABS)  // (the DYN D = 256 producer's 24 registers)
+        if constexpr (Tile::Q_AHEAD && !DYN && !KV_SPLIT) {
+            // Q of tile local + 1 is issued after this tile's second K/V tile, not after
+            // its last: its buffer held tile local - 1, whose consumers are done by then
+            // or soon (they release it after that tile's epilogue), and no K/V load
+            // waits behind it (the slots of K/V tiles 2, 3, ... free only once this
+            // tile's consumers run).
+            auto load_q = [&](const Sm90TileCoord& t, int l) {
+                const int qb = l % Q_BUFS;
+                mbar_wait(q_empty + 8 * qb, ((l / Q_BUFS) & 1) ^ 1);  // buffer qb's previous tile is finished
+                if constexpr (Tile::TILE_INFO) st_shared_v4_s32(info + 16 * qb, t.b, t.h, t.row0, t.n_blocks);
+                mbar_expect_tx(q_full + 8 * qb, br * DP * 2);  // (an arrive: releases the store above to its waiters)
+#pragma unroll
                 for (int s = 0; s < SLABS; ++s)
-                    tma_load_4d(sK + st * Tile::KV_BYTES + s * BC * ROWB, &args.k_map, k_full + 8 * st,
-                                s * FC_SLAB_COLS, j * BC, t.hk, t.b);
-                TR_TIME(TR_W_V, mbar_wait(v_empty + 8 * st, free_parity));  // V slot st is free
-                mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
-#pragma unroll(DYN && DP == 256 ? 1 : SLABS)  // (the DYN D = 256 producer's 24 registers)
-                for (int s = 0; s < SLABS; ++s)
-                    tma_load_4d(sV + st * Tile::KV_BYTES + s * BC * ROWB, &args.v_map, v_full + 8 * st,
-                                s * FC_SLAB_COLS, j * BC, t.hk, t.b);
+                    tma_load_4d(sQ + qb * Tile::Q_BYTES + s * BR * ROWB, &args.q_map, q_full + 8 * qb,
+                                s * FC_SLAB_COLS, t.row0, t.h, t.b);
+            };
+            Sm90TileCoord t = tile_at(blockIdx.x);  // (grid <= n_tiles)
+            load_q(t, 0);
+            for (int tile = blockIdx.x; tile < n_tiles; ++local) {
+                const int nxt = next_tile(tile);
+                TR_DECL(args, local, 0, true)
+                TR_SET(TR_START);
+                TR_GTIME();
+                TR_SET(TR_Q);
+                Sm90TileCoord tn = t;
+                for (int j = 0; j < t.n_blocks; ++j, ++it) {
+                    const int st = it % STAGES;
+                    const uint32_t free_parity = ((it / STAGES) & 1) ^ 1;
+                    TR_TIME(TR_W_K, mbar_wait(k_empty + 8 * st, free_parity));  // K slot st is free
+                    mbar_expect_tx(k_full + 8 * st, Tile::KV_BYTES);
+#pragma unroll
+                    for (int s = 0; s < SLABS; ++s)
+                        tma_load_4d(sK + st * Tile::KV_BYTES + s * BC * ROWB, &args.k_map, k_full + 8 * st,
+                                    s * FC_SLAB_COLS, j * BC, t.hk, t.b);
+                    TR_TIME(TR_W_V, mbar_wait(v_empty + 8 * st, free_parity));  // V slot st is free
+                    mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
+#pragma unroll
+                    for (int s = 0; s < SLABS; ++s)
+                        tma_load_4d(sV + st * Tile::KV_BYTES + s * BC * ROWB, &args.v_map, v_full + 8 * st,
+                                    s * FC_SLAB_COLS, j * BC, t.hk, t.b);
+                    if (j == 1 && nxt < n_tiles) {  // the next tile's Q, early
+                        tn = tile_at(nxt);
+                        load_q(tn, local + 1);
+                    }
+                }
+                if (t.n_blocks < 2 && nxt < n_tiles) {  // (a tile of 0 or 1 K/V tiles)
+                    tn = tile_at(nxt);
+                    load_q(tn, local + 1);
+                }
+                TR_SET(TR_END);
+                TR_VAL(TR_BLOCKS, t.n_blocks);
+                TR_FLUSH();
+                t = tn;
+                tile = nxt;
             }
-            TR_SET(TR_END);
-            TR_VAL(TR_BLOCKS, t.n_blocks);
-            TR_FLUSH();
-        }
-        if constexpr (DYN) {  // no tile left: the sentinel, in the next Q buffer's slot
-            const int qb = local % Q_BUFS;
-            mbar_wait(q_empty + 8 * qb, ((local / Q_BUFS) & 1) ^ 1);  // buffer qb's previous tile is finished
-            st_shared_v4_s32(info + 16 * qb, 0, 0, 0, -1);
-            mbar_arrive(q_full + 8 * qb);  // (no load: releases the sentinel to the consumers)
+        } else {
+            for (int tile = blockIdx.x; tile < n_tiles; tile = next_tile(tile), ++local) {
+                const Sm90TileCoord t = tile_at(tile);
+                const int qb = local % Q_BUFS;
+                TR_DECL(args, local, 0, true)
+                TR_SET(TR_START);
+                TR_GTIME();
+                mbar_wait(q_empty + 8 * qb, ((local / Q_BUFS) & 1) ^ 1);  // buffer qb's previous tile is finished
+                TR_SET(TR_Q);
+                // The consumers read the tile's coordinates with its Q, so that finding
+                // them (divisions) is not on their path from one tile to the next.
+                if constexpr (Tile::TILE_INFO) st_shared_v4_s32(info + 16 * qb, t.b, t.h, t.row0, t.n_blocks);
+                mbar_expect_tx(q_full + 8 * qb, br * DP * 2);  // (an arrive: releases the store above to its waiters)
+#pragma unroll(DYN && DP == 256 ? 1 : SLABS)  // (the DYN D = 256 producer's 24 registers)
+                for (int s = 0; s < SLABS; ++s)
+                    tma_load_4d(sQ + qb * Tile::Q_BYTES + s * BR * ROWB, &args.q_map, q_full + 8 * qb,
+                                s * FC_SLAB_COLS, t.row0, t.h, t.b);
+                for (int j = 0; j < t.n_blocks; ++j, ++it) {
+                    const int st = it % STAGES;
+                    const uint32_t free_parity = ((it / STAGES) & 1) ^ 1;
+                    TR_TIME(TR_W_K, mbar_wait(k_empty + 8 * st, free_parity));  // K slot st is free
+                    mbar_expect_tx(k_full + 8 * st, Tile::KV_BYTES);
+#pragma unroll(DYN && DP == 256 ? 1 : SLABS)  // (the DYN D = 256 producer's 24 registers)
+                    for (int s = 0; s < SLABS; ++s)
+                        tma_load_4d(sK + st * Tile::KV_BYTES + s * BC * ROWB, &args.k_map, k_full + 8 * st,
+                                    s * FC_SLAB_COLS, j * BC, t.hk, t.b);
+                    TR_TIME(TR_W_V, mbar_wait(v_empty + 8 * st, free_parity));  // V slot st is free
+                    mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
+#pragma unroll(DYN && DP == 256 ? 1 : SLABS)  // (the DYN D = 256 producer's 24 registers)
+                    for (int s = 0; s < SLABS; ++s)
+                        tma_load_4d(sV + st * Tile::KV_BYTES + s * BC * ROWB, &args.v_map, v_full + 8 * st,
+                                    s * FC_SLAB_COLS, j * BC, t.hk, t.b);
+                }
+                TR_SET(TR_END);
+                TR_VAL(TR_BLOCKS, t.n_blocks);
+                TR_FLUSH();
+            }
+            if constexpr (DYN) {  // no tile left: the sentinel, in the next Q buffer's slot
+                const int qb = local % Q_BUFS;
+                mbar_wait(q_empty + 8 * qb, ((local / Q_BUFS) & 1) ^ 1);  // buffer qb's previous tile is finished
+                st_shared_v4_s32(info + 16 * qb, 0, 0, 0, -1);
+                mbar_arrive(q_full + 8 * qb);  // (no load: releases the sentinel to the consumers)
+            }
         }
         return;
     }

@@ -55,6 +55,13 @@ struct Sm90Tile {
     // cannot be staged in the Q rows: each consumer has its own buffer of
     // WG_ROWS x PV_N, and the epilogue stores O in PV_PARTS passes through it.
     static constexpr bool EARLY_Q = Q_BUFS == 1;
+    // Q_AHEAD (D = 128; static order, ordinary mode): the producer issues the
+    // next tile's Q after this tile's second K/V tile instead of after its last,
+    // so it has landed when the consumers reach that tile (the timeline had them
+    // wait 470 cycles per tile for it at S = 2k). Measured on an H100 (perf
+    // notes, session 23): D = 128 +3 % at S512, +1-1.6 % at 2k; D = 64 1-9 %
+    // slower (ptxas rescheduled its consumers), so it stays off there.
+    static constexpr bool Q_AHEAD = Q_BUFS == 2 && DP == 128;
     // Software-pipeline S(j+1) with P(j)V inside a warpgroup. Measured (perf
     // notes, sm90 v3 and session 10): +3-12 % at D = 128; at D = 256 +4-6 % once
     // K is released as soon as S is done (sm90 v5); 10-17 % slower at D = 64, where
