@@ -154,6 +154,12 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         tma_prefetch_map(&args.v_map);
         int it = 0;  // K/V tiles issued so far: position in the ring
         int local = 0;
+        // One tile of `rows` rows (of tensor `map`, from row `row` of head h, batch b)
+        // into smem at dst, one 64-column slab per TMA load, completing on mbarrier bar.
+        auto load_slabs = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar, int rows, int row, int h, int b) {
+#pragma unroll(DYN && DP == 256 ? 1 : SLABS)  // (the DYN D = 256 producer's 24 registers)
+            for (int s = 0; s < SLABS; ++s) tma_load_4d(dst + s * rows * ROWB, map, bar, s * FC_SLAB_COLS, row, h, b);
+        };
         if constexpr (Tile::Q_AHEAD && !DYN && !KV_SPLIT) {
             // Q of tile local + 1 is issued after this tile's second K/V tile, not after
             // its last: its buffer held tile local - 1, whose consumers are done by then
@@ -165,10 +171,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 mbar_wait(q_empty + 8 * qb, ((l / Q_BUFS) & 1) ^ 1);  // buffer qb's previous tile is finished
                 if constexpr (Tile::TILE_INFO) st_shared_v4_s32(info + 16 * qb, t.b, t.h, t.row0, t.n_blocks);
                 mbar_expect_tx(q_full + 8 * qb, br * DP * 2);  // (an arrive: releases the store above to its waiters)
-#pragma unroll
-                for (int s = 0; s < SLABS; ++s)
-                    tma_load_4d(sQ + qb * Tile::Q_BYTES + s * BR * ROWB, &args.q_map, q_full + 8 * qb,
-                                s * FC_SLAB_COLS, t.row0, t.h, t.b);
+                load_slabs(sQ + qb * Tile::Q_BYTES, &args.q_map, q_full + 8 * qb, BR, t.row0, t.h, t.b);
             };
             Sm90TileCoord t = tile_at(blockIdx.x);  // (grid <= n_tiles)
             load_q(t, 0);
@@ -184,16 +187,10 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                     const uint32_t free_parity = ((it / STAGES) & 1) ^ 1;
                     TR_TIME(TR_W_K, mbar_wait(k_empty + 8 * st, free_parity));  // K slot st is free
                     mbar_expect_tx(k_full + 8 * st, Tile::KV_BYTES);
-#pragma unroll
-                    for (int s = 0; s < SLABS; ++s)
-                        tma_load_4d(sK + st * Tile::KV_BYTES + s * BC * ROWB, &args.k_map, k_full + 8 * st,
-                                    s * FC_SLAB_COLS, j * BC, t.hk, t.b);
+                    load_slabs(sK + st * Tile::KV_BYTES, &args.k_map, k_full + 8 * st, BC, j * BC, t.hk, t.b);
                     TR_TIME(TR_W_V, mbar_wait(v_empty + 8 * st, free_parity));  // V slot st is free
                     mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
-#pragma unroll
-                    for (int s = 0; s < SLABS; ++s)
-                        tma_load_4d(sV + st * Tile::KV_BYTES + s * BC * ROWB, &args.v_map, v_full + 8 * st,
-                                    s * FC_SLAB_COLS, j * BC, t.hk, t.b);
+                    load_slabs(sV + st * Tile::KV_BYTES, &args.v_map, v_full + 8 * st, BC, j * BC, t.hk, t.b);
                     if (j == 1 && nxt < n_tiles) {  // the next tile's Q, early
                         tn = tile_at(nxt);
                         load_q(tn, local + 1);
@@ -222,25 +219,16 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 // them (divisions) is not on their path from one tile to the next.
                 if constexpr (Tile::TILE_INFO) st_shared_v4_s32(info + 16 * qb, t.b, t.h, t.row0, t.n_blocks);
                 mbar_expect_tx(q_full + 8 * qb, br * DP * 2);  // (an arrive: releases the store above to its waiters)
-#pragma unroll(DYN && DP == 256 ? 1 : SLABS)  // (the DYN D = 256 producer's 24 registers)
-                for (int s = 0; s < SLABS; ++s)
-                    tma_load_4d(sQ + qb * Tile::Q_BYTES + s * BR * ROWB, &args.q_map, q_full + 8 * qb,
-                                s * FC_SLAB_COLS, t.row0, t.h, t.b);
+                load_slabs(sQ + qb * Tile::Q_BYTES, &args.q_map, q_full + 8 * qb, BR, t.row0, t.h, t.b);
                 for (int j = 0; j < t.n_blocks; ++j, ++it) {
                     const int st = it % STAGES;
                     const uint32_t free_parity = ((it / STAGES) & 1) ^ 1;
                     TR_TIME(TR_W_K, mbar_wait(k_empty + 8 * st, free_parity));  // K slot st is free
                     mbar_expect_tx(k_full + 8 * st, Tile::KV_BYTES);
-#pragma unroll(DYN && DP == 256 ? 1 : SLABS)  // (the DYN D = 256 producer's 24 registers)
-                    for (int s = 0; s < SLABS; ++s)
-                        tma_load_4d(sK + st * Tile::KV_BYTES + s * BC * ROWB, &args.k_map, k_full + 8 * st,
-                                    s * FC_SLAB_COLS, j * BC, t.hk, t.b);
+                    load_slabs(sK + st * Tile::KV_BYTES, &args.k_map, k_full + 8 * st, BC, j * BC, t.hk, t.b);
                     TR_TIME(TR_W_V, mbar_wait(v_empty + 8 * st, free_parity));  // V slot st is free
                     mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
-#pragma unroll(DYN && DP == 256 ? 1 : SLABS)  // (the DYN D = 256 producer's 24 registers)
-                    for (int s = 0; s < SLABS; ++s)
-                        tma_load_4d(sV + st * Tile::KV_BYTES + s * BC * ROWB, &args.v_map, v_full + 8 * st,
-                                    s * FC_SLAB_COLS, j * BC, t.hk, t.b);
+                    load_slabs(sV + st * Tile::KV_BYTES, &args.v_map, v_full + 8 * st, BC, j * BC, t.hk, t.b);
                 }
                 TR_SET(TR_END);
                 TR_VAL(TR_BLOCKS, t.n_blocks);
