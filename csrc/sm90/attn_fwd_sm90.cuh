@@ -160,86 +160,73 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 #pragma unroll(DYN && DP == 256 ? 1 : SLABS)  // (the DYN D = 256 producer's 24 registers)
             for (int s = 0; s < SLABS; ++s) tma_load_4d(dst + s * rows * ROWB, map, bar, s * FC_SLAB_COLS, row, h, b);
         };
-        if constexpr (Tile::Q_AHEAD && !DYN && !KV_SPLIT) {
-            // Q of tile local + 1 is issued after this tile's second K/V tile, not after
-            // its last: its buffer held tile local - 1, whose consumers are done by then
-            // or soon (they release it after that tile's epilogue), and no K/V load
-            // waits behind it (the slots of K/V tiles 2, 3, ... free only once this
-            // tile's consumers run).
-            auto load_q = [&](const Sm90TileCoord& t, int l) {
-                const int qb = l % Q_BUFS;
-                mbar_wait(q_empty + 8 * qb, ((l / Q_BUFS) & 1) ^ 1);  // buffer qb's previous tile is finished
-                if constexpr (Tile::TILE_INFO) st_shared_v4_s32(info + 16 * qb, t.b, t.h, t.row0, t.n_blocks);
-                mbar_expect_tx(q_full + 8 * qb, br * DP * 2);  // (an arrive: releases the store above to its waiters)
-                load_slabs(sQ + qb * Tile::Q_BYTES, &args.q_map, q_full + 8 * qb, BR, t.row0, t.h, t.b);
-            };
-            Sm90TileCoord t = tile_at(blockIdx.x);  // (grid <= n_tiles)
+        // Q_AHEAD: Q of tile local + 1 is issued after this tile's second K/V tile, not
+        // after its last: its buffer held tile local - 1, whose consumers are done by
+        // then or soon (they release it after that tile's epilogue), and no K/V load
+        // waits behind it (the slots of K/V tiles 2, 3, ... free only once this tile's
+        // consumers run). The dynamic order takes its next tile only when it needs it.
+        constexpr bool ahead = Tile::Q_AHEAD && !DYN && !KV_SPLIT;
+        auto load_q = [&](const Sm90TileCoord& t, int l) {  // tile t's Q (and coordinates) into buffer l % Q_BUFS
+            const int qb = l % Q_BUFS;
+            mbar_wait(q_empty + 8 * qb, ((l / Q_BUFS) & 1) ^ 1);  // buffer qb's previous tile is finished
+            // The consumers read the tile's coordinates with its Q, so that finding
+            // them (divisions) is not on their path from one tile to the next.
+            if constexpr (Tile::TILE_INFO) st_shared_v4_s32(info + 16 * qb, t.b, t.h, t.row0, t.n_blocks);
+            mbar_expect_tx(q_full + 8 * qb, br * DP * 2);  // (an arrive: releases the store above to its waiters)
+            load_slabs(sQ + qb * Tile::Q_BYTES, &args.q_map, q_full + 8 * qb, BR, t.row0, t.h, t.b);
+        };
+        Sm90TileCoord t;
+        if constexpr (ahead) {
+            t = tile_at(blockIdx.x);  // (grid <= n_tiles)
             load_q(t, 0);
-            for (int tile = blockIdx.x; tile < n_tiles; ++local) {
-                const int nxt = next_tile(tile);
-                TR_DECL(args, local, 0, true)
-                TR_SET(TR_START);
-                TR_GTIME();
-                TR_SET(TR_Q);
-                Sm90TileCoord tn = t;
-                for (int j = 0; j < t.n_blocks; ++j, ++it) {
-                    const int st = it % STAGES;
-                    const uint32_t free_parity = ((it / STAGES) & 1) ^ 1;
-                    TR_TIME(TR_W_K, mbar_wait(k_empty + 8 * st, free_parity));  // K slot st is free
-                    mbar_expect_tx(k_full + 8 * st, Tile::KV_BYTES);
-                    load_slabs(sK + st * Tile::KV_BYTES, &args.k_map, k_full + 8 * st, BC, j * BC, t.hk, t.b);
-                    TR_TIME(TR_W_V, mbar_wait(v_empty + 8 * st, free_parity));  // V slot st is free
-                    mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
-                    load_slabs(sV + st * Tile::KV_BYTES, &args.v_map, v_full + 8 * st, BC, j * BC, t.hk, t.b);
+        }
+        for (int tile = blockIdx.x; tile < n_tiles; ++local) {
+            int nxt = 0;
+            if constexpr (ahead) nxt = next_tile(tile);
+            else t = tile_at(tile);
+            TR_DECL(args, local, 0, true)
+            TR_SET(TR_START);
+            TR_GTIME();
+            if constexpr (!ahead) load_q(t, local);
+            TR_SET(TR_Q);
+            Sm90TileCoord tn = t;
+            for (int j = 0; j < t.n_blocks; ++j, ++it) {
+                const int st = it % STAGES;
+                const uint32_t free_parity = ((it / STAGES) & 1) ^ 1;
+                TR_TIME(TR_W_K, mbar_wait(k_empty + 8 * st, free_parity));  // K slot st is free
+                mbar_expect_tx(k_full + 8 * st, Tile::KV_BYTES);
+                load_slabs(sK + st * Tile::KV_BYTES, &args.k_map, k_full + 8 * st, BC, j * BC, t.hk, t.b);
+                TR_TIME(TR_W_V, mbar_wait(v_empty + 8 * st, free_parity));  // V slot st is free
+                mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
+                load_slabs(sV + st * Tile::KV_BYTES, &args.v_map, v_full + 8 * st, BC, j * BC, t.hk, t.b);
+                if constexpr (ahead) {
                     if (j == 1 && nxt < n_tiles) {  // the next tile's Q, early
                         tn = tile_at(nxt);
                         load_q(tn, local + 1);
                     }
                 }
+            }
+            if constexpr (ahead) {
                 if (t.n_blocks < 2 && nxt < n_tiles) {  // (a tile of 0 or 1 K/V tiles)
                     tn = tile_at(nxt);
                     load_q(tn, local + 1);
                 }
-                TR_SET(TR_END);
-                TR_VAL(TR_BLOCKS, t.n_blocks);
-                TR_FLUSH();
+            }
+            TR_SET(TR_END);
+            TR_VAL(TR_BLOCKS, t.n_blocks);
+            TR_FLUSH();
+            if constexpr (ahead) {
                 t = tn;
                 tile = nxt;
+            } else {
+                tile = next_tile(tile);
             }
-        } else {
-            for (int tile = blockIdx.x; tile < n_tiles; tile = next_tile(tile), ++local) {
-                const Sm90TileCoord t = tile_at(tile);
-                const int qb = local % Q_BUFS;
-                TR_DECL(args, local, 0, true)
-                TR_SET(TR_START);
-                TR_GTIME();
-                mbar_wait(q_empty + 8 * qb, ((local / Q_BUFS) & 1) ^ 1);  // buffer qb's previous tile is finished
-                TR_SET(TR_Q);
-                // The consumers read the tile's coordinates with its Q, so that finding
-                // them (divisions) is not on their path from one tile to the next.
-                if constexpr (Tile::TILE_INFO) st_shared_v4_s32(info + 16 * qb, t.b, t.h, t.row0, t.n_blocks);
-                mbar_expect_tx(q_full + 8 * qb, br * DP * 2);  // (an arrive: releases the store above to its waiters)
-                load_slabs(sQ + qb * Tile::Q_BYTES, &args.q_map, q_full + 8 * qb, BR, t.row0, t.h, t.b);
-                for (int j = 0; j < t.n_blocks; ++j, ++it) {
-                    const int st = it % STAGES;
-                    const uint32_t free_parity = ((it / STAGES) & 1) ^ 1;
-                    TR_TIME(TR_W_K, mbar_wait(k_empty + 8 * st, free_parity));  // K slot st is free
-                    mbar_expect_tx(k_full + 8 * st, Tile::KV_BYTES);
-                    load_slabs(sK + st * Tile::KV_BYTES, &args.k_map, k_full + 8 * st, BC, j * BC, t.hk, t.b);
-                    TR_TIME(TR_W_V, mbar_wait(v_empty + 8 * st, free_parity));  // V slot st is free
-                    mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
-                    load_slabs(sV + st * Tile::KV_BYTES, &args.v_map, v_full + 8 * st, BC, j * BC, t.hk, t.b);
-                }
-                TR_SET(TR_END);
-                TR_VAL(TR_BLOCKS, t.n_blocks);
-                TR_FLUSH();
-            }
-            if constexpr (DYN) {  // no tile left: the sentinel, in the next Q buffer's slot
-                const int qb = local % Q_BUFS;
-                mbar_wait(q_empty + 8 * qb, ((local / Q_BUFS) & 1) ^ 1);  // buffer qb's previous tile is finished
-                st_shared_v4_s32(info + 16 * qb, 0, 0, 0, -1);
-                mbar_arrive(q_full + 8 * qb);  // (no load: releases the sentinel to the consumers)
-            }
+        }
+        if constexpr (DYN) {  // no tile left: the sentinel, in the next Q buffer's slot
+            const int qb = local % Q_BUFS;
+            mbar_wait(q_empty + 8 * qb, ((local / Q_BUFS) & 1) ^ 1);  // buffer qb's previous tile is finished
+            st_shared_v4_s32(info + 16 * qb, 0, 0, 0, -1);
+            mbar_arrive(q_full + 8 * qb);  // (no load: releases the sentinel to the consumers)
         }
         return;
     }
