@@ -104,7 +104,8 @@ def test_gpu_d64_wide_tiles(kernel, shape, mode, dtype, group):
 # key-split, and causal with no more 128-row tiles than SMs or with Sk >= 2048),
 # where the producer issues the next tile's Q after a tile's second K/V tile, or
 # after its last when it has fewer (Sm90Tile::Q_AHEAD): bottom-right with Sq > Sk
-# gives tiles of zero and one K/V tile, Sk = 2100 runs the LONG instantiation.
+# gives tiles of zero and one K/V tile, Sk = 2100 runs the LONG instantiation
+# (run at D = 128 by test_gpu_long_sequences).
 Q_AHEAD_SHAPES = [(2, 8, 900, 300), (2, 8, 700, 2100)]
 
 
@@ -115,16 +116,6 @@ def test_q_ahead_shapes_run_the_static_order(shape):
     assert -(-Sq // 64) * B * H > sms, "more 64-row tiles than SMs: not key-split"
     assert -(-Sq // 128) * B * H <= sms or Sk >= 2048, "causal calls keep the static order"
 
-
-@dtype_param
-@mode_param
-@pytest.mark.parametrize("shape", Q_AHEAD_SHAPES, ids=shape_id)
-@kernel_param
-def test_gpu_d128_q_ahead(kernel, shape, mode, dtype):
-    B, H, Sq, Sk = shape
-    q, k, v = make_qkv(B, H, H, Sq, Sk, 128, dtype, DEV)
-    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
-    check_attention(out, lse, q, k, v, None, mode)
 
 
 @dtype_param
@@ -239,7 +230,7 @@ def test_gpu_row_max_moves(kernel, ramp, D, mode, dtype):
 @dtype_param
 @mode_param
 @pytest.mark.parametrize("shape", [(1, 2, 1, 8192), (1, 2, 4096, 4096), (1, 1, 2048, 8192), (1, 2, 8192, 1024),
-                                   (2, 8, 600, 2100)],
+                                   (2, 8, 600, 2100)] + Q_AHEAD_SHAPES,
                          ids=shape_id)
 @kernel_param
 def test_gpu_long_sequences(kernel, shape, mode, dtype):
