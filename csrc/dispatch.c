@@ -337,14 +337,14 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
         if (r.first == FC_OK && !c->split && k == FC_KERNEL_SM90) c->dyn = fc_sm90_dynamic_order(p, dev->sm_count);
         const size_t need = r.first == FC_OK ? choice_workspace_bytes(p, c) : 0;
         if (check_workspace && need > 0) {
-            char what[64];
-            if (c->split) snprintf(what, sizeof what, "%d splits", c->plan.splits);
-            else snprintf(what, sizeof what, "the tile counter of a causal sm90 call");
-            if (!p->workspace || p->workspace_bytes < need)
+            if (!p->workspace || p->workspace_bytes < need) {
+                char what[64];  /* (formatted only for the refusal) */
+                if (c->split) snprintf(what, sizeof what, "%d splits", c->plan.splits);
+                else snprintf(what, sizeof what, "the tile counter of a causal sm90 call");
                 fail(&r, FC_ERR_WORKSPACE, "workspace: %zu bytes given, %zu needed for %s; allocate "
                      "fc_attn_fwd_workspace_size(params) bytes", p->workspace ? p->workspace_bytes : (size_t)0,
                      need, what);
-            else if ((uintptr_t)p->workspace % 16 != 0)
+            } else if ((uintptr_t)p->workspace % 16 != 0)
                 fail(&r, FC_ERR_WORKSPACE, "workspace: pointer is not 16-byte aligned");
         }
     }
