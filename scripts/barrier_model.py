@@ -17,7 +17,10 @@ Modes: `overlap` (ordinary mode, S(j+1) and P(j)V issued together), `inorder` (o
 P(j)V then S(j+1)), `split` (key-split mode: the two warpgroups take alternate K/V tiles, one
 consumer per tile). With one Q buffer (D = 256, Sm90Tile::EARLY_Q) an ordinary-mode consumer
 releases Q as soon as the tile's last S is done, before its last P V; otherwise at the tile's end.
-The model follows the kernel; change both together.
+With one Q buffer each consumer's rows also load and are released on a barrier pair of their own
+(Sm90Tile::Q_HALVES): the producer issues the first consumer's rows before the tile's K/V tiles and
+the second's after the first K/V tile; and in some tiles the first consumer runs one K/V tile fewer
+and releases the last one unread (causal WG_SKIP). The model follows the kernel; change both together.
 """
 import random
 import sys
@@ -55,24 +58,35 @@ class Violation(Exception):
     pass
 
 
-def producer(tiles, stages, qbufs):
+def producer(tiles, stages, qbufs, halves=False, late_half=False):
+    """late_half: the second consumer's Q rows issued after all of the tile's K/V tiles (a bad order)."""
     it = 0
     for local, n in enumerate(tiles):
         qb = local % qbufs
-        yield ("wait", ("q_empty", qb), ((local // qbufs) & 1) ^ 1)
-        yield ("tma", "Q", qb, local, ("q_full", qb))
-        for _ in range(n):
+
+        def load_q(part):
+            bar = part if halves else qb
+            yield ("wait", ("q_empty", bar), ((local // qbufs) & 1) ^ 1)
+            yield ("tma", "Q", (qb, part) if halves else qb, local, ("q_full", bar))
+
+        yield from load_q(0)
+        for j in range(n):
             st, free = it % stages, ((it // stages) & 1) ^ 1
             yield ("wait", ("k_empty", st), free)
             yield ("tma", "K", st, it, ("k_full", st))
             yield ("wait", ("v_empty", st), free)
             yield ("tma", "V", st, it, ("v_full", st))
             it += 1
+            if halves and j == 0 and not late_half:
+                yield from load_q(1)
+        if halves and (n == 0 or late_half):
+            yield from load_q(1)
 
 
-def consumer(cw, mode, tiles, stages, qbufs):
+def consumer(cw, mode, tiles, stages, qbufs, skips=None):
+    """skips[i]: in tile i the first consumer runs one K/V tile fewer (WG_SKIP; one-Q-buffer kernels)."""
     split = mode == "split"
-    early_q = qbufs == 1 and not split  # Sm90Tile::EARLY_Q
+    early_q = qbufs == 1 and not split  # Sm90Tile::EARLY_Q (and Q_HALVES)
     step, first = (2, cw) if split else (1, 0)
     it = base = 0
 
@@ -83,15 +97,17 @@ def consumer(cw, mode, tiles, stages, qbufs):
         yield ("done", kind, st)
         yield ("arrive", ("k_empty" if kind == "K" else "v_empty", st), 128)
 
-    for local, n in enumerate(tiles):
+    for local, n_tile in enumerate(tiles):
         qb = local % qbufs
-        yield ("wait", ("q_full", qb), (local // qbufs) & 1)
-        yield ("read", "Q", qb, local)
+        qbar, qslot = (cw, (qb, cw)) if early_q else (qb, qb)  # Q_HALVES: this consumer's rows
+        n = n_tile - 1 if early_q and cw == 0 and skips and skips[local] and n_tile > 0 else n_tile
+        yield ("wait", ("q_full", qbar), (local // qbufs) & 1)
+        yield ("read", "Q", qslot, local)
         pos = (lambda j: base + j) if split else (lambda j: it + (j - first))
         j = first
         # Every S = Q K^T reads Q again. Modelled only where Q is released before the tile's end
         # (EARLY_Q); elsewhere the first read's window already spans every S.
-        s_reads_q = [("read", "Q", qb, local)] if early_q else []
+        s_reads_q = [("read", "Q", qslot, local)] if early_q else []
         if first < n:
             yield from s_reads_q
             yield from read("K", pos(first))
@@ -114,33 +130,42 @@ def consumer(cw, mode, tiles, stages, qbufs):
                     yield from read("K", gn)
                 j += step
             if early_q:  # every S of the tile is done: Q may be overwritten during the last P V
-                yield ("done", "Q", qb)
-                yield ("arrive", ("q_empty", qb), 128)
+                yield ("done", "Q", qslot)
+                yield ("arrive", ("q_empty", qbar), 128)
             yield from read("V", pos(j))
+        for jj in range(n, n_tile):  # WG_SKIP: K/V tiles this consumer's rows do not see, released unread
+            g = it + jj
+            st = g % stages
+            yield ("wait", ("k_full", st), (g // stages) & 1)
+            yield ("arrive", ("k_empty", st), 128)
+            yield ("wait", ("v_full", st), (g // stages) & 1)
+            yield ("arrive", ("v_empty", st), 128)
         if split:
             base += n
             yield ("named", 3 + cw)  # the merge's two named barriers: both warpgroups finish the tile
         else:
-            it += n
+            it += n_tile
         if not (early_q and first < n):
-            yield ("done", "Q", qb)
-            yield ("arrive", ("q_empty", qb), 128)
+            yield ("done", "Q", qslot)
+            yield ("arrive", ("q_empty", qbar), 128)
 
 
-def run(mode, stages, qbufs, tiles, seed, consumers=2):
+def run(mode, stages, qbufs, tiles, seed, consumers=2, skips=None, late_half=False):
     """One random schedule; returns "ok" or "deadlock ..."; raises Violation on a bad read/write."""
     assert mode != "split" or consumers == 2, "key-split mode has two consumers"
     rnd = random.Random(seed)
     per_tile = 128 if mode == "split" else 128 * consumers  # consumer arrivals that free a K or V slot
+    halves = qbufs == 1 and mode != "split"  # Sm90Tile::Q_HALVES
+    assert not halves or consumers == 2, "Q halves: two consumers"
     bars = {}
-    for i in range(qbufs):
-        bars["q_full", i], bars["q_empty", i] = Barrier(1), Barrier(128 * consumers)
+    for i in range(consumers if halves else qbufs):
+        bars["q_full", i], bars["q_empty", i] = Barrier(1), Barrier(128 * (1 if halves else consumers))
     for i in range(stages):
         bars["k_full", i], bars["v_full", i] = Barrier(1), Barrier(1)
         bars["k_empty", i], bars["v_empty", i] = Barrier(per_tile), Barrier(per_tile)
-    actors = {"P": producer(tiles, stages, qbufs)}
+    actors = {"P": producer(tiles, stages, qbufs, halves, late_half)}
     for cw in range(consumers):
-        actors["C%d" % cw] = consumer(cw, mode, tiles, stages, qbufs)
+        actors["C%d" % cw] = consumer(cw, mode, tiles, stages, qbufs, skips)
     cur = {a: next(g, None) for a, g in actors.items()}
     content, readers, inflight = {}, {}, []
     named_count = [0]  # warpgroups waiting at the merge barrier of the current tile
@@ -191,13 +216,14 @@ def run(mode, stages, qbufs, tiles, seed, consumers=2):
         cur[a] = next(actors[a], None)
 
 
-def check(mode, stages, qbufs, schedules, seed0=0, consumers=2):
+def check(mode, stages, qbufs, schedules, seed0=0, consumers=2, late_half=False):
     """Runs `schedules` random schedules on random tile lists; returns the first failure or None."""
     for seed in range(seed0, seed0 + schedules):
         r = random.Random(seed * 7 + 1)
         tiles = [r.choice([0, 1, 1, 2, 3, 4, 5, 6, 7]) for _ in range(r.randint(1, 5))]
+        skips = [r.random() < 0.5 for _ in tiles]
         try:
-            res = run(mode, stages, qbufs, tiles, seed, consumers)
+            res = run(mode, stages, qbufs, tiles, seed, consumers, skips, late_half)
         except Violation as e:
             res = "violation: " + str(e)
         if res != "ok":

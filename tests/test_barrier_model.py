@@ -24,3 +24,10 @@ def test_kernel_protocol_is_safe(config):
 def test_model_catches_the_odd_key_split_ring():
     failure = barrier_model.check("split", 3, 2, SCHEDULES)
     assert failure is not None and ("reads K slot" in failure or "reads V slot" in failure), failure
+
+
+def test_model_catches_a_late_second_q_half():
+    # With Q halves, the second consumer's rows issued behind all of the tile's K/V tiles deadlock
+    # once a tile has more K/V tiles than the ring holds: the model must say so.
+    failure = barrier_model.check("overlap", 2, 1, SCHEDULES, late_half=True)
+    assert failure is not None and "deadlock" in failure, failure

@@ -102,21 +102,22 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     const uint32_t sV = sK + STAGES * Tile::KV_BYTES;  // STAGES V tiles
     const uint32_t sO = sV + STAGES * Tile::KV_BYTES;  // EARLY_Q: one O buffer per consumer
     const uint32_t bar0 = sO + Tile::CONSUMERS * Tile::O_STAGE_BYTES;
-    const uint32_t q_full = bar0, q_empty = q_full + 8 * Q_BUFS;  // one per Q buffer
-    const uint32_t k_full = q_empty + 8 * Q_BUFS, v_full = k_full + 8 * STAGES;
+    constexpr int Q_BARS = Tile::Q_BARS;
+    const uint32_t q_full = bar0, q_empty = q_full + 8 * Q_BARS;  // one per Q buffer (Q_HALVES: per consumer's rows)
+    const uint32_t k_full = q_empty + 8 * Q_BARS, v_full = k_full + 8 * STAGES;
     const uint32_t k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;
     const uint32_t ml = v_empty + 8 * STAGES;  // key-split: consumer 2's m and l (ML_BYTES past the ordinary smem)
     const uint32_t sink = ml + (KV_SPLIT ? Tile::ML_BYTES : 0);  // PIN_SOFTMAX: SINK_BYTES
-    const uint32_t info = sink + Tile::SINK_BYTES;  // tile coordinates, 16 bytes per Q buffer (16-byte aligned)
+    const uint32_t info = sink + Tile::SINK_BYTES;  // tile coordinates, 16 bytes per Q barrier pair (16-byte aligned)
     static_assert(!KV_SPLIT || Tile::KV_SPLIT_OK, "key-split mode needs DP <= 128");
     constexpr bool split = KV_SPLIT;
     constexpr int br = split ? Tile::WG_ROWS : BR;  // query rows per tile
 
     const int tid = threadIdx.x;
     if (tid == 0) {
-        for (int i = 0; i < Q_BUFS; ++i) {
+        for (int i = 0; i < Q_BARS; ++i) {
             mbar_init(q_full + 8 * i, 1);
-            mbar_init(q_empty + 8 * i, Tile::CONSUMERS * 128);
+            mbar_init(q_empty + 8 * i, (Tile::Q_HALVES ? 1 : Tile::CONSUMERS) * 128);
         }
         for (int i = 0; i < STAGES; ++i) {
             mbar_init(k_full + 8 * i, 1);
@@ -166,19 +167,30 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         // waits behind it (the slots of K/V tiles 2, 3, ... free only once this tile's
         // consumers run). The dynamic order takes its next tile only when it needs it.
         constexpr bool ahead = Tile::Q_AHEAD && !DYN && !KV_SPLIT;
-        auto load_q = [&](const Sm90TileCoord& t, int l) {  // tile t's Q (and coordinates) into buffer l % Q_BUFS
-            const int qb = l % Q_BUFS;
-            mbar_wait(q_empty + 8 * qb, ((l / Q_BUFS) & 1) ^ 1);  // buffer qb's previous tile is finished
+        // Tile t's Q (and coordinates) into buffer l % Q_BUFS; with Q_HALVES only
+        // consumer `half`'s rows, on that consumer's barrier pair.
+        auto load_q = [&](const Sm90TileCoord& t, int l, int half) {
+            const int qb = l % Q_BUFS, qbar = Tile::Q_HALVES ? half : qb;
+            mbar_wait(q_empty + 8 * qbar, ((l / Q_BUFS) & 1) ^ 1);  // these rows' previous tile is finished
             // The consumers read the tile's coordinates with its Q, so that finding
             // them (divisions) is not on their path from one tile to the next.
-            if constexpr (Tile::TILE_INFO) st_shared_v4_s32(info + 16 * qb, t.b, t.h, t.row0, t.n_blocks);
-            mbar_expect_tx(q_full + 8 * qb, br * DP * 2);  // (an arrive: releases the store above to its waiters)
-            load_slabs(sQ + qb * Tile::Q_BYTES, &args.q_map, q_full + 8 * qb, BR, t.row0, t.h, t.b);
+            if constexpr (Tile::TILE_INFO) st_shared_v4_s32(info + 16 * qbar, t.b, t.h, t.row0, t.n_blocks);
+            if constexpr (Tile::Q_HALVES) {
+                constexpr int rows = Tile::WG_ROWS;
+                mbar_expect_tx(q_full + 8 * qbar, rows * DP * 2);  // (an arrive: releases the store above to its waiters)
+#pragma unroll
+                for (int s = 0; s < SLABS; ++s)  // into slabs of BR rows, as the consumers read them
+                    tma_load_4d(sQ + half * rows * ROWB + s * BR * ROWB, &args.q_map, q_full + 8 * qbar,
+                                s * FC_SLAB_COLS, t.row0 + half * rows, t.h, t.b);
+            } else {
+                mbar_expect_tx(q_full + 8 * qbar, br * DP * 2);  // (an arrive: releases the store above to its waiters)
+                load_slabs(sQ + qb * Tile::Q_BYTES, &args.q_map, q_full + 8 * qbar, BR, t.row0, t.h, t.b);
+            }
         };
         Sm90TileCoord t;
         if constexpr (ahead) {
             t = tile_at(blockIdx.x);  // (grid <= n_tiles)
-            load_q(t, 0);
+            load_q(t, 0, 0);
         }
         for (int tile = blockIdx.x; tile < n_tiles; ++local) {
             int nxt = 0;
@@ -187,10 +199,11 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             TR_DECL(args, local, 0, true)
             TR_SET(TR_START);
             TR_GTIME();
-            if constexpr (!ahead) load_q(t, local);
+            if constexpr (!ahead) load_q(t, local, 0);
             TR_SET(TR_Q);
             Sm90TileCoord tn = t;
-            for (int j = 0; j < t.n_blocks; ++j, ++it) {
+            // K/V tile j of this tile into ring position it.
+            auto load_kv = [&](int j) {
                 const int st = it % STAGES;
                 const uint32_t free_parity = ((it / STAGES) & 1) ^ 1;
                 TR_TIME(TR_W_K, mbar_wait(k_empty + 8 * st, free_parity));  // K slot st is free
@@ -199,17 +212,29 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 TR_TIME(TR_W_V, mbar_wait(v_empty + 8 * st, free_parity));  // V slot st is free
                 mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
                 load_slabs(sV + st * Tile::KV_BYTES, &args.v_map, v_full + 8 * st, BC, j * BC, t.hk, t.b);
+            };
+            int j0 = 0;
+            if constexpr (Tile::Q_HALVES) {  // the second consumer's rows, behind the first K/V tile
+                if (t.n_blocks > 0) {
+                    load_kv(0);
+                    ++it;
+                    j0 = 1;
+                }
+                load_q(t, local, 1);
+            }
+            for (int j = j0; j < t.n_blocks; ++j, ++it) {
+                load_kv(j);
                 if constexpr (ahead) {
                     if (j == 1 && nxt < n_tiles) {  // the next tile's Q, early
                         tn = tile_at(nxt);
-                        load_q(tn, local + 1);
+                        load_q(tn, local + 1, 0);
                     }
                 }
             }
             if constexpr (ahead) {
                 if (t.n_blocks < 2 && nxt < n_tiles) {  // (a tile of 0 or 1 K/V tiles)
                     tn = tile_at(nxt);
-                    load_q(tn, local + 1);
+                    load_q(tn, local + 1, 0);
                 }
             }
             TR_SET(TR_END);
@@ -222,11 +247,14 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 tile = next_tile(tile);
             }
         }
-        if constexpr (DYN) {  // no tile left: the sentinel, in the next Q buffer's slot
-            const int qb = local % Q_BUFS;
-            mbar_wait(q_empty + 8 * qb, ((local / Q_BUFS) & 1) ^ 1);  // buffer qb's previous tile is finished
-            st_shared_v4_s32(info + 16 * qb, 0, 0, 0, -1);
-            mbar_arrive(q_full + 8 * qb);  // (no load: releases the sentinel to the consumers)
+        if constexpr (DYN) {  // no tile left: the sentinel, in the next Q buffer's slot (Q_HALVES: both)
+#pragma unroll 1
+            for (int half = 0; half < (Tile::Q_HALVES ? 2 : 1); ++half) {
+                const int qbar = Tile::Q_HALVES ? half : local % Q_BUFS;
+                mbar_wait(q_empty + 8 * qbar, ((local / Q_BUFS) & 1) ^ 1);  // the slot's previous tile is finished
+                st_shared_v4_s32(info + 16 * qbar, 0, 0, 0, -1);
+                mbar_arrive(q_full + 8 * qbar);  // (no load: releases the sentinel to the consumers)
+            }
         }
         return;
     }
@@ -252,13 +280,14 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     int local = 0;
     for (int tile = blockIdx.x; DYN || tile < n_tiles; tile += gridDim.x, ++local) {  // DYN: to the sentinel
         const int qb = local % Q_BUFS;
+        const int qbar = Tile::Q_HALVES ? cw : qb;  // our Q barrier pair (and coordinate slot)
         Sm90TileCoord t;
         if constexpr (Tile::TILE_INFO) {
             // The tile's coordinates, as the producer found them, once they have landed
             // with Q. Broadcast from lane 0 so that ptxas knows them warp-uniform (see
             // nb below). (A trace counts this wait in the gap before the tile's start.)
-            mbar_wait(q_full + 8 * qb, (local / Q_BUFS) & 1);  // this tile's Q (TMA) and coordinates have landed
-            const int4 ti = ld_shared_v4_s32(info + 16 * qb);
+            mbar_wait(q_full + 8 * qbar, (local / Q_BUFS) & 1);  // this tile's Q (TMA) and coordinates have landed
+            const int4 ti = ld_shared_v4_s32(info + 16 * qbar);
             t.b = __shfl_sync(0xffffffffu, ti.x, 0);
             t.h = __shfl_sync(0xffffffffu, ti.y, 0);
             t.row0 = __shfl_sync(0xffffffffu, ti.z, 0);
@@ -289,7 +318,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         TR_DECL(args, local, wg, t128 == 0)
         TR_SET(TR_START);
         TR_GTIME();
-        if constexpr (!Tile::TILE_INFO) mbar_wait(q_full + 8 * qb, (local / Q_BUFS) & 1);  // this tile's Q has landed (TMA)
+        if constexpr (!Tile::TILE_INFO) mbar_wait(q_full + 8 * qbar, (local / Q_BUFS) & 1);  // this tile's Q has landed (TMA)
         TR_SET(TR_Q);
         // Ring position g of K/V tile j: a running counter in ordinary mode, base + j in
         // key-split mode. Ordinary mode with base + j got a different softmax schedule
@@ -392,7 +421,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         TR_SET(TR_LOOP);
         if (any) {  // last tile: P V only
             // Every S of this tile is done (waited for above): Q may be overwritten.
-            if constexpr (Tile::EARLY_Q) mbar_arrive(q_empty + 8 * qb);
+            if constexpr (Tile::EARLY_Q) mbar_arrive(q_empty + 8 * qbar);
 #pragma unroll
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
             pv_tile(split ? base + j : it);
@@ -536,12 +565,12 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             }
         }
         if constexpr (Tile::EARLY_Q) {
-            if (!any) mbar_arrive(q_empty + 8 * qb);  // no S ran: Q is released here
+            if (!any) mbar_arrive(q_empty + 8 * qbar);  // no S ran: Q is released here
         } else {
             // A later Q (a TMA write) may overwrite these rows only after every
             // consumer thread's staging reads and writes: proxy fence, then arrive.
             fence_proxy_async();
-            mbar_arrive(q_empty + 8 * qb);
+            mbar_arrive(q_empty + 8 * qbar);
         }
         TR_SET(TR_END);
         TR_VAL(TR_BLOCKS, t.n_blocks);

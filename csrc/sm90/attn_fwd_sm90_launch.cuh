@@ -93,8 +93,9 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     const bool kv_split = fc_sm90_key_split(p, num_sms);
     const bool cons3 = !kv_split && sm90_use_cons3<DP>(p, num_sms);
     const int br = kv_split ? Tile::WG_ROWS : cons3 ? 3 * Tile::WG_ROWS : Tile::BR;  // 3 consumers: Sm90Tile<64, 3>::BR
+    const int q_box = Tile::Q_HALVES ? Tile::WG_ROWS : br;  // rows of one Q load (Q_HALVES: a consumer's)
     fc_status s = fc_sm90_tensor_map(&a.q_map, p->dtype, p->q, p->D, p->Sq, p->Hq, p->B, p->q_row_stride,
-                                     p->q_head_stride, p->q_batch_stride, br);
+                                     p->q_head_stride, p->q_batch_stride, q_box);
     if (s == FC_OK)
         s = fc_sm90_tensor_map(&a.k_map, p->dtype, p->k, p->D, p->Sk, p->Hkv, p->B, p->k_row_stride,
                                p->k_head_stride, p->k_batch_stride, Tile::BC);

@@ -55,6 +55,14 @@ struct Sm90Tile {
     // cannot be staged in the Q rows: each consumer has its own buffer of
     // WG_ROWS x PV_N, and the epilogue stores O in PV_PARTS passes through it.
     static constexpr bool EARLY_Q = Q_BUFS == 1;
+    // Q_HALVES (one Q buffer): each consumer's 64 rows of Q load, land and are
+    // released on a barrier pair of their own, so a consumer that finishes its
+    // tile's last S early (the first one in causal tiles, WG_SKIP) gets its next
+    // rows without waiting for the other's. The producer issues half 0 before
+    // the tile's K/V tiles and half 1 after its first one, whose slot frees
+    // before the other consumer releases its half.
+    static constexpr bool Q_HALVES = EARLY_Q;
+    static constexpr int Q_BARS = Q_HALVES ? CONS : Q_BUFS;  // q_full/q_empty pairs
     // Q_AHEAD (D = 128; static order, ordinary mode): the producer issues the
     // next tile's Q after this tile's second K/V tile instead of after its last,
     // so it has landed when the consumers reach that tile (the timeline had them
@@ -139,10 +147,10 @@ struct Sm90Tile {
     // (perf notes, session 22): +1-4 % at S <= 1k and causal D = 64; the D = 128
     // LONG kernel lost 1-2 % (ptxas rescheduled its loop) and keeps sm90_tile.
     static constexpr bool TILE_INFO = !LONG;
-    static constexpr uint32_t INFO_BYTES = TILE_INFO ? 16 * Q_BUFS : 0;  // per Q buffer, its tile's b, h, row0, n_blocks
+    static constexpr uint32_t INFO_BYTES = TILE_INFO ? 16 * Q_BARS : 0;  // per Q barrier pair, its tile's b, h, row0, n_blocks
     __host__ __device__ static constexpr int stages(bool kv_split) { return kv_split ? SPLIT_STAGES : STAGES; }
     // q_full[], q_empty[], k_full[], v_full[], k_empty[], v_empty[]
-    static constexpr int n_barriers(bool kv_split) { return 2 * Q_BUFS + 4 * stages(kv_split); }
+    static constexpr int n_barriers(bool kv_split) { return 2 * Q_BARS + 4 * stages(kv_split); }
     // Dynamic smem; key-split mode adds ML_BYTES for its merge.
     static constexpr size_t smem_bytes(bool kv_split) {
         return FC_SWZ_GROUP_BYTES /* alignment slack */ + Q_BUFS * Q_BYTES + 2 * stages(kv_split) * (size_t)KV_BYTES +
@@ -152,6 +160,7 @@ struct Sm90Tile {
     static_assert(SPLIT_STAGES % 2 == 0, "key-split mode needs an even K/V ring");
     static_assert(!KV_SPLIT_OK || DP / 2 <= 16 * Q_BUFS * SLABS, "key-split partials must fit the Q buffers");
     static_assert(DP % FC_SLAB_COLS == 0, "DP must be a whole number of 64-column slabs");
+    static_assert(!Q_HALVES || (CONS == 2 && !KV_SPLIT_OK), "Q halves: two consumers, each with its own rows");
 };
 
 // Division by a number fixed for a launch, as a multiply and a shift:
@@ -193,7 +202,7 @@ struct Sm90Sched {
 
 // Kernel parameters: the three TMA maps plus the call's params.
 struct Sm90Args {
-    CUtensorMap q_map;  // Q as (D, Sq, Hq, B), box (64, tile rows: BR, or WG_ROWS in key-split mode)
+    CUtensorMap q_map;  // Q as (D, Sq, Hq, B), box (64, tile rows: BR, or WG_ROWS in key-split mode and Q_HALVES)
     CUtensorMap k_map;  // K as (D, Sk, Hkv, B), box (64, BC)
     CUtensorMap v_map;  // V as (D, Sk, Hkv, B), box (64, BC)
     fc_attn_params p;   // shapes, strides, O/LSE pointers, scale, causal mode
