@@ -240,6 +240,34 @@ def test_gpu_long_sequences(kernel, shape, mode, dtype):
     check_attention(out, lse, q, k, v, None, mode)
 
 
+# D = 256 (one Q buffer): each consumer's 64 rows of Q load and are released on a
+# barrier pair of their own (Sm90Tile::Q_HALVES), so in causal tiles the consumer of
+# the first rows, which runs fewer K/V tiles, starts its next tile without waiting
+# for the other. Bottom-right with Sq > Sk gives tiles in which one consumer has no
+# K/V tile and the other has one. The first shape runs the static tile order, the
+# second the dynamic one (causal calls), the third has Sk >= 2048.
+Q_HALVES_SHAPES = [(2, 8, 900, 300), (4, 16, 900, 300), (2, 8, 700, 2100)]
+
+
+@pytest.mark.parametrize("shape", Q_HALVES_SHAPES, ids=shape_id)
+def test_q_halves_shapes_cover_both_tile_orders(shape):
+    B, H, Sq, Sk = shape
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    dynamic = Sk < 2048 and -(-Sq // 128) * B * H > sms  # fc_sm90_dynamic_order (kernels.h), causal
+    assert dynamic == (shape == Q_HALVES_SHAPES[1])
+
+
+@dtype_param
+@mode_param
+@pytest.mark.parametrize("shape", Q_HALVES_SHAPES, ids=shape_id)
+@kernel_param
+def test_gpu_d256_q_halves(kernel, shape, mode, dtype):
+    B, H, Sq, Sk = shape
+    q, k, v = make_qkv(B, H, H, Sq, Sk, 256, dtype, DEV)
+    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
+    check_attention(out, lse, q, k, v, None, mode)
+
+
 @dtype_param
 @mode_param
 @pytest.mark.parametrize("shape", [(4, 8, 2000, 2000), (4, 8, 1700, 1900)], ids=shape_id)
