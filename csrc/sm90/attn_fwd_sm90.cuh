@@ -9,7 +9,8 @@
 // the per-tile steps are in attn_sm90_parts.cuh). The producer
 // loads Q into one of Q_BUFS buffers per tile (so the next tile's Q arrives
 // while this one runs; at D = 128 it is issued after the tile's second K/V
-// tile, Q_AHEAD) and streams K and V tiles of BC keys through a
+// tile, Q_AHEAD; at D = 256, one buffer, each consumer's rows on barriers of
+// their own, Q_HALVES) and streams K and V tiles of BC keys through a
 // STAGES-deep ring; each load completes on an mbarrier (q_full, k_full,
 // v_full) and the consumers release a buffer by arriving on q_empty, k_empty
 // (as soon as S = Q K^T is done, so the next K tile for that slot loads

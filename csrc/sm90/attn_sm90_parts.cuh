@@ -60,7 +60,9 @@ struct Sm90Tile {
     // tile's last S early (the first one in causal tiles, WG_SKIP) gets its next
     // rows without waiting for the other's. The producer issues half 0 before
     // the tile's K/V tiles and half 1 after its first one, whose slot frees
-    // before the other consumer releases its half.
+    // before the other consumer releases its half. Measured on an H100 (perf
+    // notes, session 24): causal S512 +4.6 %, 1k +1.8 %, non-causal S <= 1k
+    // +1.5 %, flat from 2k.
     static constexpr bool Q_HALVES = EARLY_Q;
     static constexpr int Q_BARS = Q_HALVES ? CONS : Q_BUFS;  // q_full/q_empty pairs
     // Q_AHEAD (D = 128; static order, ordinary mode): the producer issues the
