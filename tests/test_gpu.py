@@ -227,25 +227,13 @@ def test_gpu_row_max_moves(kernel, ramp, D, mode, dtype):
     check_attention(out, lse, q, k, v, None, mode)
 
 
-@dtype_param
-@mode_param
-@pytest.mark.parametrize("shape", [(1, 2, 1, 8192), (1, 2, 4096, 4096), (1, 1, 2048, 8192), (1, 2, 8192, 1024),
-                                   (2, 8, 600, 2100)] + Q_AHEAD_SHAPES,
-                         ids=shape_id)
-@kernel_param
-def test_gpu_long_sequences(kernel, shape, mode, dtype):
-    B, H, Sq, Sk = shape
-    q, k, v = make_qkv(B, H, H, Sq, Sk, 128, dtype, DEV)
-    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
-    check_attention(out, lse, q, k, v, None, mode)
-
-
 # D = 256 (one Q buffer): each consumer's 64 rows of Q load and are released on a
 # barrier pair of their own (Sm90Tile::Q_HALVES), so in causal tiles the consumer of
 # the first rows, which runs fewer K/V tiles, starts its next tile without waiting
 # for the other. Bottom-right with Sq > Sk gives tiles in which one consumer has no
 # K/V tile and the other has one. The first shape runs the static tile order, the
-# second the dynamic one (causal calls), the third has Sk >= 2048.
+# second the dynamic one (causal calls), the third has Sk >= 2048. Run at D = 256 by
+# test_gpu_long_sequences.
 Q_HALVES_SHAPES = [(2, 8, 900, 300), (4, 16, 900, 300), (2, 8, 700, 2100)]
 
 
@@ -257,13 +245,18 @@ def test_q_halves_shapes_cover_both_tile_orders(shape):
     assert dynamic == (shape == Q_HALVES_SHAPES[1])
 
 
+LONG_SHAPES = [(1, 2, 1, 8192), (1, 2, 4096, 4096), (1, 1, 2048, 8192), (1, 2, 8192, 1024), (2, 8, 600, 2100)]
+
+
 @dtype_param
 @mode_param
-@pytest.mark.parametrize("shape", Q_HALVES_SHAPES, ids=shape_id)
+@pytest.mark.parametrize("shape,D", [(s, 128) for s in LONG_SHAPES + Q_AHEAD_SHAPES] +
+                         [(s, 256) for s in Q_HALVES_SHAPES],
+                         ids=lambda x: f"D{x}" if isinstance(x, int) else shape_id(x))
 @kernel_param
-def test_gpu_d256_q_halves(kernel, shape, mode, dtype):
+def test_gpu_long_sequences(kernel, shape, D, mode, dtype):
     B, H, Sq, Sk = shape
-    q, k, v = make_qkv(B, H, H, Sq, Sk, 256, dtype, DEV)
+    q, k, v = make_qkv(B, H, H, Sq, Sk, D, dtype, DEV)
     out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
     check_attention(out, lse, q, k, v, None, mode)
 
