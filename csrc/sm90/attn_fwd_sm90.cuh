@@ -538,6 +538,10 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                                 pack2<T>(o[pp][4 * nt + 2 * hr] * inv[hr], o[pp][4 * nt + 2 * hr + 1] * inv[hr]);
                         }
                 }
+                // A later Q (a TMA write) may overwrite the staging rows: the proxy fence orders
+                // these writes before it, here, ahead of any global store of the tile. After the
+                // stores it compiled to a MEMBAR that waited for them to drain.
+                if constexpr (!EARLY_Q) fence_proxy_async();
                 if (pass == 0 && p.lse && lane % 4 == 0) {
 #pragma unroll
                     for (int hr = 0; hr < 2; ++hr) {
@@ -568,9 +572,12 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         if constexpr (Tile::EARLY_Q) {
             if (!any) mbar_arrive(q_empty + 8 * qbar);  // no S ran: Q is released here
         } else {
-            // A later Q (a TMA write) may overwrite these rows only after every
-            // consumer thread's staging reads and writes: proxy fence, then arrive.
-            fence_proxy_async();
+            // A later Q (a TMA write) may overwrite these rows once every consumer thread
+            // is done with them. Their writes were fenced above (key-split: consumer 2's
+            // partials, here); their reads returned before the stores that use them.
+            if constexpr (split) {
+                if (cw == 1) fence_proxy_async();
+            }
             mbar_arrive(q_empty + 8 * qbar);
         }
         TR_SET(TR_END);
