@@ -539,8 +539,8 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                         }
                 }
                 // A later Q (a TMA write) may overwrite the staging rows: the proxy fence orders
-                // these writes before it, here, ahead of any global store of the tile. After the
-                // stores it compiled to a MEMBAR that waited for them to drain.
+                // these writes before it, here, ahead of the tile's global stores (after them,
+                // ptxas's MEMBAR for it waited behind them; perf notes, session 25).
                 if constexpr (!EARLY_Q) fence_proxy_async();
                 if (pass == 0 && p.lse && lane % 4 == 0) {
 #pragma unroll
