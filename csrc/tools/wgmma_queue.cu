@@ -22,12 +22,13 @@
 #include "sm90/hopper.cuh"
 #include "sm90/wgmma_ops.cuh"
 
-static constexpr int GRID = 132;          // one CTA per SM on an H100 SXM
+static constexpr int MAX_SMS = 1024;       // output slots; the grid is one CTA per SM
 static constexpr int ITERS = 64;          // timed iterations per warpgroup
 static constexpr int WARMUP = 4;          // iterations left out of the means
 static constexpr int SMEM_BYTES = 100 * 1024;
 static constexpr int SLOTS = 4;           // readings per warpgroup: issue SS, issue RS, first wait, all done
-static constexpr uint32_t PV_STEP = 128;  // descriptor units (16 bytes) between two 16-key steps of V
+static constexpr uint32_t A_BYTES = 64 * 128 * 2;    // 64 x 128 fp16 A tile (Q rows)
+static constexpr uint32_t B_BYTES = 128 * 128 * 2;   // 128 x 128 fp16 B tile (K or V)
 
 // Modes: SS group only, SS group then RS group, RS group only.
 enum { MODE_SS = 0, MODE_SS_RS = 1, MODE_RS = 2 };
@@ -41,12 +42,14 @@ __device__ __forceinline__ long long clk() {
 template <int N>
 __device__ __forceinline__ void ss_group(float (&d)[64], uint64_t da, uint64_t db) {
 #pragma unroll
-    for (int k = 0; k < N; ++k) wgmma_ss_n128<__half>(d, da + 2 * (k % 4), db + 2 * (k % 4), 1);
+    for (int k = 0; k < N; ++k)  // k steps of 32 bytes inside one slab, as issue_qk's
+        wgmma_ss_n128<__half>(d, wgmma_desc_add(da, (k % 4) * 32), wgmma_desc_add(db, (k % 4) * 32), 1);
 }
 
 __device__ __forceinline__ void rs_group(float (&o)[64], const uint32_t (&pa)[8][4], uint64_t dv) {
 #pragma unroll
-    for (int k = 0; k < 8; ++k) wgmma_rs_n128<__half>(o, pa[k], dv + k * PV_STEP, 1);
+    for (int k = 0; k < 8; ++k)  // 16-key steps of V, as issue_pv's
+        wgmma_rs_n128<__half>(o, pa[k], wgmma_desc_add(dv, k * 16 * FC_SWZ_ROW_BYTES), 1);
 }
 
 // out[(cta * 2 + warpgroup) * (SLOTS + 1) + e]: mean cycles of reading e, then a checksum.
@@ -55,8 +58,8 @@ __global__ void wgmma_queue_kernel(long long* out) {
     extern __shared__ unsigned char smem[];
     const uint32_t base = (smem_u32(smem) + FC_SWZ_GROUP_BYTES - 1) & ~(FC_SWZ_GROUP_BYTES - 1);
     const uint64_t da = wgmma_desc(base, 16, FC_SWZ_GROUP_BYTES);           // 64 x 128 A tile
-    const uint64_t db = wgmma_desc(base + 16384, 16, FC_SWZ_GROUP_BYTES);   // 128 x 128 B tile
-    const uint64_t dv = wgmma_desc(base + 49152, 128 * FC_SWZ_ROW_BYTES, FC_SWZ_GROUP_BYTES);
+    const uint64_t db = wgmma_desc(base + A_BYTES, 16, FC_SWZ_GROUP_BYTES);
+    const uint64_t dv = wgmma_desc(base + A_BYTES + B_BYTES, 128 * FC_SWZ_ROW_BYTES, FC_SWZ_GROUP_BYTES);
     float d[64], o[64];
     uint32_t pa[8][4];
     for (int i = 0; i < 64; ++i) d[i] = o[i] = 0.f;
@@ -106,20 +109,20 @@ static int check(cudaError_t e, const char* what) {
 }
 
 template <int MODE, int N>
-static int run(long long* dout, int warpgroups) {
-    static long long h[GRID * 2 * (SLOTS + 1)];
+static int run(long long* dout, int grid, int warpgroups) {
+    static long long h[MAX_SMS * 2 * (SLOTS + 1)];
     static const char* names[3] = {"SS group", "SS group + RS group of 8", "RS group of 8"};
     if (check(cudaFuncSetAttribute(wgmma_queue_kernel<MODE, N>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    SMEM_BYTES), "smem attribute") ||
         check(cudaMemset(dout, 0, sizeof(h)), "memset"))
         return 1;
-    wgmma_queue_kernel<MODE, N><<<GRID, 128 * warpgroups, SMEM_BYTES>>>(dout);
+    wgmma_queue_kernel<MODE, N><<<grid, 128 * warpgroups, SMEM_BYTES>>>(dout);
     if (check(cudaGetLastError(), "launch") || check(cudaDeviceSynchronize(), "kernel") ||
         check(cudaMemcpy(h, dout, sizeof(h), cudaMemcpyDeviceToHost), "copy"))
         return 1;
     double a[SLOTS] = {0, 0, 0, 0};
     int n = 0;
-    for (int b = 0; b < GRID; ++b)
+    for (int b = 0; b < grid; ++b)
         for (int w = 0; w < warpgroups; ++w, ++n)
             for (int e = 0; e < SLOTS; ++e) a[e] += (double)h[(b * 2 + w) * (SLOTS + 1) + e];
     printf("warpgroups %d  %-25s SS N %2d: issue SS %5.0f  issue RS %5.0f  first done %5.0f  all done %5.0f cycles\n",
@@ -129,12 +132,15 @@ static int run(long long* dout, int warpgroups) {
 
 int main() {
     long long* dout = nullptr;
-    if (check(cudaMalloc(&dout, GRID * 2 * (SLOTS + 1) * sizeof(long long)), "malloc")) return 1;
+    int grid = 0;
+    if (check(cudaDeviceGetAttribute(&grid, cudaDevAttrMultiProcessorCount, 0), "SM count")) return 1;
+    if (grid > MAX_SMS) grid = MAX_SMS;
+    if (check(cudaMalloc(&dout, MAX_SMS * 2 * (SLOTS + 1) * sizeof(long long)), "malloc")) return 1;
     int bad = 0;
     for (int wgs = 1; wgs <= 2; ++wgs) {
-        bad |= run<MODE_SS, 1>(dout, wgs) | run<MODE_SS, 2>(dout, wgs) | run<MODE_SS, 4>(dout, wgs);
-        bad |= run<MODE_SS, 8>(dout, wgs) | run<MODE_SS, 16>(dout, wgs);
-        bad |= run<MODE_SS_RS, 8>(dout, wgs) | run<MODE_RS, 8>(dout, wgs);
+        bad |= run<MODE_SS, 1>(dout, grid, wgs) | run<MODE_SS, 2>(dout, grid, wgs) | run<MODE_SS, 4>(dout, grid, wgs);
+        bad |= run<MODE_SS, 8>(dout, grid, wgs) | run<MODE_SS, 16>(dout, grid, wgs);
+        bad |= run<MODE_SS_RS, 8>(dout, grid, wgs) | run<MODE_RS, 8>(dout, grid, wgs);
     }
     cudaFree(dout);
     return bad;
