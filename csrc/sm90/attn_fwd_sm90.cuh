@@ -85,11 +85,19 @@
 // is left, hands the consumers a sentinel (a K/V tile count of -1) through the
 // TILE_INFO slot. Its own instantiation: the consumers' sentinel loop measured
 // 1-5 % slower where the static order runs (perf notes, session 22).
-template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false, bool DYN = false>
+// CL: CTAs per cluster (1 or 2). With 2, the two CTAs of a cluster run the two
+// halves of a 2 x BR-row tile (adjacent query blocks of one head) and share its
+// K/V stream: each producer loads half of every K and V tile's slabs and
+// multicasts them to both CTAs, so every K/V byte leaves L2 once per cluster.
+// A slot refills only once the consumers of both CTAs have released it (one
+// arrival per consumer warp on each CTA's empty barrier).
+template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false, bool DYN = false, int CL = 1>
 __global__ void __launch_bounds__(Sm90Tile<DP, CONS>::THREADS, 1)
 attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 #ifdef FC_SM90_BODY
     using Tile = Sm90Tile<DP, CONS, LONG>;
+    static_assert(CL == 1 || (CL == 2 && !KV_SPLIT && !DYN && Tile::SLABS % CL == 0),
+                  "clusters: the static order, ordinary mode, K/V slabs split evenly");
     constexpr int BR = Tile::BR, BC = Tile::BC, STAGES = Tile::stages(KV_SPLIT);
     constexpr int SLABS = Tile::SLABS, Q_BUFS = Tile::Q_BUFS;
     constexpr int PV_N = Tile::PV_N, PV_PARTS = Tile::PV_PARTS;
@@ -123,27 +131,38 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         for (int i = 0; i < STAGES; ++i) {
             mbar_init(k_full + 8 * i, 1);
             mbar_init(v_full + 8 * i, 1);
-            mbar_init(k_empty + 8 * i, (split ? 1 : Tile::CONSUMERS) * 128);  // key-split: one consumer per K/V tile
-            mbar_init(v_empty + 8 * i, (split ? 1 : Tile::CONSUMERS) * 128);
+            // key-split: one consumer per K/V tile; clusters: every consumer warp of every CTA
+            const int releases = CL > 1 ? CL * Tile::CONSUMERS * 4 : (split ? 1 : Tile::CONSUMERS) * 128;
+            mbar_init(k_empty + 8 * i, releases);
+            mbar_init(v_empty + 8 * i, releases);
         }
         mbar_init_fence();
     }
-    __syncthreads();  // the barriers are initialized before any thread waits on or arrives at them
+    // The barriers are initialized before any thread waits on or arrives at them
+    // (with clusters: the other CTA's threads and loads too).
+    if constexpr (CL > 1) cluster_sync();
+    else __syncthreads();
+    const int crank = CL > 1 ? (int)cluster_ctarank() : 0;  // which half of the cluster's tile is ours
 
     constexpr bool MAGIC_DIV = Tile::MAGIC_DIV;  // see the tile table
-    const int n_mblocks = (p.Sq + br - 1) / br;
+    // Tiles (with clusters: of CL x br rows; cluster c takes tiles c, c + gridDim.x / CL, ...).
+    const int n_mblocks = (p.Sq + CL * br - 1) / (CL * br);
     const int n_tiles = n_mblocks * p.B * p.Hq;
-    const int window = MAGIC_DIV ? 0 : sm90_causal_window(gridDim.x, n_mblocks, p.B * p.Hq,
+    const int window = MAGIC_DIV ? 0 : sm90_causal_window(gridDim.x / CL, n_mblocks, p.B * p.Hq,
                                                           (long long)p.Sk * DP * 4);  // causal tile order, see sm90_tile
     static_assert(!DYN || (Tile::TILE_INFO && !KV_SPLIT), "the dynamic order hands out tiles through TILE_INFO");
+    // (With clusters: our half of the cluster's tile, and the K/V tile count of the whole.)
     auto tile_at = [&](int tile) {
-        if constexpr (MAGIC_DIV) return sm90_tile_magic<BC, !DYN>(p, args.sched, tile);
-        else return sm90_tile<BC, Tile::PAD_FIRST, !DYN>(p, tile, n_tiles, n_mblocks, br, window);
+        Sm90TileCoord t;
+        if constexpr (MAGIC_DIV) t = sm90_tile_magic<BC, !DYN, CL>(p, args.sched, tile);
+        else t = sm90_tile<BC, Tile::PAD_FIRST, !DYN, CL>(p, tile, n_tiles, n_mblocks, CL * br, window);
+        if constexpr (CL > 1) t.row0 += crank * br;
+        return t;
     };
     // The producer's next tile after `tile`.
     auto next_tile = [&](int tile) {
         if constexpr (DYN) return (int)gridDim.x + (int)atomicAdd(args.tile_counter, 1u);
-        else return (int)(tile + gridDim.x);  // (unsigned, as the consumers' `tile += gridDim.x`)
+        else return (int)(tile + gridDim.x / CL);  // (unsigned, as the consumers' `tile += gridDim.x / CL`)
     };
     const int wg = tid / 128;
 
@@ -190,10 +209,10 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         };
         Sm90TileCoord t;
         if constexpr (ahead) {
-            t = tile_at(blockIdx.x);  // (grid <= n_tiles)
+            t = tile_at(blockIdx.x / CL);  // (grid <= n_tiles)
             load_q(t, 0, 0);
         }
-        for (int tile = blockIdx.x; tile < n_tiles; ++local) {
+        for (int tile = blockIdx.x / CL; tile < n_tiles; ++local) {
             int nxt = 0;
             if constexpr (ahead) nxt = next_tile(tile);
             else t = tile_at(tile);
@@ -207,12 +226,32 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             auto load_kv = [&](int j) {
                 const int st = it % STAGES;
                 const uint32_t free_parity = ((it / STAGES) & 1) ^ 1;
-                TR_TIME(TR_W_K, mbar_wait(k_empty + 8 * st, free_parity));  // K slot st is free
-                mbar_expect_tx(k_full + 8 * st, Tile::KV_BYTES);
-                load_slabs(sK + st * Tile::KV_BYTES, &args.k_map, k_full + 8 * st, BC, j * BC, t.hk, t.b);
-                TR_TIME(TR_W_V, mbar_wait(v_empty + 8 * st, free_parity));  // V slot st is free
-                mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
-                load_slabs(sV + st * Tile::KV_BYTES, &args.v_map, v_full + 8 * st, BC, j * BC, t.hk, t.b);
+                if constexpr (CL > 1) {
+                    // Our CTA's slabs of each tile, to both CTAs; the other CTA's land on our
+                    // barrier as well (its bytes may count before our expect_tx: the phase
+                    // cannot complete before this thread's arrival).
+                    auto load_half = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar) {
+#pragma unroll
+                        for (int h = 0; h < SLABS / CL; ++h) {
+                            const int s = h * CL + crank;
+                            tma_load_4d_multicast(dst + s * BC * ROWB, map, bar, s * FC_SLAB_COLS, j * BC, t.hk, t.b,
+                                                  (1u << CL) - 1);
+                        }
+                    };
+                    mbar_wait_cluster(k_empty + 8 * st, free_parity);  // K slot st is free in both CTAs
+                    mbar_expect_tx(k_full + 8 * st, Tile::KV_BYTES);
+                    load_half(sK + st * Tile::KV_BYTES, &args.k_map, k_full + 8 * st);
+                    mbar_wait_cluster(v_empty + 8 * st, free_parity);  // V slot st is free in both CTAs
+                    mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
+                    load_half(sV + st * Tile::KV_BYTES, &args.v_map, v_full + 8 * st);
+                } else {
+                    TR_TIME(TR_W_K, mbar_wait(k_empty + 8 * st, free_parity));  // K slot st is free
+                    mbar_expect_tx(k_full + 8 * st, Tile::KV_BYTES);
+                    load_slabs(sK + st * Tile::KV_BYTES, &args.k_map, k_full + 8 * st, BC, j * BC, t.hk, t.b);
+                    TR_TIME(TR_W_V, mbar_wait(v_empty + 8 * st, free_parity));  // V slot st is free
+                    mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
+                    load_slabs(sV + st * Tile::KV_BYTES, &args.v_map, v_full + 8 * st, BC, j * BC, t.hk, t.b);
+                }
             };
             int j0 = 0;
             if constexpr (Tile::Q_HALVES) {  // the second consumer's rows, behind the first K/V tile
@@ -257,6 +296,17 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 mbar_arrive(q_full + 8 * qbar);  // (no load: releases the sentinel to the consumers)
             }
         }
+        if constexpr (CL > 1) {
+            // The other CTA's consumers arrive on our empty barriers until they release
+            // their last slot: this CTA stays until every slot is free again (which
+            // also means both CTAs have read everything either producer loaded).
+#pragma unroll 1
+            for (int i = 0; i < STAGES; ++i, ++it) {
+                const uint32_t free_parity = ((it / STAGES) & 1) ^ 1;
+                mbar_wait_cluster(k_empty + 8 * (it % STAGES), free_parity);
+                mbar_wait_cluster(v_empty + 8 * (it % STAGES), free_parity);
+            }
+        }
         return;
     }
 
@@ -275,11 +325,22 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     // and V shared one release barrier (perf notes, sm90 v4). With separate
     // releases it would not; that variant is not measured yet.
     constexpr bool overlap = Tile::OVERLAP && !split;
+    constexpr bool wg_skip = Tile::WG_SKIP || CL > 1;
 
     int it = 0;    // ordinary mode: ring position of the current K/V tile
     int base = 0;  // key-split mode: ring position of the current tile's K/V tile 0
     int local = 0;
-    for (int tile = blockIdx.x; DYN || tile < n_tiles; tile += gridDim.x, ++local) {  // DYN: to the sentinel
+    // A consumer's release of a K or V slot: its own thread's arrival, or with
+    // clusters one per warp on each CTA's barrier (lane r: CTA r), after the
+    // warp's wgmma wait, which retires the warpgroup's reads of the slot.
+    auto release = [&](uint32_t bar) {
+        if constexpr (CL > 1) {
+            if (lane < CL) mbar_arrive_cluster(cluster_map(bar, lane));
+        } else {
+            mbar_arrive(bar);
+        }
+    };
+    for (int tile = blockIdx.x / CL; DYN || tile < n_tiles; tile += gridDim.x / CL, ++local) {  // DYN: to the sentinel
         const int qb = local % Q_BUFS;
         const int qbar = Tile::Q_HALVES ? cw : qb;  // our Q barrier pair (and coordinate slot)
         Sm90TileCoord t;
@@ -324,9 +385,10 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         // Ring position g of K/V tile j: a running counter in ordinary mode, base + j in
         // key-split mode. Ordinary mode with base + j got a different softmax schedule
         // from ptxas and ran 15 % slower at D = 64 (perf notes, "D = 64 regression").
-        // WG_SKIP (causal): this warpgroup's own K/V tile count, the tiles its rows see.
+        // WG_SKIP (causal): this warpgroup's own K/V tile count, the tiles its rows see
+        // (with clusters always: the cluster's tile count is the lower half's).
         int nb = t.n_blocks;
-        if constexpr (Tile::WG_SKIP) {
+        if constexpr (wg_skip) {
             if (causal) {
                 const int last_key = min(wrow0 + Tile::WG_ROWS, p.Sq) - 1 + diag;
                 nb = last_key < 0 ? 0 : min(nb, last_key / BC + 1);
@@ -345,7 +407,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             TR_TIME(TR_W_PV, wgmma_wait<0>());
 #pragma unroll
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
-            mbar_arrive(v_empty + 8 * st);  // this thread is done with V slot st
+            release(v_empty + 8 * st);  // this thread is done with V slot st
         };
         if (any) {  // prologue: P of tile `first`
             const int g = split ? base + first : it;
@@ -353,7 +415,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             issue_qk<DP, BR, BC, T, Tile::DESC_ADD>(s, q_rows, sK + (g % STAGES) * Tile::KV_BYTES);
             wgmma_wait<0>();
             fence_regs(s);
-            mbar_arrive(k_empty + 8 * (g % STAGES));  // this thread is done with K slot g % STAGES
+            release(k_empty + 8 * (g % STAGES));  // this thread is done with K slot g % STAGES
             if (needs_mask(first * BC)) mask_tile<BC>(s, first * BC, frow, p, causal, diag, lane);
             float corr[2];
             softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2);  // O is still 0: nothing to rescale
@@ -379,7 +441,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 TR_TIME(TR_ISSUE, issue_pv<BC, PV_N, PV_PARTS, T, Tile::DESC_ADD>(o, pa, sV + st * Tile::KV_BYTES));
                 TR_TIME(TR_W_S, wgmma_wait<1>());  // S of the next tile is done; P_j V_j may still run
                 fence_regs(s);
-                mbar_arrive(k_empty + 8 * sn);  // this thread is done with K slot sn
+                release(k_empty + 8 * sn);  // this thread is done with K slot sn
                 TR_MARK(tr_soft);
                 if (needs_mask((j + step) * BC)) mask_tile<BC>(s, (j + step) * BC, frow, p, causal, diag, lane);
                 rescale = softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2);
@@ -390,14 +452,14 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 TR_TIME(TR_W_PV, wgmma_wait<0>());
 #pragma unroll
                 for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
-                mbar_arrive(v_empty + 8 * st);  // this thread is done with V slot st
+                release(v_empty + 8 * st);  // this thread is done with V slot st
             } else {  // in order: P_j V_j, then S of the next tile and its softmax
                 pv_tile(g);
                 TR_TIME(TR_W_K, mbar_wait(k_full + 8 * sn, (gn / STAGES) & 1));  // K of the next tile has landed
                 issue_qk<DP, BR, BC, T, Tile::DESC_ADD>(s, q_rows, sK + sn * Tile::KV_BYTES);
                 TR_TIME(TR_W_S, wgmma_wait<0>());
                 fence_regs(s);
-                mbar_arrive(k_empty + 8 * sn);  // this thread is done with K slot sn
+                release(k_empty + 8 * sn);  // this thread is done with K slot sn
                 TR_MARK(tr_soft);
                 if (needs_mask((j + step) * BC)) mask_tile<BC>(s, (j + step) * BC, frow, p, causal, diag, lane);
                 rescale = softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2);
@@ -428,7 +490,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             pv_tile(split ? base + j : it);
             if constexpr (!split) ++it;
         }
-        if constexpr (Tile::WG_SKIP) {
+        if constexpr (wg_skip) {
             // The tiles past nb are masked for every row of ours: release them unread,
             // each once it has landed (an arrival before the load would count toward
             // the slot's previous phase).
@@ -437,9 +499,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 const int st = it % STAGES;
                 const uint32_t ph = (it / STAGES) & 1;
                 mbar_wait(k_full + 8 * st, ph);  // K of tile jj has landed
-                mbar_arrive(k_empty + 8 * st);
+                release(k_empty + 8 * st);
                 mbar_wait(v_full + 8 * st, ph);  // V of tile jj has landed
-                mbar_arrive(v_empty + 8 * st);
+                release(v_empty + 8 * st);
             }
         }
         TR_SET(TR_LASTPV);

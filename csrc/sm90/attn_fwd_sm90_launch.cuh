@@ -42,6 +42,50 @@ static Sm90Sched sm90_sched(const fc_attn_params* p, int br, int grid, long long
     return o;
 }
 
+// Clusters of SM90_CLUSTER CTAs (attn_fwd_sm90_kernel's CL): at most as many as
+// fit on the GPU at once (its SMs pair up within GPCs), cached per device.
+static constexpr int SM90_CLUSTER = 2;
+template <auto KERNEL>
+static int sm90_max_clusters(const cudaLaunchConfig_t& cfg) {
+    static std::atomic<int> cached[FC_SMEM_CACHE_DEVICES];  // 0: not yet asked
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+    int n = dev < FC_SMEM_CACHE_DEVICES ? cached[dev].load(std::memory_order_relaxed) : 0;
+    if (n > 0) return n;
+    if (cudaOccupancyMaxActiveClusters(&n, KERNEL, &cfg) != cudaSuccess) return 0;
+    if (dev < FC_SMEM_CACHE_DEVICES) cached[dev].store(n, std::memory_order_relaxed);
+    return n;
+}
+
+// The cluster instantiation: CTAs in pairs, each pair on one tile of 2 x BR rows.
+template <int DP, typename T, bool LONG>
+static fc_status attn_fwd_sm90_run_cluster(Sm90Args a, long long n_pair_tiles, cudaStream_t stream) {
+    using Tile = Sm90Tile<DP, 2, LONG>;
+    constexpr auto kernel = attn_fwd_sm90_kernel<DP, 2, T, false, LONG, false, SM90_CLUSTER>;
+    constexpr size_t smem = Tile::smem_bytes(false);
+    if (fc_smem_limit_once<kernel>((int)smem) != cudaSuccess) return FC_ERR_CUDA;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = SM90_CLUSTER;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(Tile::THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    cfg.gridDim = dim3(SM90_CLUSTER);  // (the query asks how many such clusters fit)
+    const int max_clusters = sm90_max_clusters<kernel>(cfg);
+    if (max_clusters <= 0) return FC_ERR_CUDA;
+    const long long clusters = n_pair_tiles < max_clusters ? n_pair_tiles : max_clusters;
+    cfg.gridDim = dim3((unsigned)(clusters * SM90_CLUSTER));
+    if constexpr (Tile::MAGIC_DIV)  // the order of pair tiles over clusters
+        a.sched = sm90_sched(&a.p, SM90_CLUSTER * Tile::BR, (int)clusters, (long long)a.p.Sk * DP * 4);
+    if (cudaLaunchKernelEx(&cfg, kernel, a) != cudaSuccess) return FC_ERR_CUDA;
+    return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
+}
+
 // Three consumers (D = 64) from this many query rows on, causal or not:
 // measured on an H100 (perf notes, session 22, with TILE_INFO) S = 512 4 % ahead
 // of two consumers non-causal and 7 % causal; ahead from there on (sessions
@@ -121,6 +165,16 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     }
     if constexpr (DP == 64) {
         if (cons3) return attn_fwd_sm90_run<DP, 3, T, false>(a, grid, stream);
+    }
+    if constexpr (DP >= 128) {
+        // Clusters when the query blocks of a head pair up evenly.
+        if ((p->Sq + Tile::BR - 1) / Tile::BR % SM90_CLUSTER == 0) {
+            const long long pairs = fc_sm90_tiles(p, SM90_CLUSTER * Tile::BR);
+            if constexpr (DP == 128) {
+                if (p->Sk >= SM90_LONG_MIN_SK) return attn_fwd_sm90_run_cluster<DP, T, true>(a, pairs, stream);
+            }
+            return attn_fwd_sm90_run_cluster<DP, T, false>(a, pairs, stream);
+        }
     }
     if constexpr (DP == 128) {
         if (p->Sk >= SM90_LONG_MIN_SK) return attn_fwd_sm90_run<DP, 2, T, false, true>(a, grid, stream);

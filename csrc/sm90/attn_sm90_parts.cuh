@@ -237,13 +237,14 @@ struct Sm90TileCoord {
 // are CTAs, one query block each, and a head's K/V is fetched from HBM once
 // per query block; in a window, several query blocks of a head run together
 // and share its K/V in L2 (measured: causal S = 1k +12-52 %, perf notes).
+// CL: CTAs per cluster; a cluster takes the tiles (of CL x br rows) that one CTA would.
 // SNAKE: false for the dynamic order (Sm90Args::tile_counter), where CTAs take
 // tiles as they finish and there are no stripes to balance. (A template flag: as
 // a runtime argument, even a constant one, it changed the D = 128 kernels' SASS.)
-template <int BC, bool PAD_FIRST, bool SNAKE = true>
+template <int BC, bool PAD_FIRST, bool SNAKE = true, int CL = 1>
 __device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int tile, int n_tiles, int n_mblocks,
                                                    int br, int window) {
-    const int grid = gridDim.x, stripe = tile / grid;
+    const int grid = gridDim.x / CL, stripe = tile / grid;
     if (SNAKE && p.causal != FC_CAUSAL_NONE && (stripe & 1) && (stripe + 1) * grid <= n_tiles)
         tile = stripe * grid + grid - 1 - (tile - stripe * grid);
     const int n_bh = p.B * p.Hq;
@@ -275,9 +276,9 @@ __device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int 
 // Both versions stay: with this one ptxas scheduled the D = 128 and the
 // three-consumer kernels worse (see Sm90Tile::MAGIC_DIV). The last lines
 // repeat sm90_tile's on purpose: a shared helper changed the measured SASS.
-template <int BC, bool SNAKE = true>
+template <int BC, bool SNAKE = true, int CL = 1>
 __device__ __forceinline__ Sm90TileCoord sm90_tile_magic(const fc_attn_params& p, const Sm90Sched& o, int tile) {
-    const int grid = gridDim.x, stripe = sm90_quot(tile, o.by_grid);
+    const int grid = gridDim.x / CL, stripe = sm90_quot(tile, o.by_grid);
     if (SNAKE && p.causal != FC_CAUSAL_NONE && (stripe & 1) && (stripe + 1) * grid <= o.n_tiles)
         tile = stripe * grid + grid - 1 - (tile - stripe * grid);
     int mblock, bh;

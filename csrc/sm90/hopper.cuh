@@ -37,6 +37,43 @@ FC_DEVICE void mbar_wait(uint32_t bar, uint32_t parity) {
         : "memory");
 }
 
+// The producer's wait for a slot that consumers of both CTAs of a cluster release
+// (their arrivals are release.cluster): acquire at cluster scope, so that their
+// wgmma reads of the slot are ordered before the loads that overwrite it.
+FC_DEVICE void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred done;\n"
+        "WAIT:\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+
+// ---------------------------------------------------------------------------
+// Clusters (thread block clusters of CTAs on neighbouring SMs)
+
+FC_DEVICE uint32_t cluster_ctarank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+// Every thread of every CTA of the cluster: what each did before is visible to all after.
+FC_DEVICE void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// The shared::cluster address of this CTA's shared address `addr` in CTA `rank` of the cluster.
+FC_DEVICE uint32_t cluster_map(uint32_t addr, uint32_t rank) {
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+// Arrives once on the mbarrier at shared::cluster address `bar` (this CTA's or another's).
+FC_DEVICE void mbar_arrive_cluster(uint32_t bar) {
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
 FC_DEVICE void st_shared_v4_s32(uint32_t addr, int a, int b, int c, int d) {
     asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 }
@@ -58,6 +95,16 @@ FC_DEVICE void tma_load_4d(uint32_t dst, const void* tensor_map, uint32_t bar, i
         "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
         "[%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
         "l"((uint64_t)tensor_map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+        : "memory");
+}
+// The same load delivered to every CTA of `cta_mask` (bit r: cluster rank r), at
+// dst in each, each completing its bytes on the mbarrier at `bar` in that CTA.
+FC_DEVICE void tma_load_4d_multicast(uint32_t dst, const void* tensor_map, uint32_t bar, int c0, int c1, int c2,
+                                     int c3, uint16_t cta_mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
+        "[%0], [%1, {%3, %4, %5, %6}], [%2], %7;\n" ::"r"(dst),
+        "l"((uint64_t)tensor_map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "h"(cta_mask)
         : "memory");
 }
 FC_DEVICE void tma_prefetch_map(const void* tensor_map) {
