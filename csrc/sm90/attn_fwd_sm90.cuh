@@ -238,10 +238,10 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                                                   (1u << CL) - 1);
                         }
                     };
-                    mbar_wait_cluster(k_empty + 8 * st, free_parity);  // K slot st is free in both CTAs
+                    mbar_wait(k_empty + 8 * st, free_parity);  // K slot st is free in both CTAs
                     mbar_expect_tx(k_full + 8 * st, Tile::KV_BYTES);
                     load_half(sK + st * Tile::KV_BYTES, &args.k_map, k_full + 8 * st);
-                    mbar_wait_cluster(v_empty + 8 * st, free_parity);  // V slot st is free in both CTAs
+                    mbar_wait(v_empty + 8 * st, free_parity);  // V slot st is free in both CTAs
                     mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
                     load_half(sV + st * Tile::KV_BYTES, &args.v_map, v_full + 8 * st);
                 } else {
@@ -303,8 +303,8 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
 #pragma unroll 1
             for (int i = 0; i < STAGES; ++i, ++it) {
                 const uint32_t free_parity = ((it / STAGES) & 1) ^ 1;
-                mbar_wait_cluster(k_empty + 8 * (it % STAGES), free_parity);
-                mbar_wait_cluster(v_empty + 8 * (it % STAGES), free_parity);
+                mbar_wait(k_empty + 8 * (it % STAGES), free_parity);
+                mbar_wait(v_empty + 8 * (it % STAGES), free_parity);
             }
         }
         return;

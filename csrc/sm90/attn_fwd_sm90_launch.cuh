@@ -6,6 +6,8 @@
 #pragma once
 
 #include "attn_fwd_sm90.cuh"
+#include <stdio.h>
+#include <stdlib.h>
 
 // ---------------------------------------------------------------------------
 // Launcher and the C entry points of one padded head dim (see kernels.h)
@@ -76,7 +78,9 @@ static fc_status attn_fwd_sm90_run_cluster(Sm90Args a, long long n_pair_tiles, c
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     cfg.gridDim = dim3(SM90_CLUSTER);  // (the query asks how many such clusters fit)
-    const int max_clusters = sm90_max_clusters<kernel>(cfg);
+    int max_clusters = sm90_max_clusters<kernel>(cfg);
+    if (getenv("FC_EXP_CLUSTERS")) max_clusters = atoi(getenv("FC_EXP_CLUSTERS"));
+    if (getenv("FC_EXP_PRINT")) fprintf(stderr, "max clusters %d pairs %lld\n", max_clusters, n_pair_tiles);
     if (max_clusters <= 0) return FC_ERR_CUDA;
     const long long clusters = n_pair_tiles < max_clusters ? n_pair_tiles : max_clusters;
     cfg.gridDim = dim3((unsigned)(clusters * SM90_CLUSTER));

@@ -37,20 +37,6 @@ FC_DEVICE void mbar_wait(uint32_t bar, uint32_t parity) {
         : "memory");
 }
 
-// The producer's wait for a slot that consumers of both CTAs of a cluster release
-// (their arrivals are release.cluster): acquire at cluster scope, so that their
-// wgmma reads of the slot are ordered before the loads that overwrite it.
-FC_DEVICE void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n.reg .pred done;\n"
-        "WAIT:\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT;\n"
-        "}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
-
 // ---------------------------------------------------------------------------
 // Clusters (thread block clusters of CTAs on neighbouring SMs)
 
@@ -69,9 +55,12 @@ FC_DEVICE uint32_t cluster_map(uint32_t addr, uint32_t rank) {
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
     return r;
 }
-// Arrives once on the mbarrier at shared::cluster address `bar` (this CTA's or another's).
+// Arrives once on the mbarrier at shared::cluster address `bar` (this CTA's or
+// another's). The default .release.cta: a consumer signals that its wgmma reads
+// of a K/V slot are done, and a retired wgmma_wait already orders those; with
+// .release.cluster ptxas puts MEMBAR.ALL.GPU before every arrival.
 FC_DEVICE void mbar_arrive_cluster(uint32_t bar) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
 FC_DEVICE void st_shared_v4_s32(uint32_t addr, int a, int b, int c, int d) {
