@@ -261,6 +261,38 @@ def test_gpu_long_sequences(kernel, shape, D, mode, dtype):
     check_attention(out, lse, q, k, v, None, mode)
 
 
+# sm90 CTA pairs (two CTAs of a cluster sharing each K/V tile by multicast TMA;
+# sm90_cluster_min_sk in attn_fwd_sm90_launch.cuh): D = 128 from Sk = 4096, D = 256
+# from 2048, when a head's 128-row query blocks pair up evenly and the call is not
+# key-split. The second shape has Sq > Sk (bottom-right rows that see no key);
+# group = 4 makes them GQA.
+CLUSTER_SHAPES = [((2, 8, 768, 4200), 128), ((1, 2, 4352, 4100), 128), ((2, 8, 768, 2100), 256),
+                  ((1, 4, 2048, 2048), 256)]
+CLUSTER_MIN_SK = {128: 4096, 256: 2048}
+
+
+@pytest.mark.parametrize("shape,D", CLUSTER_SHAPES, ids=lambda x: f"D{x}" if isinstance(x, int) else shape_id(x))
+def test_cluster_shapes_run_cta_pairs(shape, D):
+    B, H, Sq, Sk = shape
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    assert Sk >= CLUSTER_MIN_SK[D] and -(-Sq // 128) % 2 == 0
+    assert D > 128 or -(-Sq // 64) * B * H > sms, "key-split mode (D <= 128) takes grids this small"
+
+
+@dtype_param
+@mode_param
+@pytest.mark.parametrize("shape,D", CLUSTER_SHAPES, ids=lambda x: f"D{x}" if isinstance(x, int) else shape_id(x))
+@pytest.mark.parametrize("group", [1, 4])
+@kernel_param
+def test_gpu_cta_pairs(kernel, shape, D, mode, dtype, group):
+    B, H, Sq, Sk = shape
+    if H % group:
+        pytest.skip("heads not divisible by the group")
+    q, k, v = make_qkv(B, H, H // group, Sq, Sk, D, dtype, DEV)
+    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
+    check_attention(out, lse, q, k, v, None, mode)
+
+
 @dtype_param
 @mode_param
 @pytest.mark.parametrize("shape", [(4, 8, 2000, 2000), (4, 8, 1700, 1900)], ids=shape_id)
@@ -343,6 +375,8 @@ def test_gpu_poisoned_output_fully_written(kernel, case):
     (2, 8, 97, 203, 256, None, torch.float16),
     # 160 query blocks of 128 rows: the sm80 D = 64 pipelined ring, not its small-grid variant
     (2, 16, 640, 700, 64, "top_left", torch.float16),
+    # sm90 CTA pairs (CLUSTER_SHAPES)
+    (2, 8, 768, 4200, 128, "bottom_right", torch.bfloat16),
 ], ids=lambda c: "B{}H{}_q{}k{}_D{}_{}_{}".format(*c[:5], mode_id(c[5]), dtype_id(c[6])))
 @kernel_param
 def test_gpu_deterministic(kernel, case):

@@ -41,6 +41,15 @@
 // attn_fwd_sm90_launch.cuh. A build with
 // -DFC_SM90_TRACE records where each tile's cycles go (trace.cuh, TR_* marks).
 //
+// CTA pairs (CL = 2; long rows at D = 128 and 256, see sm90_cluster_min_sk). A
+// cluster of two CTAs on neighbouring SMs takes a tile of 2 x BR rows, one half
+// each, and the two share its K/V stream: each producer loads half of every K
+// and V tile's 64-column slabs with a multicast TMA that writes both CTAs' ring
+// slot and completes on both CTAs' barrier, so every K/V byte leaves L2 once per
+// pair. A slot refills when the consumers of both CTAs have released it; causal
+// pairs run the lower half's K/V tile count, and the upper half's consumers
+// release the tiles past their rows unread (as WG_SKIP).
+//
 // Key-split mode (small grids). When 64-row tiles number no more than the
 // SMs (e.g. B=2, H=8, S=512) and DP <= 128, a tile is 64 query rows and the
 // two consumers share its Q but take alternate K/V tiles (consumer c takes
@@ -85,12 +94,8 @@
 // is left, hands the consumers a sentinel (a K/V tile count of -1) through the
 // TILE_INFO slot. Its own instantiation: the consumers' sentinel loop measured
 // 1-5 % slower where the static order runs (perf notes, session 22).
-// CL: CTAs per cluster (1 or 2). With 2, the two CTAs of a cluster run the two
-// halves of a 2 x BR-row tile (adjacent query blocks of one head) and share its
-// K/V stream: each producer loads half of every K and V tile's slabs and
-// multicasts them to both CTAs, so every K/V byte leaves L2 once per cluster.
-// A slot refills only once the consumers of both CTAs have released it (one
-// arrival per consumer warp on each CTA's empty barrier).
+// CL: CTAs per cluster, 1 or 2 (CTA pairs, above); a pair's empty barriers take
+// one arrival per consumer warp of either CTA.
 template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false, bool DYN = false, int CL = 1>
 __global__ void __launch_bounds__(Sm90Tile<DP, CONS>::THREADS, 1)
 attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
@@ -507,50 +512,8 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         TR_SET(TR_LASTPV);
         if constexpr (split) base += t.n_blocks;  // both warpgroups: past this tile's K/V tiles
 
-        if constexpr (split) {  // merge the two warpgroups' partials; warpgroup 1 (cw = 0) writes the tile
-            // Thread t128 of both warpgroups holds the same rows and columns, so the
-            // partials go through smem as [register][thread]: register f of O in
-            // 8 KB chunk f / 16 (Q buffer c % Q_BUFS, slab c / Q_BUFS, rows 64-127).
-            float* mlp = reinterpret_cast<float*>(smem_raw + (ml - raw));
-            auto part = [&](int f) {
-                const int c = f / 16;
-                return reinterpret_cast<float*>(smem_raw + (sQ - raw) + (c % Q_BUFS) * Tile::Q_BYTES +
-                                                (c / Q_BUFS) * BR * ROWB + Tile::WG_ROWS * ROWB) +
-                       (f % 16) * 128 + t128;
-            };
-            if (cw == 1) {
-#pragma unroll
-                for (int pp = 0; pp < PV_PARTS; ++pp)
-#pragma unroll
-                    for (int i = 0; i < PV_N / 2; ++i) *part(pp * (PV_N / 2) + i) = o[pp][i];
-#pragma unroll
-                for (int hr = 0; hr < 2; ++hr) {
-                    mlp[hr * 128 + t128] = m_i[hr];
-                    mlp[(2 + hr) * 128 + t128] = l_i[hr];
-                }
-                named_barrier_arrive(3, 256);  // the partials are in smem before warpgroup 1 reads them
-                named_barrier_sync(4, 256);    // warpgroup 1 has read them: the next tile may overwrite
-            } else {
-                named_barrier_sync(3, 256);    // warpgroup 2's partials are in smem
-                float c0[2], c1[2];
-#pragma unroll
-                for (int hr = 0; hr < 2; ++hr) {
-                    const float m1 = mlp[hr * 128 + t128], l1 = mlp[(2 + hr) * 128 + t128];
-                    const float m = fmaxf(m_i[hr], m1);
-                    const float m_use = m == -INFINITY ? 0.f : m;  // no key in either half: both factors 0
-                    c0[hr] = fast_exp2(m_i[hr] - m_use);
-                    c1[hr] = fast_exp2(m1 - m_use);
-                    m_i[hr] = m;
-                    l_i[hr] = l_i[hr] * c0[hr] + l1 * c1[hr];
-                }
-#pragma unroll
-                for (int pp = 0; pp < PV_PARTS; ++pp)
-#pragma unroll
-                    for (int i = 0; i < PV_N / 2; ++i)
-                        o[pp][i] = o[pp][i] * c0[(i / 2) % 2] + *part(pp * (PV_N / 2) + i) * c1[(i / 2) % 2];
-                named_barrier_arrive(4, 256);  // the partials are read: warpgroup 2 may go on
-            }
-        }
+        if constexpr (split)  // merge the two warpgroups' partials; warpgroup 1 (cw = 0) writes the tile
+            sm90_split_merge<Tile>(o, m_i, l_i, cw, t128, smem_raw + (sQ - raw), reinterpret_cast<float*>(smem_raw + (ml - raw)));
 
         if (!split || cw == 0) {
             // Epilogue: O /= l into smem (the same swizzle as TMA's, conflict-free),

@@ -6,8 +6,6 @@
 #pragma once
 
 #include "attn_fwd_sm90.cuh"
-#include <stdio.h>
-#include <stdlib.h>
 
 // ---------------------------------------------------------------------------
 // Launcher and the C entry points of one padded head dim (see kernels.h)
@@ -44,9 +42,15 @@ static Sm90Sched sm90_sched(const fc_attn_params* p, int br, int grid, long long
     return o;
 }
 
-// Clusters of SM90_CLUSTER CTAs (attn_fwd_sm90_kernel's CL): at most as many as
-// fit on the GPU at once (its SMs pair up within GPCs), cached per device.
+// Clusters of SM90_CLUSTER CTAs (attn_fwd_sm90_kernel's CL) from this many keys
+// per row (0: never). Measured on an H100 against single CTAs (perf notes,
+// session 26; REPS = 600): D = 128 +0.6-3 % from 4k (the LONG kernel), 1 %
+// slower at 2k; D = 256 +1-3 % from 2k; both 1-3 % slower at S = 512 in bursts.
+// D = 64 keeps single CTAs: its one 64-column slab does not split in two.
 static constexpr int SM90_CLUSTER = 2;
+static constexpr int sm90_cluster_min_sk(int dp) { return dp == 128 ? 4096 : dp == 256 ? 2048 : 0; }
+
+// How many clusters fit on the GPU at once (its SMs pair up within GPCs), cached per device.
 template <auto KERNEL>
 static int sm90_max_clusters(const cudaLaunchConfig_t& cfg) {
     static std::atomic<int> cached[FC_SMEM_CACHE_DEVICES];  // 0: not yet asked
@@ -60,8 +64,10 @@ static int sm90_max_clusters(const cudaLaunchConfig_t& cfg) {
 }
 
 // The cluster instantiation: CTAs in pairs, each pair on one tile of 2 x BR rows.
+// Where the device runs no such cluster (none fits: a partitioned GPU, say), the
+// single-CTA kernel on `grid` CTAs: the same arithmetic, in the same order per row.
 template <int DP, typename T, bool LONG>
-static fc_status attn_fwd_sm90_run_cluster(Sm90Args a, long long n_pair_tiles, cudaStream_t stream) {
+static fc_status attn_fwd_sm90_run_cluster(Sm90Args a, long long n_pair_tiles, unsigned grid, cudaStream_t stream) {
     using Tile = Sm90Tile<DP, 2, LONG>;
     constexpr auto kernel = attn_fwd_sm90_kernel<DP, 2, T, false, LONG, false, SM90_CLUSTER>;
     constexpr size_t smem = Tile::smem_bytes(false);
@@ -78,10 +84,8 @@ static fc_status attn_fwd_sm90_run_cluster(Sm90Args a, long long n_pair_tiles, c
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     cfg.gridDim = dim3(SM90_CLUSTER);  // (the query asks how many such clusters fit)
-    int max_clusters = sm90_max_clusters<kernel>(cfg);
-    if (getenv("FC_EXP_CLUSTERS")) max_clusters = atoi(getenv("FC_EXP_CLUSTERS"));
-    if (getenv("FC_EXP_PRINT")) fprintf(stderr, "max clusters %d pairs %lld\n", max_clusters, n_pair_tiles);
-    if (max_clusters <= 0) return FC_ERR_CUDA;
+    const int max_clusters = sm90_max_clusters<kernel>(cfg);
+    if (max_clusters <= 0) return attn_fwd_sm90_run<DP, 2, T, false, LONG>(a, grid, stream);
     const long long clusters = n_pair_tiles < max_clusters ? n_pair_tiles : max_clusters;
     cfg.gridDim = dim3((unsigned)(clusters * SM90_CLUSTER));
     if constexpr (Tile::MAGIC_DIV)  // the order of pair tiles over clusters
@@ -102,6 +106,7 @@ static constexpr int SM90_CONS3_MIN_SQ = 512;
 // session 19): +1-2 % at S = 2k-4k, +3-4 % at 16k; 1-1.5 % slower at S <= 1k.
 static constexpr int SM90_LONG_MIN_SK = 2048;
 static_assert(SM90_LONG_MIN_SK == FC_SM90_DYN_MAX_SK, "the dynamic order (kernels.h) stops where LONG starts");
+static_assert(sm90_cluster_min_sk(128) >= SM90_LONG_MIN_SK, "the D = 128 cluster kernel is the LONG one");
 
 // Rows per second of three consumers over two, per SM: the measured gain at
 // S >= 2k was 11-23 % (perf notes, session 10); 1.15 errs toward two.
@@ -170,15 +175,11 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     if constexpr (DP == 64) {
         if (cons3) return attn_fwd_sm90_run<DP, 3, T, false>(a, grid, stream);
     }
-    if constexpr (DP >= 128) {
-        // Clusters when the query blocks of a head pair up evenly.
-        if ((p->Sq + Tile::BR - 1) / Tile::BR % SM90_CLUSTER == 0) {
-            const long long pairs = fc_sm90_tiles(p, SM90_CLUSTER * Tile::BR);
-            if constexpr (DP == 128) {
-                if (p->Sk >= SM90_LONG_MIN_SK) return attn_fwd_sm90_run_cluster<DP, T, true>(a, pairs, stream);
-            }
-            return attn_fwd_sm90_run_cluster<DP, T, false>(a, pairs, stream);
-        }
+    if constexpr (sm90_cluster_min_sk(DP) > 0) {
+        // Clusters for long rows, when the query blocks of a head pair up evenly.
+        if (p->Sk >= sm90_cluster_min_sk(DP) && (p->Sq + Tile::BR - 1) / Tile::BR % SM90_CLUSTER == 0)
+            return attn_fwd_sm90_run_cluster<DP, T, DP == 128>(a, fc_sm90_tiles(p, SM90_CLUSTER * Tile::BR), grid,
+                                                               stream);
     }
     if constexpr (DP == 128) {
         if (p->Sk >= SM90_LONG_MIN_SK) return attn_fwd_sm90_run<DP, 2, T, false, true>(a, grid, stream);

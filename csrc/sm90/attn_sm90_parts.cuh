@@ -450,3 +450,53 @@ __device__ __forceinline__ void pack_p(uint32_t (&pa)[BC / 16][4], const float (
 #pragma unroll
         for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
 }
+
+// Key-split mode's end of a tile (attn_fwd_sm90.cuh): consumer 2 (cw = 1) leaves its
+// O, m and l partials in shared memory and consumer 1 merges them into its own by
+// their maxima. Thread t128 of both warpgroups holds the same rows and columns, so
+// the partials go as [register][thread]: register f of O in 8 KB chunk f / 16 (Q
+// buffer c % Q_BUFS, slab c / Q_BUFS, rows 64-127, unused with 64-row tiles; sq:
+// the Q buffers), m and l in mlp (ML_BYTES).
+template <typename Tile>
+__device__ __forceinline__ void sm90_split_merge(float (&o)[Tile::PV_PARTS][Tile::PV_N / 2], float (&m_i)[2],
+                                                 float (&l_i)[2], int cw, int t128, unsigned char* sq, float* mlp) {
+    constexpr int PV_N = Tile::PV_N, PV_PARTS = Tile::PV_PARTS;
+    auto part = [&](int f) {
+        const int c = f / 16;
+        return reinterpret_cast<float*>(sq + (c % Tile::Q_BUFS) * Tile::Q_BYTES + (c / Tile::Q_BUFS) * Tile::BR * FC_SWZ_ROW_BYTES +
+                                        Tile::WG_ROWS * FC_SWZ_ROW_BYTES) +
+               (f % 16) * 128 + t128;
+    };
+    if (cw == 1) {
+#pragma unroll
+        for (int pp = 0; pp < PV_PARTS; ++pp)
+#pragma unroll
+            for (int i = 0; i < PV_N / 2; ++i) *part(pp * (PV_N / 2) + i) = o[pp][i];
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            mlp[hr * 128 + t128] = m_i[hr];
+            mlp[(2 + hr) * 128 + t128] = l_i[hr];
+        }
+        named_barrier_arrive(3, 256);  // the partials are in smem before warpgroup 1 reads them
+        named_barrier_sync(4, 256);    // warpgroup 1 has read them: the next tile may overwrite
+    } else {
+        named_barrier_sync(3, 256);    // warpgroup 2's partials are in smem
+        float c0[2], c1[2];
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const float m1 = mlp[hr * 128 + t128], l1 = mlp[(2 + hr) * 128 + t128];
+            const float m = fmaxf(m_i[hr], m1);
+            const float m_use = m == -INFINITY ? 0.f : m;  // no key in either half: both factors 0
+            c0[hr] = fast_exp2(m_i[hr] - m_use);
+            c1[hr] = fast_exp2(m1 - m_use);
+            m_i[hr] = m;
+            l_i[hr] = l_i[hr] * c0[hr] + l1 * c1[hr];
+        }
+#pragma unroll
+        for (int pp = 0; pp < PV_PARTS; ++pp)
+#pragma unroll
+            for (int i = 0; i < PV_N / 2; ++i)
+                o[pp][i] = o[pp][i] * c0[(i / 2) % 2] + *part(pp * (PV_N / 2) + i) * c1[(i / 2) % 2];
+        named_barrier_arrive(4, 256);  // the partials are read: warpgroup 2 may go on
+    }
+}
