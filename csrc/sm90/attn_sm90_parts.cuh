@@ -23,6 +23,10 @@
 //  128 | 128 | 128 |   2    |   2    | 64 + 128 = 192 KB   | S 64 + O 64 + P 32
 //  256 | 128 |  64 |   2    |   1    | 64 + 128 + 32 (O) = 224 KB | S 32 + O 128 + P 16
 //
+// CTA pairs (D = 128 and 256, long rows; sm90_cluster_min_sk): the same tile and
+// ring per CTA, two CTAs of a cluster on adjacent query blocks sharing each K/V
+// tile by multicast (attn_fwd_sm90.cuh).
+//
 // CONS = 3 (D = 64 only): three consumer warpgroups, 192-row tiles. At D = 64
 // the softmax (one exp2 per score) takes about as long as the two matmuls, and
 // a third warpgroup's instruction stream fills the gaps of the other two:
