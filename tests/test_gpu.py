@@ -264,9 +264,10 @@ def test_gpu_long_sequences(kernel, shape, D, mode, dtype):
 # sm90 CTA pairs (two CTAs of a cluster sharing each K/V tile by multicast TMA;
 # sm90_cluster_min_sk in attn_fwd_sm90_launch.cuh): D = 128 from Sk = 4096, D = 256
 # from 2048, when a head's 128-row query blocks pair up evenly and the call is not
-# key-split. The second shape has Sq > Sk (bottom-right rows that see no key);
+# key-split. The first shape ends in a partial query block, the second has Sq > Sk
+# (bottom-right rows that see no key);
 # group = 2 makes them GQA.
-CLUSTER_SHAPES = [((2, 8, 768, 4200), 128), ((1, 2, 4352, 4100), 128), ((2, 8, 768, 2100), 256),
+CLUSTER_SHAPES = [((2, 8, 700, 4200), 128), ((1, 2, 4352, 4100), 128), ((2, 8, 768, 2100), 256),
                   ((1, 4, 2048, 2048), 256)]
 CLUSTER_MIN_SK = {128: 4096, 256: 2048}
 
