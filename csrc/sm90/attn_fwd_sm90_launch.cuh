@@ -85,7 +85,10 @@ static fc_status attn_fwd_sm90_run_cluster(Sm90Args a, long long n_pair_tiles, u
     cfg.numAttrs = 1;
     cfg.gridDim = dim3(SM90_CLUSTER);  // (the query asks how many such clusters fit)
     const int max_clusters = sm90_max_clusters<kernel>(cfg);
-    if (max_clusters <= 0) return attn_fwd_sm90_run<DP, 2, T, false, LONG>(a, grid, stream);
+    if (max_clusters <= 0) {
+        if constexpr (Tile::MAGIC_DIV) a.sched = sm90_sched(&a.p, Tile::BR, (int)grid, (long long)a.p.Sk * DP * 4);
+        return attn_fwd_sm90_run<DP, 2, T, false, LONG>(a, grid, stream);
+    }
     const long long clusters = n_pair_tiles < max_clusters ? n_pair_tiles : max_clusters;
     cfg.gridDim = dim3((unsigned)(clusters * SM90_CLUSTER));
     if constexpr (Tile::MAGIC_DIV)  // the order of pair tiles over clusters
@@ -107,6 +110,7 @@ static constexpr int SM90_CONS3_MIN_SQ = 512;
 static constexpr int SM90_LONG_MIN_SK = 2048;
 static_assert(SM90_LONG_MIN_SK == FC_SM90_DYN_MAX_SK, "the dynamic order (kernels.h) stops where LONG starts");
 static_assert(sm90_cluster_min_sk(128) >= SM90_LONG_MIN_SK, "the D = 128 cluster kernel is the LONG one");
+static_assert(sm90_cluster_min_sk(256) >= FC_SM90_DYN_MAX_SK, "pairs and the dynamic order take different rows");
 
 // Rows per second of three consumers over two, per SM: the measured gain at
 // S >= 2k was 11-23 % (perf notes, session 10); 1.15 errs toward two.
@@ -158,9 +162,13 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     if (s != FC_OK) return s;
     const long long n_tiles = fc_sm90_tiles(p, br);
     const unsigned grid = (unsigned)(n_tiles < num_sms ? n_tiles : num_sms);
-    // Host work per call: only a kernel that reads the tile order gets it.
-    a.sched = sm90_magic_div(DP, cons3 ? 3 : 2) ? sm90_sched(p, br, (int)grid, (long long)p->Sk * DP * 4)
-                                                : Sm90Sched{};
+    // CTA pairs for long rows, when the query blocks of a head pair up evenly (the
+    // dynamic order's rows are shorter: FC_SM90_DYN_MAX_SK <= sm90_cluster_min_sk).
+    const bool pairs = !kv_split && sm90_cluster_min_sk(DP) > 0 && p->Sk >= sm90_cluster_min_sk(DP) &&
+                       (p->Sq + Tile::BR - 1) / Tile::BR % SM90_CLUSTER == 0;
+    // Host work per call: only a kernel that reads the tile order gets it (pairs: their own).
+    a.sched = sm90_magic_div(DP, cons3 ? 3 : 2) && !pairs ? sm90_sched(p, br, (int)grid, (long long)p->Sk * DP * 4)
+                                                          : Sm90Sched{};
     if constexpr (Tile::KV_SPLIT_OK) {
         if (kv_split) return attn_fwd_sm90_run<DP, 2, T, true>(a, grid, stream);
     }
@@ -176,8 +184,7 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
         if (cons3) return attn_fwd_sm90_run<DP, 3, T, false>(a, grid, stream);
     }
     if constexpr (sm90_cluster_min_sk(DP) > 0) {
-        // Clusters for long rows, when the query blocks of a head pair up evenly.
-        if (p->Sk >= sm90_cluster_min_sk(DP) && (p->Sq + Tile::BR - 1) / Tile::BR % SM90_CLUSTER == 0)
+        if (pairs)
             return attn_fwd_sm90_run_cluster<DP, T, DP == 128>(a, fc_sm90_tiles(p, SM90_CLUSTER * Tile::BR), grid,
                                                                stream);
     }
