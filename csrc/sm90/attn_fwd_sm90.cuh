@@ -231,32 +231,27 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             auto load_kv = [&](int j) {
                 const int st = it % STAGES;
                 const uint32_t free_parity = ((it / STAGES) & 1) ^ 1;
-                if constexpr (CL > 1) {
-                    // Our CTA's slabs of each tile, to both CTAs; the other CTA's land on our
-                    // barrier as well (its bytes may count before our expect_tx: the phase
-                    // cannot complete before this thread's arrival).
-                    auto load_half = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar) {
+                // Tile j of `map` into dst: with clusters our CTA's slabs, to both CTAs (the
+                // other CTA's land on our barrier as well, and may count before our
+                // expect_tx: the phase cannot complete before this thread's arrival).
+                auto load_tile = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar) {
+                    if constexpr (CL > 1) {
 #pragma unroll
                         for (int h = 0; h < SLABS / CL; ++h) {
                             const int s = h * CL + crank;
                             tma_load_4d_multicast(dst + s * BC * ROWB, map, bar, s * FC_SLAB_COLS, j * BC, t.hk, t.b,
                                                   (1u << CL) - 1);
                         }
-                    };
-                    mbar_wait(k_empty + 8 * st, free_parity);  // K slot st is free in both CTAs
-                    mbar_expect_tx(k_full + 8 * st, Tile::KV_BYTES);
-                    load_half(sK + st * Tile::KV_BYTES, &args.k_map, k_full + 8 * st);
-                    mbar_wait(v_empty + 8 * st, free_parity);  // V slot st is free in both CTAs
-                    mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
-                    load_half(sV + st * Tile::KV_BYTES, &args.v_map, v_full + 8 * st);
-                } else {
-                    TR_TIME(TR_W_K, mbar_wait(k_empty + 8 * st, free_parity));  // K slot st is free
-                    mbar_expect_tx(k_full + 8 * st, Tile::KV_BYTES);
-                    load_slabs(sK + st * Tile::KV_BYTES, &args.k_map, k_full + 8 * st, BC, j * BC, t.hk, t.b);
-                    TR_TIME(TR_W_V, mbar_wait(v_empty + 8 * st, free_parity));  // V slot st is free
-                    mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
-                    load_slabs(sV + st * Tile::KV_BYTES, &args.v_map, v_full + 8 * st, BC, j * BC, t.hk, t.b);
-                }
+                    } else {
+                        load_slabs(dst, map, bar, BC, j * BC, t.hk, t.b);
+                    }
+                };
+                TR_TIME(TR_W_K, mbar_wait(k_empty + 8 * st, free_parity));  // K slot st is free (in both CTAs)
+                mbar_expect_tx(k_full + 8 * st, Tile::KV_BYTES);
+                load_tile(sK + st * Tile::KV_BYTES, &args.k_map, k_full + 8 * st);
+                TR_TIME(TR_W_V, mbar_wait(v_empty + 8 * st, free_parity));  // V slot st is free (in both CTAs)
+                mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
+                load_tile(sV + st * Tile::KV_BYTES, &args.v_map, v_full + 8 * st);
             };
             int j0 = 0;
             if constexpr (Tile::Q_HALVES) {  // the second consumer's rows, behind the first K/V tile
@@ -513,7 +508,8 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         if constexpr (split) base += t.n_blocks;  // both warpgroups: past this tile's K/V tiles
 
         if constexpr (split)  // merge the two warpgroups' partials; warpgroup 1 (cw = 0) writes the tile
-            sm90_split_merge<Tile>(o, m_i, l_i, cw, t128, smem_raw + (sQ - raw), reinterpret_cast<float*>(smem_raw + (ml - raw)));
+            sm90_split_merge<Tile>(o, m_i, l_i, cw, t128, smem_raw + (sQ - raw),
+                                   reinterpret_cast<float*>(smem_raw + (ml - raw)));
 
         if (!split || cw == 0) {
             // Epilogue: O /= l into smem (the same swizzle as TMA's, conflict-free),

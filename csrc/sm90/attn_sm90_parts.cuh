@@ -467,7 +467,8 @@ __device__ __forceinline__ void sm90_split_merge(float (&o)[Tile::PV_PARTS][Tile
     constexpr int PV_N = Tile::PV_N, PV_PARTS = Tile::PV_PARTS;
     auto part = [&](int f) {
         const int c = f / 16;
-        return reinterpret_cast<float*>(sq + (c % Tile::Q_BUFS) * Tile::Q_BYTES + (c / Tile::Q_BUFS) * Tile::BR * FC_SWZ_ROW_BYTES +
+        return reinterpret_cast<float*>(sq + (c % Tile::Q_BUFS) * Tile::Q_BYTES +
+                                        (c / Tile::Q_BUFS) * Tile::BR * FC_SWZ_ROW_BYTES +
                                         Tile::WG_ROWS * FC_SWZ_ROW_BYTES) +
                (f % 16) * 128 + t128;
     };
