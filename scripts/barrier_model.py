@@ -26,9 +26,9 @@ import random
 import sys
 
 # (mode, K/V stages, Q buffers, consumer warpgroups) of every kernel instantiation: D = 64 with
-# two and three consumers, 128, 256 ordinary, then key-split at D = 64 and 128.
-KERNEL_CONFIGS = [("inorder", 3, 2, 2), ("inorder", 3, 2, 3), ("overlap", 2, 2, 2), ("overlap", 2, 1, 2),
-                  ("split", 4, 2, 2), ("split", 2, 2, 2)]
+# two and three consumers, 128 with two and three, 256 ordinary, then key-split at D = 64 and 128.
+KERNEL_CONFIGS = [("inorder", 3, 2, 2), ("inorder", 3, 2, 3), ("overlap", 2, 2, 2), ("inorder", 2, 2, 3),
+                  ("overlap", 2, 1, 2), ("split", 4, 2, 2), ("split", 2, 2, 2)]
 
 
 class Barrier:

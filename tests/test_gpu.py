@@ -76,7 +76,7 @@ D64_WIDE_SHAPES = [(4, 16, 600, 300), (4, 16, 1000, 300), (4, 16, 1601, 300), (4
 
 
 def uses_three_consumers(B, H, Sq, sms):
-    """sm90_use_cons3 (csrc/sm90/attn_fwd_sm90.cuh) for a causal call, mirrored."""
+    """sm90_use_cons3 (csrc/sm90/attn_fwd_sm90_launch.cuh) for a causal call, mirrored."""
     stripes = lambda br: -(-(-(-Sq // br) * B * H) // sms)  # noqa: E731
     return Sq >= 512 and -(-Sq // 64) * B * H > sms and stripes(192) * 192 < stripes(128) * 128 * 1.15
 
@@ -96,6 +96,31 @@ def test_d64_wide_shapes_take_the_wide_path(shape):
 def test_gpu_d64_wide_tiles(kernel, shape, mode, dtype, group):
     B, H, Sq, Sk = shape
     q, k, v = make_qkv(B, H, H // group, Sq, Sk, 64, dtype, DEV)
+    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
+    check_attention(out, lse, q, k, v, None, mode)
+
+
+# At D = 128 the sm90 kernel runs 192-row tiles for causal calls in its static
+# order (Sk >= 2048) when the grid favours them, as at D = 64; non-causal calls
+# of the same shapes keep two consumers. Partial last tiles, GQA, Sq > Sk.
+D128_WIDE_SHAPES = [(2, 16, 600, 2100), (1, 16, 2500, 2100)]
+
+
+@pytest.mark.parametrize("shape", D128_WIDE_SHAPES, ids=shape_id)
+def test_d128_wide_shapes_take_the_wide_path(shape):
+    B, H, Sq, Sk = shape
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    assert uses_three_consumers(B, H, Sq, sms) and Sq % 192 != 0 and Sk >= 2048
+
+
+@dtype_param
+@mode_param
+@pytest.mark.parametrize("shape", D128_WIDE_SHAPES, ids=shape_id)
+@kernel_param
+@pytest.mark.parametrize("group", [1, 4], ids=lambda g: f"gqa{g}")
+def test_gpu_d128_causal_wide_tiles(kernel, shape, mode, dtype, group):
+    B, H, Sq, Sk = shape
+    q, k, v = make_qkv(B, H, H // group, Sq, Sk, 128, dtype, DEV)
     out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
     check_attention(out, lse, q, k, v, None, mode)
 
@@ -376,6 +401,8 @@ def test_gpu_poisoned_output_fully_written(kernel, case):
     (2, 16, 640, 700, 64, "top_left", torch.float16),
     # sm90 CTA pairs (CLUSTER_SHAPES)
     (2, 8, 768, 4200, 128, "bottom_right", torch.bfloat16),
+    # sm90 D = 128 causal on 192-row tiles (D128_WIDE_SHAPES)
+    (2, 16, 600, 2100, 128, "top_left", torch.float16),
 ], ids=lambda c: "B{}H{}_q{}k{}_D{}_{}_{}".format(*c[:5], mode_id(c[5]), dtype_id(c[6])))
 @kernel_param
 def test_gpu_deterministic(kernel, case):

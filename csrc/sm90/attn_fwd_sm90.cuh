@@ -4,8 +4,9 @@
 // Algorithm. A tile is BR = 128 query rows of one (batch, head). A CTA has
 // three warpgroups (four with a third consumer, below): warpgroup 0 is the producer (one thread issues every TMA
 // load, with its registers given back through setmaxnreg), warpgroups 1 and 2
-// are consumers owning query rows 0-63 and 64-127 of the tile. At D = 64 a
-// third consumer makes the tile 192 rows (Sm90Tile<64, 3>; the tile table and
+// are consumers owning query rows 0-63 and 64-127 of the tile. At D = 64, and
+// at D = 128 for causal long rows, a third consumer makes the tile 192 rows
+// (Sm90Tile<DP, 3>; the tile table and
 // the per-tile steps are in attn_sm90_parts.cuh). The producer
 // loads Q into one of Q_BUFS buffers per tile (so the next tile's Q arrives
 // while this one runs; at D = 128 it is issued after the tile's second K/V
@@ -23,8 +24,9 @@
 // softmax of tile j+1 (exp2, log2(e) folded into the scale) run while P_j V_j
 // is still on the tensor cores (at D = 256, and at D = 128 in the LONG
 // instantiation for long rows; otherwise ptxas puts the P V wait first, see
-// PIN_SOFTMAX); the O rescale waits for it. At D = 64 they run
-// in order, and the two consumer warpgroups overlap each other instead. In
+// PIN_SOFTMAX); the O rescale waits for it. At D = 64, and with three
+// consumers, they run in order, and the consumer warpgroups overlap each
+// other instead. In
 // causal tiles at D = 256 and with three consumers, a consumer runs only the
 // K/V tiles its own rows see and releases the rest unread (WG_SKIP). The
 // epilogue divides by the row sum, stages O in the warpgroup's own Q rows

@@ -97,7 +97,7 @@ static fc_status attn_fwd_sm90_run_cluster(Sm90Args a, long long n_pair_tiles, u
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 
-// Three consumers (D = 64) from this many query rows on, causal or not:
+// Three consumers from this many query rows on (D = 64 causal or not, D = 128 causal):
 // measured on an H100 (perf notes, session 22, with TILE_INFO) S = 512 4 % ahead
 // of two consumers non-causal and 7 % causal; ahead from there on (sessions
 // 10, 21). Shorter rows pad a 192-row tile further (at Sq <= 128 a whole
@@ -116,18 +116,22 @@ static_assert(sm90_cluster_min_sk(256) >= FC_SM90_DYN_MAX_SK, "pairs and the dyn
 // S >= 2k was 11-23 % (perf notes, session 10); 1.15 errs toward two.
 static constexpr double SM90_CONS3_SPEEDUP = 1.15;
 
-// Whether an ordinary-mode call at padded head dim DP runs Sm90Tile<DP, 3>.
-// Beyond the row limit, the grid decides: persistent CTAs take tiles in
+// Whether an ordinary-mode call at padded head dim DP runs Sm90Tile<DP, 3>:
+// at D = 64, and at D = 128 for causal calls in the static order (from
+// FC_SM90_DYN_MAX_SK keys). Measured on an H100 at D = 128 (perf notes, session
+// 27): causal S2k-8k +2-3 %; non-causal 2-7 % slower, causal S512-1k (dynamic
+// order) 10-12 % slower. Beyond the row limit, the grid decides: persistent CTAs take tiles in
 // stripes of num_sms, so a call costs about ceil(tiles / SMs) stripes of one
 // tile's rows. Three consumers must win that count, which they do not on a
 // grid just past key-split mode (B1 H4 S4k: one stripe of 128-row tiles
 // against one of 192-row tiles on fewer SMs).
 template <int DP>
 static bool sm90_use_cons3(const fc_attn_params* p, int num_sms) {
-    if constexpr (DP != 64) {
+    if constexpr (DP > 128) {
         return false;
     } else {
         if (p->Sq < SM90_CONS3_MIN_SQ) return false;
+        if (DP == 128 && (p->causal == FC_CAUSAL_NONE || fc_sm90_dynamic_order(p, num_sms))) return false;
         constexpr int BR2 = Sm90Tile<DP, 2>::BR, BR3 = Sm90Tile<DP, 3>::BR;
         const long long stripes2 = (fc_sm90_tiles(p, BR2) + num_sms - 1) / num_sms;
         const long long stripes3 = (fc_sm90_tiles(p, BR3) + num_sms - 1) / num_sms;
@@ -149,7 +153,7 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     static_assert(Tile::KV_SPLIT_OK == (DP <= 128) && Tile::WG_ROWS == 64, "fc_sm90_key_split (kernels.h)");
     const bool kv_split = fc_sm90_key_split(p, num_sms);
     const bool cons3 = !kv_split && sm90_use_cons3<DP>(p, num_sms);
-    const int br = kv_split ? Tile::WG_ROWS : cons3 ? 3 * Tile::WG_ROWS : Tile::BR;  // 3 consumers: Sm90Tile<64, 3>::BR
+    const int br = kv_split ? Tile::WG_ROWS : cons3 ? 3 * Tile::WG_ROWS : Tile::BR;  // 3 consumers: Sm90Tile<DP, 3>::BR
     const int q_box = Tile::Q_HALVES ? Tile::WG_ROWS : br;  // rows of one Q load (Q_HALVES: a consumer's)
     fc_status s = fc_sm90_tensor_map(&a.q_map, p->dtype, p->q, p->D, p->Sq, p->Hq, p->B, p->q_row_stride,
                                      p->q_head_stride, p->q_batch_stride, q_box);
@@ -164,7 +168,7 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     const unsigned grid = (unsigned)(n_tiles < num_sms ? n_tiles : num_sms);
     // CTA pairs for long rows, when the query blocks of a head pair up evenly (the
     // dynamic order's rows are shorter: FC_SM90_DYN_MAX_SK <= sm90_cluster_min_sk).
-    const bool pairs = !kv_split && sm90_cluster_min_sk(DP) > 0 && p->Sk >= sm90_cluster_min_sk(DP) &&
+    const bool pairs = !kv_split && !cons3 && sm90_cluster_min_sk(DP) > 0 && p->Sk >= sm90_cluster_min_sk(DP) &&
                        (p->Sq + Tile::BR - 1) / Tile::BR % SM90_CLUSTER == 0;
     // Host work per call: only a kernel that reads the tile order gets it (pairs: their own).
     a.sched = sm90_magic_div(DP, cons3 ? 3 : 2) && !pairs ? sm90_sched(p, br, (int)grid, (long long)p->Sk * DP * 4)
@@ -180,7 +184,7 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
             return attn_fwd_sm90_run<DP, 2, T, false, false, true>(a, grid, stream);
         }
     }
-    if constexpr (DP == 64) {
+    if constexpr (DP <= 128) {
         if (cons3) return attn_fwd_sm90_run<DP, 3, T, false>(a, grid, stream);
     }
     if constexpr (sm90_cluster_min_sk(DP) > 0) {
@@ -198,7 +202,7 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
 template <int DP>
 static constexpr size_t sm90_smem_max() {
     size_t m = Sm90Tile<DP>::smem_bytes(Sm90Tile<DP>::KV_SPLIT_OK);
-    if constexpr (DP == 64) m = m > Sm90Tile<DP, 3>::smem_bytes(false) ? m : Sm90Tile<DP, 3>::smem_bytes(false);
+    if constexpr (DP <= 128) m = m > Sm90Tile<DP, 3>::smem_bytes(false) ? m : Sm90Tile<DP, 3>::smem_bytes(false);
     return m;
 }
 

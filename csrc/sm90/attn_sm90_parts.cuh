@@ -21,18 +21,23 @@
 //      |     |     | 4 (key-split mode: an even ring, see SPLIT_STAGES) | 32 + 128 = 160 KB |
 //  64  | 192 | 128 |   3    |   2    | 48 + 96  = 144 KB   | the same, in 160 (CONS = 3, see below)
 //  128 | 128 | 128 |   2    |   2    | 64 + 128 = 192 KB   | S 64 + O 64 + P 32
+//  128 | 192 | 128 |   2    |   2    | 96 + 128 = 224 KB   | the same, in 160: in order (CONS = 3)
 //  256 | 128 |  64 |   2    |   1    | 64 + 128 + 32 (O) = 224 KB | S 32 + O 128 + P 16
 //
 // CTA pairs (D = 128 and 256, long rows; sm90_cluster_min_sk): the same tile and
 // ring per CTA, two CTAs of a cluster on adjacent query blocks sharing each K/V
 // tile by multicast (attn_fwd_sm90.cuh).
 //
-// CONS = 3 (D = 64 only): three consumer warpgroups, 192-row tiles. At D = 64
-// the softmax (one exp2 per score) takes about as long as the two matmuls, and
-// a third warpgroup's instruction stream fills the gaps of the other two:
-// +11-23 % at S >= 2k non-causal and +3-18 % causal S >= 4k, but 11-16 %
-// slower at causal S <= 1k, where 192-row tiles waste more keys past the
-// diagonal (perf notes, session 10). Dispatch: sm90_use_cons3.
+// CONS = 3: three consumer warpgroups, 192-row tiles. At D = 64 the softmax
+// (one exp2 per score) takes about as long as the two matmuls, and a third
+// warpgroup's instruction stream fills the gaps of the other two: +11-23 % at
+// S >= 2k non-causal and +3-18 % causal S >= 4k, but 11-16 % slower at causal
+// S <= 1k, where 192-row tiles waste more keys past the diagonal (perf notes,
+// session 10). At D = 128 the 160 registers hold S and O (64 each) but not P
+// besides, so the consumers run S and P V in order (no OVERLAP): 2-7 % slower
+// than two pipelined consumers on non-causal rows, 2-3 % faster on causal rows
+// from 2k keys, where WG_SKIP gives the three different K/V counts per tile
+// (perf notes, session 27). Dispatch: sm90_use_cons3.
 // Whether the kernel at padded head dim dp with `cons` consumers finds its
 // tiles by multiply and shift (Sm90Tile::MAGIC_DIV; the launcher then fills
 // Sm90Args::sched).
@@ -40,7 +45,7 @@ __host__ __device__ constexpr bool sm90_magic_div(int dp, int cons) { return con
 
 template <int DP, int CONS = 2, bool LONG = false>
 struct Sm90Tile {
-    static_assert(CONS == 2 || (CONS == 3 && DP == 64), "three consumers fit their registers only at D = 64");
+    static_assert(CONS == 2 || (CONS == 3 && DP <= 128), "three consumers fit their registers only at D <= 128");
     static_assert(!LONG || (DP == 128 && CONS == 2), "the long-row instantiation is D = 128's");
     static constexpr int CONSUMERS = CONS;            // consumer warpgroups
     static constexpr int WG_ROWS = 64;                // query rows per consumer (wgmma M)
@@ -79,8 +84,9 @@ struct Sm90Tile {
     // Software-pipeline S(j+1) with P(j)V inside a warpgroup. Measured (perf
     // notes, sm90 v3 and session 10): +3-12 % at D = 128; at D = 256 +4-6 % once
     // K is released as soon as S is done (sm90 v5); 10-17 % slower at D = 64, where
-    // the in-order schedule of the two warpgroups overlaps better.
-    static constexpr bool OVERLAP = DP >= 128;
+    // the in-order schedule of the two warpgroups overlaps better. Three D = 128
+    // consumers lack the registers (P of one tile with S of the next).
+    static constexpr bool OVERLAP = DP >= 128 && CONS == 2;
     // ptxas schedules the P V wait (and V's release) of a loop step ahead of
     // the softmax, so without help the softmax never runs under its own P V.
     // PIN_SOFTMAX: a shared-memory store of the row sums, which depend on every
