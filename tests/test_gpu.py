@@ -67,12 +67,17 @@ def test_large_grid_shapes_leave_key_split_mode(shape):
     assert -(-Sq // 64) * B * H > sms, "shape must have more 64-row tiles than SMs"
 
 
-# At D = 64 the sm90 kernel's ordinary mode runs 192-row tiles (three consumer
-# warpgroups) for calls from Sq = 512, when the grid favours them
-# (sm90_use_cons3). These shapes qualify in every
-# causal mode, with a partial last 192-row tile; Sk is kept short so that the
-# fp64 reference stays small.
-D64_WIDE_SHAPES = [(4, 16, 600, 300), (4, 16, 1000, 300), (4, 16, 1601, 300), (4, 16, 4100, 300), (3, 12, 4097, 1000)]
+# The sm90 kernel's ordinary mode runs 192-row tiles (three consumer warpgroups)
+# for calls from Sq = 512 when the grid favours them (sm90_use_cons3): at D = 64
+# in every causal mode, at D = 128 for causal calls from Sk = 2048 (non-causal
+# calls of those shapes keep two consumers). These shapes qualify, with a partial
+# last 192-row tile; at D = 64 Sk is kept short so that the fp64 reference stays
+# small; at D = 128 the second has Sq > Sk.
+WIDE_SHAPES = [((4, 16, 600, 300), 64), ((4, 16, 1000, 300), 64), ((4, 16, 1601, 300), 64),
+               ((4, 16, 4100, 300), 64), ((3, 12, 4097, 1000), 64), ((2, 16, 600, 2100), 128),
+               ((1, 16, 2500, 2100), 128)]
+wide_param = pytest.mark.parametrize("shape,D", WIDE_SHAPES,
+                                     ids=lambda x: f"D{x}" if isinstance(x, int) else shape_id(x))
 
 
 def uses_three_consumers(B, H, Sq, sms):
@@ -81,46 +86,22 @@ def uses_three_consumers(B, H, Sq, sms):
     return Sq >= 512 and -(-Sq // 64) * B * H > sms and stripes(192) * 192 < stripes(128) * 128 * 1.15
 
 
-@pytest.mark.parametrize("shape", D64_WIDE_SHAPES, ids=shape_id)
-def test_d64_wide_shapes_take_the_wide_path(shape):
+@wide_param
+def test_wide_shapes_take_the_wide_path(shape, D):
     B, H, Sq, Sk = shape
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     assert uses_three_consumers(B, H, Sq, sms) and Sq % 192 != 0
+    assert D == 64 or Sk >= 2048, "D = 128: three consumers from 2048 keys"
 
 
 @dtype_param
 @mode_param
-@pytest.mark.parametrize("shape", D64_WIDE_SHAPES, ids=shape_id)
+@wide_param
 @kernel_param
 @pytest.mark.parametrize("group", [1, 4], ids=lambda g: f"gqa{g}")
-def test_gpu_d64_wide_tiles(kernel, shape, mode, dtype, group):
+def test_gpu_wide_tiles(kernel, shape, D, mode, dtype, group):
     B, H, Sq, Sk = shape
-    q, k, v = make_qkv(B, H, H // group, Sq, Sk, 64, dtype, DEV)
-    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
-    check_attention(out, lse, q, k, v, None, mode)
-
-
-# At D = 128 the sm90 kernel runs 192-row tiles for causal calls in its static
-# order (Sk >= 2048) when the grid favours them, as at D = 64; non-causal calls
-# of the same shapes keep two consumers. Partial last tiles, GQA, Sq > Sk.
-D128_WIDE_SHAPES = [(2, 16, 600, 2100), (1, 16, 2500, 2100)]
-
-
-@pytest.mark.parametrize("shape", D128_WIDE_SHAPES, ids=shape_id)
-def test_d128_wide_shapes_take_the_wide_path(shape):
-    B, H, Sq, Sk = shape
-    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
-    assert uses_three_consumers(B, H, Sq, sms) and Sq % 192 != 0 and Sk >= 2048
-
-
-@dtype_param
-@mode_param
-@pytest.mark.parametrize("shape", D128_WIDE_SHAPES, ids=shape_id)
-@kernel_param
-@pytest.mark.parametrize("group", [1, 4], ids=lambda g: f"gqa{g}")
-def test_gpu_d128_causal_wide_tiles(kernel, shape, mode, dtype, group):
-    B, H, Sq, Sk = shape
-    q, k, v = make_qkv(B, H, H // group, Sq, Sk, 128, dtype, DEV)
+    q, k, v = make_qkv(B, H, H // group, Sq, Sk, D, dtype, DEV)
     out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
     check_attention(out, lse, q, k, v, None, mode)
 
@@ -401,7 +382,7 @@ def test_gpu_poisoned_output_fully_written(kernel, case):
     (2, 16, 640, 700, 64, "top_left", torch.float16),
     # sm90 CTA pairs (CLUSTER_SHAPES)
     (2, 8, 768, 4200, 128, "bottom_right", torch.bfloat16),
-    # sm90 D = 128 causal on 192-row tiles (D128_WIDE_SHAPES)
+    # sm90 D = 128 causal on 192-row tiles (WIDE_SHAPES)
     (2, 16, 600, 2100, 128, "top_left", torch.float16),
 ], ids=lambda c: "B{}H{}_q{}k{}_D{}_{}_{}".format(*c[:5], mode_id(c[5]), dtype_id(c[6])))
 @kernel_param
