@@ -31,6 +31,13 @@ def shape_id(s):
     return "B{}H{}_q{}k{}".format(*s)
 
 
+def run_and_check(kernel, B, Hq, Hkv, Sq, Sk, D, mode, dtype):
+    """Fresh inputs, poisoned outputs, one call; out and LSE against the references."""
+    q, k, v = make_qkv(B, Hq, Hkv, Sq, Sk, D, dtype, DEV)
+    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
+    check_attention(out, lse, q, k, v, None, mode)
+
+
 # (B, H, Sq, Sk)
 SHAPES = [
     # seed shapes
@@ -101,9 +108,7 @@ def test_wide_shapes_take_the_wide_path(shape, D):
 @pytest.mark.parametrize("group", [1, 4], ids=lambda g: f"gqa{g}")
 def test_gpu_wide_tiles(kernel, shape, D, mode, dtype, group):
     B, H, Sq, Sk = shape
-    q, k, v = make_qkv(B, H, H // group, Sq, Sk, D, dtype, DEV)
-    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
-    check_attention(out, lse, q, k, v, None, mode)
+    run_and_check(kernel, B, H, H // group, Sq, Sk, D, mode, dtype)
 
 
 # D = 128 grids in the sm90 kernel's ordinary mode and static tile order (not
@@ -131,9 +136,7 @@ def test_q_ahead_shapes_run_the_static_order(shape):
 @kernel_param
 def test_gpu_matches_reference(kernel, shape, D, mode, dtype):
     B, H, Sq, Sk = shape
-    q, k, v = make_qkv(B, H, H, Sq, Sk, D, dtype, DEV)
-    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
-    check_attention(out, lse, q, k, v, None, mode)
+    run_and_check(kernel, B, H, H, Sq, Sk, D, mode, dtype)
 
 
 @dtype_param
@@ -144,9 +147,7 @@ def test_gpu_matches_reference(kernel, shape, D, mode, dtype):
 @kernel_param
 def test_gpu_odd_head_dims(kernel, shape, D, mode, dtype):
     B, H, Sq, Sk = shape
-    q, k, v = make_qkv(B, H, H, Sq, Sk, D, dtype, DEV)
-    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
-    check_attention(out, lse, q, k, v, None, mode)
+    run_and_check(kernel, B, H, H, Sq, Sk, D, mode, dtype)
 
 
 @pytest.mark.parametrize("variant", [(torch.float16, "bottom_right"), (torch.bfloat16, None),
@@ -156,9 +157,7 @@ def test_gpu_odd_head_dims(kernel, shape, D, mode, dtype):
 @kernel_param
 def test_gpu_every_head_dim(kernel, D, variant):
     dtype, mode = variant
-    q, k, v = make_qkv(1, 4, 2, 97, 131, D, dtype, DEV)
-    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
-    check_attention(out, lse, q, k, v, None, mode)
+    run_and_check(kernel, 1, 4, 2, 97, 131, D, mode, dtype)
 
 
 LAYOUTS = [
@@ -262,9 +261,7 @@ LONG_SHAPES = [(1, 2, 1, 8192), (1, 2, 4096, 4096), (1, 1, 2048, 8192), (1, 2, 8
 @kernel_param
 def test_gpu_long_sequences(kernel, shape, D, mode, dtype):
     B, H, Sq, Sk = shape
-    q, k, v = make_qkv(B, H, H, Sq, Sk, D, dtype, DEV)
-    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
-    check_attention(out, lse, q, k, v, None, mode)
+    run_and_check(kernel, B, H, H, Sq, Sk, D, mode, dtype)
 
 
 # sm90 CTA pairs (two CTAs of a cluster sharing each K/V tile by multicast TMA;
@@ -293,9 +290,7 @@ def test_cluster_shapes_run_cta_pairs(shape, D):
 @kernel_param
 def test_gpu_cta_pairs(kernel, shape, D, mode, dtype, group):
     B, H, Sq, Sk = shape
-    q, k, v = make_qkv(B, H, H // group, Sq, Sk, D, dtype, DEV)
-    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
-    check_attention(out, lse, q, k, v, None, mode)
+    run_and_check(kernel, B, H, H // group, Sq, Sk, D, mode, dtype)
 
 
 @dtype_param
@@ -306,9 +301,7 @@ def test_gpu_causal_partial_blocks(kernel, shape, mode, dtype):
     """D = 64 with enough rows for the sm90 kernel's 192-row tiles, whose causal
     query blocks end at the last row: the first block holds the padding rows."""
     B, H, Sq, Sk = shape
-    q, k, v = make_qkv(B, H, H, Sq, Sk, 64, dtype, DEV)
-    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
-    check_attention(out, lse, q, k, v, None, mode)
+    run_and_check(kernel, B, H, H, Sq, Sk, 64, mode, dtype)
 
 
 @dtype_param
