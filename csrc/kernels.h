@@ -26,12 +26,13 @@ fc_status fc_sm90_fwd_d128(const fc_attn_params* p, int num_sms, fc_stream_t str
 fc_status fc_sm90_fwd_d256(const fc_attn_params* p, int num_sms, fc_stream_t stream);  /* 128 < D <= 256 */
 /* Whether an sm90 call takes its tiles from a counter in the workspace (the
  * dynamic tile order) rather than round robin: causal calls at D > 64 with
- * Sk < 2048 and more 128-row tiles than SMs (key-split mode and the D = 128
- * long-row kernel keep the static order). The counter is 16 bytes of
+ * Sk < 2048 and more 128-row tiles than SMs, and causal D = 128 calls from
+ * Sk = 2048 on three consumers (fc_sm90_d128_wide); key-split mode and the
+ * other long-row kernels keep the static order. The counter is 16 bytes of
  * workspace, zeroed by the launcher before each launch. Measured on an H100
- * (perf notes, session 22): causal S = 512 +5-7 %, 1k +2-3 %; D = 64 and
- * non-causal calls lose with it. dispatch.c sizes the workspace with this
- * rule and the sm90 launcher follows it. */
+ * (perf notes, sessions 22 and 28): causal S = 512 +5-7 %, 1k +2-3 %, and on
+ * three consumers 2k-4k +4-5 %; D = 64 and non-causal calls lose with it. dispatch.c sizes the workspace with
+ * this rule and the sm90 launcher follows it. */
 #define FC_SM90_DYN_WORKSPACE 16
 #define FC_SM90_DYN_MAX_SK 2048 /* = the launcher's SM90_LONG_MIN_SK */
 /* Tiles of an sm90 call with `br`-row tiles: query blocks x batch x heads. */
@@ -42,8 +43,33 @@ static inline long long fc_sm90_tiles(const fc_attn_params* p, int br) {
 static inline int fc_sm90_key_split(const fc_attn_params* p, int num_sms) {
     return p->D <= 128 && fc_sm90_tiles(p, 64) <= num_sms;
 }
+/* Three consumer warpgroups (192-row tiles) pay from this many query rows
+ * (shorter rows pad a tile further) and when the grid favours them: the
+ * persistent CTAs take tiles in stripes of num_sms, so a call costs about
+ * ceil(tiles / SMs) stripes of one tile's rows, and three consumers must
+ * win that count at FC_SM90_CONS3_SPEEDUP rows per second over two (the gain
+ * measured at D = 64 S >= 2k was 11-23 %, perf notes, session 10; 1.15 errs
+ * toward two). They do not on a grid just past key-split mode (B1 H4 S4k:
+ * one stripe of 128-row tiles against one of 192-row tiles on fewer SMs). */
+#define FC_SM90_CONS3_MIN_SQ 512
+#define FC_SM90_CONS3_SPEEDUP 1.15
+static inline int fc_sm90_cons3_grid(const fc_attn_params* p, int num_sms) {
+    if (p->Sq < FC_SM90_CONS3_MIN_SQ) return 0;
+    const long long stripes2 = (fc_sm90_tiles(p, 128) + num_sms - 1) / num_sms;
+    const long long stripes3 = (fc_sm90_tiles(p, 192) + num_sms - 1) / num_sms;
+    return (double)(stripes3 * 192) < (double)(stripes2 * 128) * FC_SM90_CONS3_SPEEDUP;
+}
+/* Causal D = 128 calls from Sk = 2048 run three consumers in the dynamic order
+ * (its last two causal windows merged, see sm90_last_window). Measured on an
+ * H100 (perf notes, session 28): causal S2k and 4k +4-5 % over the static
+ * order; the static order's CTAs ended up to 20 % apart (session 27). */
+static inline int fc_sm90_d128_wide(const fc_attn_params* p, int num_sms) {
+    return p->causal != FC_CAUSAL_NONE && p->D > 64 && p->D <= 128 && p->Sk >= FC_SM90_DYN_MAX_SK &&
+           !fc_sm90_key_split(p, num_sms) && fc_sm90_cons3_grid(p, num_sms);
+}
 static inline int fc_sm90_dynamic_order(const fc_attn_params* p, int num_sms) {
-    if (p->causal == FC_CAUSAL_NONE || p->D <= 64 || p->Sk >= FC_SM90_DYN_MAX_SK) return 0;
+    if (p->causal == FC_CAUSAL_NONE || p->D <= 64) return 0;
+    if (p->Sk >= FC_SM90_DYN_MAX_SK) return fc_sm90_d128_wide(p, num_sms);
     return !fc_sm90_key_split(p, num_sms) && fc_sm90_tiles(p, 128) > num_sms;
 }
 size_t fc_sm90_smem_d64(void);   /* dynamic shared memory per CTA, bytes (the larger mode) */

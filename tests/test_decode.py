@@ -266,16 +266,18 @@ def test_c_api_workspace_checks():
 
 @requires_gpu
 @pytest.mark.skipif("sm90" not in GPU_KERNELS, reason="needs the sm90 kernel (an H100/H200)")
-@pytest.mark.parametrize("D", [128, 256])
-def test_c_api_tile_counter_workspace(D):
-    """Causal sm90 calls at D > 64 with Sk < 2048 and more 128-row tiles than SMs
+@pytest.mark.parametrize("D,shape", [(128, (4, 16, 1000, 1000)), (256, (4, 16, 1000, 1000)),
+                                     (128, (2, 16, 600, 2100))], ids=lambda x: str(x))
+def test_c_api_tile_counter_workspace(D, shape):
+    """Causal sm90 calls at D > 64 with Sk < 2048 and more 128-row tiles than SMs,
+    and causal D = 128 calls on three consumers from Sk = 2048 (the third shape),
     take their tiles from a 16-byte counter in the workspace (kernels.h,
     fc_sm90_dynamic_order): sized, refused when missing, zeroed by each launch."""
     lib = _lib()
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
-    B, H, S = 4, 16, 1000
-    assert -(-S // 128) * B * H > sms
-    q, k, v = make_qkv(B, H, H, S, S, D, torch.float16, DEV)
+    B, H, Sq, Sk = shape
+    assert -(-Sq // 128) * B * H > sms
+    q, k, v = make_qkv(B, H, H, Sq, Sk, D, torch.float16, DEV)
     out = torch.empty_like(q)
     p = _params(q, k, v, out, 0, 0)
     p.causal = 1  # top-left

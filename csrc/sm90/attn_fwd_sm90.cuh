@@ -37,9 +37,9 @@
 // are numbered longest first inside windows of a few heads, so the query
 // blocks of a head run close in time and share its K/V in L2 (and taken in
 // reverse in odd stripes of grid tiles, see sm90_tile). Causal calls at D > 64
-// with short rows take the dynamic order instead (DYN, fc_sm90_dynamic_order in
-// kernels.h): after its first tile a CTA takes the next one from a counter as it
-// finishes. The host side (which instantiation, tensor maps, tile order) is in
+// with short rows, and causal D = 128 calls on three consumers, take the dynamic
+// order instead (DYN, fc_sm90_dynamic_order in kernels.h): after its first tile
+// a CTA takes the next one from a counter as it finishes. The host side (which instantiation, tensor maps, tile order) is in
 // attn_fwd_sm90_launch.cuh. A build with
 // -DFC_SM90_TRACE records where each tile's cycles go (trace.cuh, TR_* marks).
 //
@@ -157,12 +157,19 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
     const int n_tiles = n_mblocks * p.B * p.Hq;
     const int window = MAGIC_DIV ? 0 : sm90_causal_window(gridDim.x / CL, n_mblocks, p.B * p.Hq,
                                                           (long long)p.Sk * DP * 4);  // causal tile order, see sm90_tile
+    // Causal windows: the static order and the three-consumer dynamic one may merge
+    // the last two (sm90_last_window; the host decides, in args.sched.last_window),
+    // except in the LONG kernel, whose consumers find their tiles themselves and
+    // whose code stays as measured.
+    constexpr bool MERGE = (!DYN || CONS == 3) && !LONG;
     static_assert(!DYN || (Tile::TILE_INFO && !KV_SPLIT), "the dynamic order hands out tiles through TILE_INFO");
     // (With clusters: our half of the cluster's tile, and the K/V tile count of the whole.)
     auto tile_at = [&](int tile) {
         Sm90TileCoord t;
         if constexpr (MAGIC_DIV) t = sm90_tile_magic<BC, !DYN, CL>(p, args.sched, tile);
-        else t = sm90_tile<BC, Tile::PAD_FIRST, !DYN, CL>(p, tile, n_tiles, n_mblocks, CL * br, window);
+        else
+            t = sm90_tile<BC, Tile::PAD_FIRST, !DYN, CL, MERGE>(p, tile, n_tiles, n_mblocks, CL * br, window,
+                                                                 args.sched.last_window);
         if constexpr (CL > 1) t.row0 += crank * br;
         return t;
     };
@@ -185,7 +192,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         // One tile of `rows` rows (of tensor `map`, from row `row` of head h, batch b)
         // into smem at dst, one 64-column slab per TMA load, completing on mbarrier bar.
         auto load_slabs = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar, int rows, int row, int h, int b) {
-#pragma unroll(DYN && DP == 256 ? 1 : SLABS)  // (the DYN D = 256 producer's 24 registers)
+#pragma unroll(DYN && (DP == 256 || CONS == 3) ? 1 : SLABS)  // (the DYN producers' 24 and 32 registers)
             for (int s = 0; s < SLABS; ++s) tma_load_4d(dst + s * rows * ROWB, map, bar, s * FC_SLAB_COLS, row, h, b);
         };
         // Q_AHEAD: Q of tile local + 1 is issued after this tile's second K/V tile, not

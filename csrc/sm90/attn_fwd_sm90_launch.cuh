@@ -23,14 +23,15 @@ static fc_status attn_fwd_sm90_run(const Sm90Args& a, unsigned grid, cudaStream_
 
 // The tile order of a launch of `grid` CTAs with `br`-row tiles (see sm90_tile).
 // kv_head_bytes: one head's K and V at the padded head dim, for the causal window.
-static Sm90Sched sm90_sched(const fc_attn_params* p, int br, int grid, long long kv_head_bytes) {
+// merge: the kernel may merge its last two causal windows (sm90_last_window).
+static Sm90Sched sm90_sched(const fc_attn_params* p, int br, int grid, long long kv_head_bytes, bool merge) {
     Sm90Sched o;
     const int n_bh = p->B * p->Hq;
     o.br = br;
     o.n_mblocks = (p->Sq + br - 1) / br;
     o.n_tiles = o.n_mblocks * n_bh;
     o.window = sm90_causal_window(grid, o.n_mblocks, n_bh, kv_head_bytes);
-    o.last_window = (n_bh - 1) / o.window;
+    o.last_window = sm90_last_window(n_bh, o.window, kv_head_bytes, merge);
     o.last_heads = n_bh - o.last_window * o.window;
     o.by_grid = sm90_div(grid);
     o.by_mblocks = sm90_div(o.n_mblocks);
@@ -86,57 +87,46 @@ static fc_status attn_fwd_sm90_run_cluster(Sm90Args a, long long n_pair_tiles, u
     cfg.gridDim = dim3(SM90_CLUSTER);  // (the query asks how many such clusters fit)
     const int max_clusters = sm90_max_clusters<kernel>(cfg);
     if (max_clusters <= 0) {
-        if constexpr (Tile::MAGIC_DIV) a.sched = sm90_sched(&a.p, Tile::BR, (int)grid, (long long)a.p.Sk * DP * 4);
+        a.sched = sm90_sched(&a.p, Tile::BR, (int)grid, (long long)a.p.Sk * DP * 4, true);
         return attn_fwd_sm90_run<DP, 2, T, false, LONG>(a, grid, stream);
     }
     const long long clusters = n_pair_tiles < max_clusters ? n_pair_tiles : max_clusters;
     cfg.gridDim = dim3((unsigned)(clusters * SM90_CLUSTER));
-    if constexpr (Tile::MAGIC_DIV)  // the order of pair tiles over clusters
-        a.sched = sm90_sched(&a.p, SM90_CLUSTER * Tile::BR, (int)clusters, (long long)a.p.Sk * DP * 4);
+    a.sched = sm90_sched(&a.p, SM90_CLUSTER * Tile::BR, (int)clusters, (long long)a.p.Sk * DP * 4, true);  // pair tiles over clusters
     if (cudaLaunchKernelEx(&cfg, kernel, a) != cudaSuccess) return FC_ERR_CUDA;
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 
-// Three consumers from this many query rows on (D = 64 causal or not, D = 128 causal):
-// measured on an H100 (perf notes, session 22, with TILE_INFO) S = 512 4 % ahead
-// of two consumers non-causal and 7 % causal; ahead from there on (sessions
-// 10, 21). Shorter rows pad a 192-row tile further (at Sq <= 128 a whole
-// warpgroup's rows are padding) and were not measured.
-static constexpr int SM90_CONS3_MIN_SQ = 512;
+// Three consumers (FC_SM90_CONS3_MIN_SQ, fc_sm90_cons3_grid in kernels.h): at
+// D = 64 measured on an H100 (perf notes, session 22, with TILE_INFO) S = 512
+// 4 % ahead of two consumers non-causal and 7 % causal; ahead from there on
+// (sessions 10, 21). Shorter rows pad a 192-row tile further (at Sq <= 128 a
+// whole warpgroup's rows are padding) and were not measured.
 
 // D = 128 calls from this many keys per row run the LONG instantiation (the
-// softmax pinned ahead of the P V wait). Measured on an H100 (perf notes,
+// softmax pinned ahead of the P V wait), or causal ones three consumers in
+// the dynamic order (fc_sm90_d128_wide). Measured on an H100 (perf notes,
 // session 19): +1-2 % at S = 2k-4k, +3-4 % at 16k; 1-1.5 % slower at S <= 1k.
 static constexpr int SM90_LONG_MIN_SK = 2048;
-static_assert(SM90_LONG_MIN_SK == FC_SM90_DYN_MAX_SK, "the dynamic order (kernels.h) stops where LONG starts");
+static_assert(SM90_LONG_MIN_SK == FC_SM90_DYN_MAX_SK, "the two-consumer dynamic order (kernels.h) stops where LONG starts");
 static_assert(sm90_cluster_min_sk(128) >= SM90_LONG_MIN_SK, "the D = 128 cluster kernel is the LONG one");
 static_assert(sm90_cluster_min_sk(256) >= FC_SM90_DYN_MAX_SK, "pairs and the dynamic order take different rows");
+static_assert(Sm90Tile<64, 3>::BR == 192 && Sm90Tile<128, 3>::BR == 192 && Sm90Tile<128>::BR == 128,
+              "fc_sm90_cons3_grid (kernels.h)");
 
-// Rows per second of three consumers over two, per SM: the measured gain at
-// S >= 2k was 11-23 % (perf notes, session 10); 1.15 errs toward two.
-static constexpr double SM90_CONS3_SPEEDUP = 1.15;
-
-// Whether an ordinary-mode call at padded head dim DP runs Sm90Tile<DP, 3>:
-// at D = 64, and at D = 128 for causal calls in the static order (from
-// FC_SM90_DYN_MAX_SK keys). Measured on an H100 at D = 128 (perf notes, session
-// 27): causal S2k-8k +2-3 %; non-causal 2-7 % slower, causal S512-1k (dynamic
-// order) 10-12 % slower. Beyond the row limit, the grid decides: persistent CTAs take tiles in
-// stripes of num_sms, so a call costs about ceil(tiles / SMs) stripes of one
-// tile's rows. Three consumers must win that count, which they do not on a
-// grid just past key-split mode (B1 H4 S4k: one stripe of 128-row tiles
-// against one of 192-row tiles on fewer SMs).
+// Whether an ordinary-mode call at padded head dim DP runs Sm90Tile<DP, 3>: at
+// D = 64 when the grid favours it, at D = 128 for causal calls from
+// FC_SM90_DYN_MAX_SK keys (fc_sm90_d128_wide), in the dynamic order. Measured
+// on an H100 at D = 128 (perf notes, session 27): with the static order causal
+// S2k-8k +2-3 % over two consumers, and CTAs ending up to 20 % apart (10-11
+// tiles of unequal length each), which the dynamic order with merged windows
+// recovers (+4-5 % at 2k-4k, session 28); non-causal 2-7 % slower, causal
+// S512-1k 10-12 % slower.
 template <int DP>
 static bool sm90_use_cons3(const fc_attn_params* p, int num_sms) {
-    if constexpr (DP > 128) {
-        return false;
-    } else {
-        if (p->Sq < SM90_CONS3_MIN_SQ) return false;
-        if (DP == 128 && (p->causal == FC_CAUSAL_NONE || fc_sm90_dynamic_order(p, num_sms))) return false;
-        constexpr int BR2 = Sm90Tile<DP, 2>::BR, BR3 = Sm90Tile<DP, 3>::BR;
-        const long long stripes2 = (fc_sm90_tiles(p, BR2) + num_sms - 1) / num_sms;
-        const long long stripes3 = (fc_sm90_tiles(p, BR3) + num_sms - 1) / num_sms;
-        return (double)(stripes3 * BR3) < (double)(stripes2 * BR2) * SM90_CONS3_SPEEDUP;
-    }
+    if constexpr (DP == 64) return fc_sm90_cons3_grid(p, num_sms);
+    if constexpr (DP == 128) return fc_sm90_d128_wide(p, num_sms);
+    return false;
 }
 
 template <int DP, typename T>
@@ -170,9 +160,9 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     // dynamic order's rows are shorter: FC_SM90_DYN_MAX_SK <= sm90_cluster_min_sk).
     const bool pairs = !kv_split && !cons3 && sm90_cluster_min_sk(DP) > 0 && p->Sk >= sm90_cluster_min_sk(DP) &&
                        (p->Sq + Tile::BR - 1) / Tile::BR % SM90_CLUSTER == 0;
-    // Host work per call: only a kernel that reads the tile order gets it (pairs: their own).
-    a.sched = sm90_magic_div(DP, cons3 ? 3 : 2) && !pairs ? sm90_sched(p, br, (int)grid, (long long)p->Sk * DP * 4)
-                                                          : Sm90Sched{};
+    // The tile order (pairs: their own, in attn_fwd_sm90_run_cluster). Every kernel reads
+    // its last_window; the divisors only the MAGIC_DIV kernels.
+    a.sched = sm90_sched(p, br, (int)grid, (long long)p->Sk * DP * 4, cons3 || !fc_sm90_dynamic_order(p, num_sms));
     if constexpr (Tile::KV_SPLIT_OK) {
         if (kv_split) return attn_fwd_sm90_run<DP, 2, T, true>(a, grid, stream);
     }
@@ -181,10 +171,13 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
             if (!p->workspace || p->workspace_bytes < FC_SM90_DYN_WORKSPACE) return FC_ERR_WORKSPACE;
             a.tile_counter = static_cast<unsigned int*>(p->workspace);
             if (cudaMemsetAsync(a.tile_counter, 0, sizeof(unsigned int), stream) != cudaSuccess) return FC_ERR_CUDA;
+            if constexpr (DP == 128) {
+                if (cons3) return attn_fwd_sm90_run<DP, 3, T, false, false, true>(a, grid, stream);
+            }
             return attn_fwd_sm90_run<DP, 2, T, false, false, true>(a, grid, stream);
         }
     }
-    if constexpr (DP <= 128) {
+    if constexpr (DP == 64) {
         if (cons3) return attn_fwd_sm90_run<DP, 3, T, false>(a, grid, stream);
     }
     if constexpr (sm90_cluster_min_sk(DP) > 0) {

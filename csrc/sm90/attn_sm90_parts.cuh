@@ -201,7 +201,7 @@ struct Sm90Sched {
     int n_mblocks;       // query blocks per (batch, head)
     int n_tiles;         // n_mblocks x B x Hq
     int window;          // causal: heads per window (sm90_causal_window)
-    int last_window;     // causal: index of the last window, which may hold fewer heads
+    int last_window;     // causal: index of the last window (sm90_last_window; every kernel reads it)
     int last_heads;      // causal: heads in the last window
     Sm90Div by_grid;     // CTAs
     Sm90Div by_mblocks;  // n_mblocks
@@ -251,17 +251,21 @@ struct Sm90TileCoord {
 // SNAKE: false for the dynamic order (Sm90Args::tile_counter), where CTAs take
 // tiles as they finish and there are no stripes to balance. (A template flag: as
 // a runtime argument, even a constant one, it changed the D = 128 kernels' SASS.)
-template <int BC, bool PAD_FIRST, bool SNAKE = true, int CL = 1>
+// MERGE: the last window is number last_w and holds the heads left over (see
+// sm90_last_window); otherwise last_w is not read (a template flag, so that the
+// kernels that do not merge keep their code).
+template <int BC, bool PAD_FIRST, bool SNAKE = true, int CL = 1, bool MERGE = false>
 __device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int tile, int n_tiles, int n_mblocks,
-                                                   int br, int window) {
+                                                   int br, int window, int last_w) {
     const int grid = gridDim.x / CL, stripe = tile / grid;
     if (SNAKE && p.causal != FC_CAUSAL_NONE && (stripe & 1) && (stripe + 1) * grid <= n_tiles)
         tile = stripe * grid + grid - 1 - (tile - stripe * grid);
     const int n_bh = p.B * p.Hq;
     int mblock, bh;
     if (p.causal != FC_CAUSAL_NONE) {  // longest tiles (last query blocks) first, per window of heads
-        const int per_window = window * n_mblocks, w = tile / per_window, i = tile - w * per_window;
-        const int heads = min(window, n_bh - w * window);  // the last window may hold fewer heads
+        const int per_window = window * n_mblocks;
+        const int w = MERGE ? min(tile / per_window, last_w) : tile / per_window, i = tile - w * per_window;
+        const int heads = MERGE && w == last_w ? n_bh - w * window : min(window, n_bh - w * window);  // the last: what is left
         mblock = n_mblocks - 1 - i / heads;
         bh = w * window + i % heads;
     } else {  // query blocks of one head adjacent: they share K/V in L2
@@ -293,7 +297,7 @@ __device__ __forceinline__ Sm90TileCoord sm90_tile_magic(const fc_attn_params& p
         tile = stripe * grid + grid - 1 - (tile - stripe * grid);
     int mblock, bh;
     if (p.causal != FC_CAUSAL_NONE) {
-        const int w = sm90_quot(tile, o.by_wtiles), i = tile - w * o.window * o.n_mblocks;
+        const int w = min(sm90_quot(tile, o.by_wtiles), o.last_window), i = tile - w * o.window * o.n_mblocks;
         const bool last = w == o.last_window;
         const int q = sm90_quot(i, last ? o.by_last : o.by_window);
         mblock = o.n_mblocks - 1 - q;
@@ -338,6 +342,25 @@ __host__ __device__ inline int sm90_causal_window(int grid, int n_mblocks, int n
     int heads = 2 * grid / a;
     if (grid % n_mblocks == 0 && heads * kv_head_bytes > SM90_WINDOW_KV_BYTES) heads = grid / n_mblocks;
     return heads < n_bh ? heads : n_bh;
+}
+
+// The index of the last causal window of n_bh heads. With `merge` (the static
+// order, and the three-consumer dynamic one) the heads left over after the
+// full windows join the last full window instead of forming a short window of
+// their own, as long as that window's K and V stay within SM90_MERGE_KV_BYTES
+// of L2. A short last window holds long tiles (its heads' last query blocks)
+// that start near the end of the launch, and then only some CTAs have work:
+// the CTAs' ends were measured up to 12 % apart (perf notes, session 27).
+// Merged, those tiles start while the last full window's short ones run.
+// Measured on an H100 (perf notes, session 28): causal D128 2k +1.4 % and 4k
+// +2 % in the static order, +4-5 % in the dynamic one, D64 4k +1.8 %; D256
+// causal 2k (CTA pairs, 33-head windows of 2 MB heads) 9 % slower with its two
+// windows merged into 128 MB, hence the bound.
+static constexpr long long SM90_MERGE_KV_BYTES = 32ll << 20;
+static inline int sm90_last_window(int n_bh, int window, long long kv_head_bytes, bool merge) {
+    const int full = n_bh / window;
+    if (merge && (long long)(n_bh - (full - 1) * window) * kv_head_bytes <= SM90_MERGE_KV_BYTES) return full - 1;
+    return (n_bh - 1) / window;
 }
 
 template <int N, typename T>
