@@ -24,8 +24,11 @@ static fc_status attn_fwd_sm90_run(const Sm90Args& a, unsigned grid, cudaStream_
 // The tile order of a launch of `grid` CTAs with `br`-row tiles (see sm90_tile).
 // kv_head_bytes: one head's K and V at the padded head dim, for the causal window.
 // merge: the kernel may merge its last two causal windows (sm90_last_window).
-static Sm90Sched sm90_sched(const fc_attn_params* p, int br, int grid, long long kv_head_bytes, bool merge) {
-    Sm90Sched o;
+// divisors: the kernel finds its tiles by multiply and shift (MAGIC_DIV); the
+// others read only last_window, and the divisors' host work is skipped.
+static Sm90Sched sm90_sched(const fc_attn_params* p, int br, int grid, long long kv_head_bytes, bool merge,
+                            bool divisors) {
+    Sm90Sched o = {};
     const int n_bh = p->B * p->Hq;
     o.br = br;
     o.n_mblocks = (p->Sq + br - 1) / br;
@@ -33,6 +36,7 @@ static Sm90Sched sm90_sched(const fc_attn_params* p, int br, int grid, long long
     o.window = sm90_causal_window(grid, o.n_mblocks, n_bh, kv_head_bytes);
     o.last_window = sm90_last_window(n_bh, o.window, kv_head_bytes, merge);
     o.last_heads = n_bh - o.last_window * o.window;
+    if (!divisors) return o;
     o.by_grid = sm90_div(grid);
     o.by_mblocks = sm90_div(o.n_mblocks);
     o.by_hq = sm90_div(p->Hq);
@@ -87,12 +91,13 @@ static fc_status attn_fwd_sm90_run_cluster(Sm90Args a, long long n_pair_tiles, u
     cfg.gridDim = dim3(SM90_CLUSTER);  // (the query asks how many such clusters fit)
     const int max_clusters = sm90_max_clusters<kernel>(cfg);
     if (max_clusters <= 0) {
-        a.sched = sm90_sched(&a.p, Tile::BR, (int)grid, (long long)a.p.Sk * DP * 4, true);
+        a.sched = sm90_sched(&a.p, Tile::BR, (int)grid, (long long)a.p.Sk * DP * 4, true, Tile::MAGIC_DIV);
         return attn_fwd_sm90_run<DP, 2, T, false, LONG>(a, grid, stream);
     }
     const long long clusters = n_pair_tiles < max_clusters ? n_pair_tiles : max_clusters;
     cfg.gridDim = dim3((unsigned)(clusters * SM90_CLUSTER));
-    a.sched = sm90_sched(&a.p, SM90_CLUSTER * Tile::BR, (int)clusters, (long long)a.p.Sk * DP * 4, true);  // pair tiles over clusters
+    a.sched = sm90_sched(&a.p, SM90_CLUSTER * Tile::BR, (int)clusters, (long long)a.p.Sk * DP * 4, true,
+                         Tile::MAGIC_DIV);  // pair tiles over clusters
     if (cudaLaunchKernelEx(&cfg, kernel, a) != cudaSuccess) return FC_ERR_CUDA;
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
@@ -162,7 +167,8 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
                        (p->Sq + Tile::BR - 1) / Tile::BR % SM90_CLUSTER == 0;
     // The tile order (pairs: their own, in attn_fwd_sm90_run_cluster). Every kernel reads
     // its last_window; the divisors only the MAGIC_DIV kernels.
-    a.sched = sm90_sched(p, br, (int)grid, (long long)p->Sk * DP * 4, cons3 || !fc_sm90_dynamic_order(p, num_sms));
+    a.sched = sm90_sched(p, br, (int)grid, (long long)p->Sk * DP * 4, cons3 || !fc_sm90_dynamic_order(p, num_sms),
+                         sm90_magic_div(DP, cons3 ? 3 : 2) && !pairs);
     if constexpr (Tile::KV_SPLIT_OK) {
         if (kv_split) return attn_fwd_sm90_run<DP, 2, T, true>(a, grid, stream);
     }
