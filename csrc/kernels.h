@@ -31,8 +31,9 @@ fc_status fc_sm90_fwd_d256(const fc_attn_params* p, int num_sms, fc_stream_t str
  * other long-row kernels keep the static order. The counter is 16 bytes of
  * workspace, zeroed by the launcher before each launch. Measured on an H100
  * (perf notes, sessions 22 and 28): causal S = 512 +5-7 %, 1k +2-3 %, and on
- * three consumers 2k-4k +4-5 %; D = 64 and non-causal calls lose with it. dispatch.c sizes the workspace with
- * this rule and the sm90 launcher follows it. */
+ * three consumers 2k-4k +4-5 %; D = 64 and non-causal calls lose with it.
+ * dispatch.c sizes the workspace with this rule and the sm90 launcher
+ * follows it. */
 #define FC_SM90_DYN_WORKSPACE 16
 #define FC_SM90_DYN_MAX_SK 2048 /* = the launcher's SM90_LONG_MIN_SK */
 /* Tiles of an sm90 call with `br`-row tiles: query blocks x batch x heads. */

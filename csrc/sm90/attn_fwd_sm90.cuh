@@ -39,8 +39,8 @@
 // reverse in odd stripes of grid tiles, see sm90_tile). Causal calls at D > 64
 // with short rows, and causal D = 128 calls on three consumers, take the dynamic
 // order instead (DYN, fc_sm90_dynamic_order in kernels.h): after its first tile
-// a CTA takes the next one from a counter as it finishes. The host side (which instantiation, tensor maps, tile order) is in
-// attn_fwd_sm90_launch.cuh. A build with
+// a CTA takes the next one from a counter as it finishes. The host side (which
+// instantiation, tensor maps, tile order) is in attn_fwd_sm90_launch.cuh. A build with
 // -DFC_SM90_TRACE records where each tile's cycles go (trace.cuh, TR_* marks).
 //
 // CTA pairs (CL = 2; long rows at D = 128 and 256, see sm90_cluster_min_sk). A

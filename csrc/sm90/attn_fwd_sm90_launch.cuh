@@ -113,7 +113,8 @@ static fc_status attn_fwd_sm90_run_cluster(Sm90Args a, long long n_pair_tiles, u
 // the dynamic order (fc_sm90_d128_wide). Measured on an H100 (perf notes,
 // session 19): +1-2 % at S = 2k-4k, +3-4 % at 16k; 1-1.5 % slower at S <= 1k.
 static constexpr int SM90_LONG_MIN_SK = 2048;
-static_assert(SM90_LONG_MIN_SK == FC_SM90_DYN_MAX_SK, "the two-consumer dynamic order (kernels.h) stops where LONG starts");
+static_assert(SM90_LONG_MIN_SK == FC_SM90_DYN_MAX_SK,
+              "the two-consumer dynamic order (kernels.h) stops where LONG starts");
 static_assert(sm90_cluster_min_sk(128) >= SM90_LONG_MIN_SK, "the D = 128 cluster kernel is the LONG one");
 static_assert(sm90_cluster_min_sk(256) >= FC_SM90_DYN_MAX_SK, "pairs and the dynamic order take different rows");
 static_assert(Sm90Tile<64, 3>::BR == 192 && Sm90Tile<128, 3>::BR == 192 && Sm90Tile<128>::BR == 128,

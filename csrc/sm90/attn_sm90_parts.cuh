@@ -265,7 +265,8 @@ __device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int 
     if (p.causal != FC_CAUSAL_NONE) {  // longest tiles (last query blocks) first, per window of heads
         const int per_window = window * n_mblocks;
         const int w = MERGE ? min(tile / per_window, last_w) : tile / per_window, i = tile - w * per_window;
-        const int heads = MERGE && w == last_w ? n_bh - w * window : min(window, n_bh - w * window);  // the last: what is left
+        // (merged, the last window holds every head left)
+        const int heads = MERGE && w == last_w ? n_bh - w * window : min(window, n_bh - w * window);
         mblock = n_mblocks - 1 - i / heads;
         bh = w * window + i % heads;
     } else {  // query blocks of one head adjacent: they share K/V in L2
