@@ -168,8 +168,8 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         Sm90TileCoord t;
         if constexpr (MAGIC_DIV) t = sm90_tile_magic<BC, !DYN, CL>(p, args.sched, tile);
         else
-            t = sm90_tile<BC, Tile::PAD_FIRST, !DYN, CL, MERGE>(p, tile, n_tiles, n_mblocks, CL * br, window,
-                                                                 args.sched.last_window);
+            t = sm90_tile<BC, Tile::PAD_FIRST, !DYN, CL, MERGE, Tile::PAD_SKIP>(p, tile, n_tiles, n_mblocks, CL * br,
+                                                                                 window, args.sched.last_window);
         if constexpr (CL > 1) t.row0 += crank * br;
         return t;
     };
@@ -396,10 +396,15 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         // from ptxas and ran 15 % slower at D = 64 (perf notes, "D = 64 regression").
         // WG_SKIP (causal): this warpgroup's own K/V tile count, the tiles its rows see
         // (with clusters always: the cluster's tile count is the lower half's).
+        // PAD_SKIP (non-causal too): none when all our rows are padding. (Always
+        // computed and broadcast there: under a branch on our rows ptxas took the
+        // count for non-uniform and moved the ring arithmetic as below.)
         int nb = t.n_blocks;
         if constexpr (wg_skip) {
-            if (causal) {
-                const int last_key = min(wrow0 + Tile::WG_ROWS, p.Sq) - 1 + diag;
+            if (causal || Tile::PAD_SKIP) {
+                const int last_row = min(wrow0 + Tile::WG_ROWS, p.Sq) - 1;
+                int last_key = last_row + diag;  // the last key our rows see
+                if constexpr (Tile::PAD_SKIP) last_key = last_row < wrow0 ? -1 : causal ? last_key : p.Sk - 1;
                 nb = last_key < 0 ? 0 : min(nb, last_key / BC + 1);
                 // Without UNIFORM_CW ptxas cannot tell that nb is warp-uniform, and a
                 // loop bound it cannot moves the ring arithmetic out of the uniform

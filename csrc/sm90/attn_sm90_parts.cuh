@@ -126,6 +126,13 @@ struct Sm90Tile {
     // at causal S2k, +4.5 % at 4k; applied to the 128-row kernels (no padding on
     // the grid) ptxas's new schedule cost 1.5-3.5 %, so they keep the old blocks.
     static constexpr bool PAD_FIRST = CONS == 3;
+    // PAD_SKIP (non-causal): when BR does not divide Sq, a consumer whose 64 rows
+    // all lie past Sq (S = 512: 192 + 192 + 128 rows, one consumer of the last
+    // block) runs none of the tile's K/V tiles and releases them unread, as
+    // WG_SKIP does; and sm90_tile rotates the blocks of each head by stripe
+    // (ROTATE), so that the short tiles do not all go to the same CTAs. (Three
+    // D = 128 consumers run causal calls only, whose padding PAD_FIRST handles.)
+    static constexpr bool PAD_SKIP = CONS == 3 && DP == 64;
     static_assert(!(PAD_FIRST && MAGIC_DIV), "sm90_tile_magic does not shift causal blocks");
     // WG_SKIP: in causal tiles each consumer runs only the K/V tiles its own rows
     // see, and releases the rest unread. At D = 256 (64-key tiles) the first
@@ -254,7 +261,12 @@ struct Sm90TileCoord {
 // MERGE: the last window is number last_w and holds the heads left over (see
 // sm90_last_window); otherwise last_w is not read (a template flag, so that the
 // kernels that do not merge keep their code).
-template <int BC, bool PAD_FIRST, bool SNAKE = true, int CL = 1, bool MERGE = false>
+// ROTATE (non-causal; Sm90Tile::PAD_SKIP): the query blocks of one head keep
+// their adjacent tiles, but block (i + s) % n_mblocks takes the i-th of them,
+// s being the stripe of the head's first tile. When n_mblocks divides the grid
+// CTA c would otherwise always get block c % n_mblocks, and the CTAs that get
+// the short last block (padding rows skipped) would always get it.
+template <int BC, bool PAD_FIRST, bool SNAKE = true, int CL = 1, bool MERGE = false, bool ROTATE = false>
 __device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int tile, int n_tiles, int n_mblocks,
                                                    int br, int window, int last_w) {
     const int grid = gridDim.x / CL, stripe = tile / grid;
@@ -272,6 +284,7 @@ __device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int 
     } else {  // query blocks of one head adjacent: they share K/V in L2
         mblock = tile % n_mblocks;
         bh = tile / n_mblocks;
+        if (ROTATE) mblock = (mblock + bh * n_mblocks / grid) % n_mblocks;
     }
     Sm90TileCoord t;
     t.h = bh % p.Hq;
