@@ -28,7 +28,8 @@
 // consumers, they run in order, and the consumer warpgroups overlap each
 // other instead. In
 // causal tiles at D = 256 and with three consumers, a consumer runs only the
-// K/V tiles its own rows see and releases the rest unread (WG_SKIP). The
+// K/V tiles its own rows see and releases the rest unread (WG_SKIP); at D = 64
+// a consumer whose rows are all padding (past Sq) runs none (PAD_SKIP). The
 // epilogue divides by the row sum, stages O in the warpgroup's own Q rows
 // (at D = 256, whose one Q buffer is released as soon as the tile's last S is
 // done, in a buffer of its own), writes it with 16-byte coalesced stores, and

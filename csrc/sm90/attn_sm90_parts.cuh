@@ -247,8 +247,8 @@ struct Sm90TileCoord {
 // taken in reverse order (a snake): the CTA that gets the longest tile of one
 // stripe gets the shortest of the next, so CTAs' total work differs by about
 // one tile's length instead of growing with the number of stripes. Non-causal
-// tiles are all alike and keep the plain order (the snake measured 1-4 % slower
-// there, perf notes "sm90 v5").
+// tiles are alike (but for padding, see ROTATE) and take no snake (it measured
+// 1-4 % slower there, perf notes "sm90 v5").
 //
 // Causal tiles go in windows of `window` heads (sm90_causal_window): inside a
 // window, longest first across its heads. Numbered longest first across all
