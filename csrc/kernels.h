@@ -51,7 +51,11 @@ static inline int fc_sm90_key_split(const fc_attn_params* p, int num_sms) {
  * win that count at FC_SM90_CONS3_SPEEDUP rows per second over two (the gain
  * measured at D = 64 S >= 2k was 11-23 %, perf notes, session 10; 1.15 errs
  * toward two). They do not on a grid just past key-split mode (B1 H4 S4k:
- * one stripe of 128-row tiles against one of 192-row tiles on fewer SMs). */
+ * one stripe of 128-row tiles against one of 192-row tiles on fewer SMs).
+ * At D = 64 S = 512 they measured 4 % ahead of two consumers non-causal and
+ * 7 % causal (session 22, with TILE_INFO); rows shorter than
+ * FC_SM90_CONS3_MIN_SQ (at Sq <= 128 a whole warpgroup's rows are padding)
+ * were not measured. */
 #define FC_SM90_CONS3_MIN_SQ 512
 #define FC_SM90_CONS3_SPEEDUP 1.15
 static inline int fc_sm90_cons3_grid(const fc_attn_params* p, int num_sms) {

@@ -102,12 +102,6 @@ static fc_status attn_fwd_sm90_run_cluster(Sm90Args a, long long n_pair_tiles, u
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 
-// Three consumers (FC_SM90_CONS3_MIN_SQ, fc_sm90_cons3_grid in kernels.h): at
-// D = 64 measured on an H100 (perf notes, session 22, with TILE_INFO) S = 512
-// 4 % ahead of two consumers non-causal and 7 % causal; ahead from there on
-// (sessions 10, 21). Shorter rows pad a 192-row tile further (at Sq <= 128 a
-// whole warpgroup's rows are padding) and were not measured.
-
 // D = 128 calls from this many keys per row run the LONG instantiation (the
 // softmax pinned ahead of the P V wait), or causal ones three consumers in
 // the dynamic order (fc_sm90_d128_wide). Measured on an H100 (perf notes,
@@ -168,13 +162,14 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
                        (p->Sq + Tile::BR - 1) / Tile::BR % SM90_CLUSTER == 0;
     // The tile order (pairs: their own, in attn_fwd_sm90_run_cluster). Every kernel reads
     // its last_window; the divisors only the MAGIC_DIV kernels.
-    a.sched = sm90_sched(p, br, (int)grid, (long long)p->Sk * DP * 4, cons3 || !fc_sm90_dynamic_order(p, num_sms),
+    const bool dyn = fc_sm90_dynamic_order(p, num_sms);  // the dynamic tile order (kernels.h)
+    a.sched = sm90_sched(p, br, (int)grid, (long long)p->Sk * DP * 4, sm90_merge_windows(dyn, cons3 ? 3 : 2),
                          sm90_magic_div(DP, cons3 ? 3 : 2) && !pairs);
     if constexpr (Tile::KV_SPLIT_OK) {
         if (kv_split) return attn_fwd_sm90_run<DP, 2, T, true>(a, grid, stream);
     }
     if constexpr (DP >= 128) {
-        if (fc_sm90_dynamic_order(p, num_sms)) {  // (dispatch checked the workspace)
+        if (dyn) {  // (dispatch checked the workspace)
             if (!p->workspace || p->workspace_bytes < FC_SM90_DYN_WORKSPACE) return FC_ERR_WORKSPACE;
             a.tile_counter = static_cast<unsigned int*>(p->workspace);
             if (cudaMemsetAsync(a.tile_counter, 0, sizeof(unsigned int), stream) != cudaSuccess) return FC_ERR_CUDA;

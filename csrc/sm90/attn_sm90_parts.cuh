@@ -42,6 +42,10 @@
 // tiles by multiply and shift (Sm90Tile::MAGIC_DIV; the launcher then fills
 // Sm90Args::sched).
 __host__ __device__ constexpr bool sm90_magic_div(int dp, int cons) { return cons == 2 && dp != 128; }
+// Whether a kernel of the static order (dyn false), or of the dynamic order with
+// `cons` consumers, merges its last two causal windows (sm90_last_window; the
+// LONG kernel, whose consumers find their tiles themselves, never reads it).
+__host__ __device__ constexpr bool sm90_merge_windows(bool dyn, int cons) { return !dyn || cons == 3; }
 
 template <int DP, int CONS = 2, bool LONG = false>
 struct Sm90Tile {
