@@ -67,10 +67,15 @@ static inline int fc_sm90_cons3_grid(const fc_attn_params* p, int num_sms) {
 /* Causal D = 128 calls from Sk = 2048 run three consumers in the dynamic order
  * (its last two causal windows merged, see sm90_last_window). Measured on an
  * H100 (perf notes, session 28): causal S2k and 4k +4-5 % over the static
- * order; the static order's CTAs ended up to 20 % apart (session 27). */
+ * order; the static order's CTAs ended up to 20 % apart (session 27).
+ * Bottom-right calls with fewer than 2048 query rows (a chunk of queries
+ * against a longer KV cache) keep two consumers: their rows see nearly all
+ * the keys, and two consumers measured 1-5 % faster at Sq 512-1500 against
+ * Sk 2048-16384, three 2-3.5 % faster from Sq = 2048 (session 30). */
 static inline int fc_sm90_d128_wide(const fc_attn_params* p, int num_sms) {
     return p->causal != FC_CAUSAL_NONE && p->D > 64 && p->D <= 128 && p->Sk >= FC_SM90_DYN_MAX_SK &&
-           !fc_sm90_key_split(p, num_sms) && fc_sm90_cons3_grid(p, num_sms);
+           (p->causal == FC_CAUSAL_TOP_LEFT || p->Sq >= FC_SM90_DYN_MAX_SK) && !fc_sm90_key_split(p, num_sms) &&
+           fc_sm90_cons3_grid(p, num_sms);
 }
 static inline int fc_sm90_dynamic_order(const fc_attn_params* p, int num_sms) {
     if (p->causal == FC_CAUSAL_NONE || p->D <= 64) return 0;

@@ -77,7 +77,8 @@ def test_large_grid_shapes_leave_key_split_mode(shape):
 # The sm90 kernel's ordinary mode runs 192-row tiles (three consumer warpgroups)
 # for calls from Sq = 512 when the grid favours them (sm90_use_cons3): at D = 64
 # in every causal mode, at D = 128 for causal calls from Sk = 2048, in the dynamic
-# tile order (non-causal calls of those shapes keep two consumers). These shapes
+# tile order (non-causal calls of those shapes keep two consumers, and so do
+# bottom-right ones with Sq < 2048: (2, 16, 600, 2100) runs both). These shapes
 # qualify, with a partial last 192-row tile; at D = 64 Sk is kept short so that
 # the fp64 reference stays small; at D = 128 the second has Sq > Sk. Causal
 # windows (sm90_causal_window) of 12 heads for (4, 16, 4100, 300) and 11 for
