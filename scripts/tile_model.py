@@ -4,6 +4,7 @@ CTAs, on the CPU.
 
     python scripts/tile_model.py                      # the standard grid, both orders
     python scripts/tile_model.py --shape 32,32,512,64 --br 192 --idle 0.91
+    python scripts/tile_model.py --shape 8,8,2048,256 --br 256 --grid 66   # CTA pairs: 66 clusters
 
 A tile costs its K/V tile count plus --over steps (prologue, epilogue; about 2 at D = 128,
 perf notes, sessions 18 and 28). In a non-causal 192-row tile whose last consumers hold only
@@ -88,6 +89,7 @@ def main():
     ap.add_argument("--br", type=int, help="query rows per tile (default: 192 at D = 64, else 128)")
     ap.add_argument("--over", type=float, default=2.0, help="steps per tile outside its K/V loop")
     ap.add_argument("--idle", type=float, default=0.91, help="cost factor per idle consumer")
+    ap.add_argument("--grid", type=int, default=GRID, help="CTAs (or CTA pairs) taking tiles")
     a = ap.parse_args()
     shapes = ([tuple(int(x) for x in a.shape.split(","))] if a.shape else
               [(16384 // S, 2048 // D, S, D) for D in (64, 128, 256) for S in (512, 1024, 2048, 4096, 8192, 16384)])
@@ -97,11 +99,11 @@ def main():
         bc = 64 if D == 256 else 128
         for causal in (False, True):
             args = (B, H, S, D, br, causal)
-            cur = tile_costs(*args, True, True, GRID, bc, a.over, a.idle)
-            old = tile_costs(*args, False, True, GRID, bc, a.over, a.idle)
-            dyn = tile_costs(*args, True, False, GRID, bc, a.over, a.idle)
-            print(f"{B} {H} {S} {D} {br} {int(causal)} | {static(cur, GRID):.3f} | {static(old, GRID):.3f} | "
-                  f"{dynamic(dyn, GRID):.3f}")
+            cur = tile_costs(*args, True, True, a.grid, bc, a.over, a.idle)
+            old = tile_costs(*args, False, True, a.grid, bc, a.over, a.idle)
+            dyn = tile_costs(*args, True, False, a.grid, bc, a.over, a.idle)
+            print(f"{B} {H} {S} {D} {br} {int(causal)} | {static(cur, a.grid):.3f} | {static(old, a.grid):.3f} | "
+                  f"{dynamic(dyn, a.grid):.3f}")
 
 
 if __name__ == "__main__":
