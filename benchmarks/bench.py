@@ -10,6 +10,7 @@ machine's clocks and neighbours (GUIDE.md, section 4).
     python benchmarks/bench.py                      # grid + seed suites
     python benchmarks/bench.py --quick --no-plot    # a one-minute smoke run
     python benchmarks/bench.py --suite decode --impls flashcore,sdpa-default
+    python benchmarks/bench.py --suite chunk --out benchmarks/results/chunk-h100.json --no-plot
 
 Timing: triton.testing.do_bench(warmup=25, rep=200, return_mode="median"),
 which flushes L2 and times with CUDA events. Each shape's impls are timed in
@@ -18,7 +19,10 @@ reports the median round: under these loads the GPU sits at its power limit
 and its clock drifts over seconds, so a single reading depends on its place in
 the run (benchmarks/clocks.py measures this). Seed shapes also get a host-clock
 loop of back-to-back eager calls (eager_us) and CUDA-graph replay (graph_us).
-FLOPs = 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk.
+FLOPs = 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk. The chunk suite
+(a chunk of Sq queries against a KV cache of Sk keys, causal aligned
+bottom-right: query i sees keys j <= i + Sk - Sq; SDPA through
+torch.nn.attention.bias.causal_lower_right) counts the visible pairs exactly.
 
 Results are merged into benchmarks/results/<gpu-slug>.json (rows with the same
 key are replaced, the meta is this run's), with a markdown table (.md) and a
@@ -117,16 +121,33 @@ def decode_shapes():
     return rows
 
 
+def chunk_shapes():
+    """Chunked prefill: Sq new queries against Sk keys (the cache and the chunk),
+    causal bottom-right, D = 128, about 16k query tokens per call."""
+    return [shape("chunk", B, 16, 16, Sq, Sk, 128, True, "fp16")
+            for B, Sq, Sk in ((32, 512, 4096), (16, 1024, 8192), (4, 1536, 16384), (8, 2048, 8192),
+                              (4, 4096, 8192))]
+
+
+def bottom_right(s):
+    """Whether the shape's causal mask is aligned bottom-right (the chunk suite)."""
+    return s["causal"] and s["suite"] == "chunk"
+
+
 def flops(s):
     f = 4.0 * s["B"] * s["Hq"] * s["Sq"] * s["Sk"] * s["D"]
+    if bottom_right(s):  # row i sees min(Sk, max(0, i + 1 + Sk - Sq)) keys
+        Sq, Sk = s["Sq"], s["Sk"]
+        seen = sum(min(Sk, max(0, i + 1 + Sk - Sq)) for i in range(Sq))
+        return 4.0 * s["B"] * s["Hq"] * s["D"] * seen
     return f / 2 if s["causal"] and s["Sq"] == s["Sk"] else f
 
 
 def shape_label(s):
     kv = f"{s['Hq']}" if s["Hq"] == s["Hkv"] else f"{s['Hq']}/{s['Hkv']}"
     seq = f"{s['Sq']}" if s["Sq"] == s["Sk"] else f"{s['Sq']}x{s['Sk']}"
-    return (f"{s['suite']} {s['dtype']} B{s['B']} H{kv} S{seq} D{s['D']}"
-            f"{' causal' if s['causal'] else ''}")
+    mask = " causal-br" if bottom_right(s) else " causal" if s["causal"] else ""
+    return f"{s['suite']} {s['dtype']} B{s['B']} H{kv} S{seq} D{s['D']}{mask}"
 
 
 # ----------------------------------------------------------------------------
@@ -168,14 +189,20 @@ class FlexRunner:
         return lambda: fn_c(q, k, v, block_mask=block_mask, enable_gqa=gqa)
 
 
-def make_impl(name, q, k, v, causal, fc, flex):
-    """Returns (ctx, fn): run fn() inside ctx() to call the implementation."""
+def make_impl(name, q, k, v, causal, fc, flex, lower_right=False):
+    """Returns (ctx, fn): run fn() inside ctx() to call the implementation.
+    lower_right: the causal mask aligned bottom-right (flex is not offered it)."""
     gqa = q.shape[1] != k.shape[1]
     if name.startswith("flashcore"):
         kernel = name.split(":", 1)[1] if ":" in name else "auto"
-        return contextlib.nullcontext, lambda: fc.attention(q, k, v, causal=causal, kernel=kernel)
+        align = "bottom_right" if lower_right else "top_left"
+        return contextlib.nullcontext, lambda: fc.attention(q, k, v, causal=causal, causal_alignment=align,
+                                                            kernel=kernel)
     if name.startswith("sdpa"):
         kw = {"is_causal": causal}
+        if causal and lower_right:
+            from torch.nn.attention.bias import causal_lower_right
+            kw = {"attn_mask": causal_lower_right(q.shape[2], k.shape[2])}
         if gqa:
             kw["enable_gqa"] = True
         fn = lambda: F.scaled_dot_product_attention(q, k, v, **kw)  # noqa: E731
@@ -185,6 +212,8 @@ def make_impl(name, q, k, v, causal, fc, flex):
         backend = _sdpa_backend(name)
         return (lambda: sdpa_kernel(backend)), fn
     if name == "flex":
+        if causal and lower_right:
+            raise ValueError("flex: the bottom-right mask is not wired up here")
         return contextlib.nullcontext, flex.make(q, k, v, causal)
     raise ValueError(name)
 
@@ -304,7 +333,7 @@ def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, round
     try:  # every impl's output is compared with SDPA's choice on the same inputs
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            ref = make_impl("sdpa-default", q, k, v, s["causal"], fc, flex)[1]().float()
+            ref = make_impl("sdpa-default", q, k, v, s["causal"], fc, flex, bottom_right(s))[1]().float()
     except Exception as e:
         _settle(e)
         log(f"  (no sdpa-default reference: {first_line(e)})")
@@ -325,7 +354,7 @@ def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, round
             continue
         try:
             t0 = time.perf_counter()
-            ctx, fn = make_impl(name, q, k, v, s["causal"], fc, flex)
+            ctx, fn = make_impl(name, q, k, v, s["causal"], fc, flex, bottom_right(s))
             with ctx(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 out = fn()                       # probe (and compile, for flex)
@@ -450,7 +479,7 @@ def merge_results(path, meta, new_rows, skipped):
             print(f"warning: could not read {path} ({e}); writing it anew", file=sys.stderr)
     replaced = {row_key(r) for r in new_rows} | {row_key(r) for r in skipped}
     rows = [r for r in old_rows if row_key(r) not in replaced] + new_rows
-    suites = {"grid": 0, "seed": 1, "decode": 2, "bwd": 3}
+    suites = {"grid": 0, "seed": 1, "decode": 2, "chunk": 3, "bwd": 4}
     dtypes = {"fp16": 0, "bf16": 1}
     rows.sort(key=lambda r: (suites.get(r["suite"], 9), dtypes.get(r["dtype"], 9), r["D"],
                              r["Sq"], r["Sk"], r["causal"], -r["B"], r["Hq"], r["Hkv"],
@@ -571,7 +600,9 @@ def write_markdown(path, meta, rows):
              f"commit {meta['commit'][:12]}, {meta['date']}); matmul ceiling "
              f"{meta['matmul_fp16_tflops']} TFLOP/s fp16, copy {meta['copy_TBps']} TB/s. "
              f"do_bench median, L2 flushed, median of {meta.get('rounds', 1)} round(s) in alternating order; "
-             "causal FLOPs halved. Columns fc = flashcore (auto), "
+             "causal FLOPs halved" + ("; chunk rows (causal-br): the causal mask aligned bottom-right, "
+                                       "visible query-key pairs counted" if any(r["suite"] == "chunk" for r in rows)
+                                       else "") + ". Columns fc = flashcore (auto), "
              "fc:smXX = forced kernel, best SDPA = fastest of default/cudnn/flash/efficient.", ""]
     lines.append(ratio_table(rows, markdown=True))
     seed = [r for r in rows if r["suite"] == "seed"]
@@ -683,7 +714,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", default="grid,seed",
-                   help="comma list of grid, seed, decode (default grid,seed)")
+                   help="comma list of grid, seed, decode, chunk (default grid,seed)")
     p.add_argument("--quick", action="store_true",
                    help="grid subset S in {1024,4096}, D in {64,128}, fp16 only")
     p.add_argument("--out", default=None,
@@ -708,9 +739,9 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(argv)
     suites = [x.strip() for x in args.suite.split(",") if x.strip()]
-    bad = [x for x in suites if x not in ("grid", "seed", "decode")]
+    bad = [x for x in suites if x not in ("grid", "seed", "decode", "chunk")]
     if bad:
-        print(f"--suite: unknown suite(s) {bad}; choose from grid, seed, decode", file=sys.stderr)
+        print(f"--suite: unknown suite(s) {bad}; choose from grid, seed, decode, chunk", file=sys.stderr)
         return 2
     impls = list(ALL_IMPLS)
     if args.impls:
@@ -772,6 +803,8 @@ def main(argv=None):
         shapes += seed_shapes()
     if "decode" in suites:
         shapes += decode_shapes()
+    if "chunk" in suites:
+        shapes += chunk_shapes()
 
     commit, dirty = git_commit()
     log(f"GPU {gpu}  torch {torch.__version__}  cuDNN {cudnn_version()}  "
@@ -787,7 +820,8 @@ def main(argv=None):
             "rounds": args.rounds,
             "note": f"do_bench(warmup={WARMUP_MS}, rep={REP_MS}, median), L2 flushed; median of {args.rounds} "
                     "rounds per impl, the impl order reversed every other round (us_rounds); "
-                    "FLOPs 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk; "
+                    "FLOPs 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk (chunk: causal bottom-right, "
+                    "visible pairs counted); "
                     f"eager_us median of {EAGER_LOOPS} loops of {EAGER_CALLS // EAGER_LOOPS} back-to-back calls, graph_us from "
                     f"{GRAPH_CALLS} calls per graph x {GRAPH_REPLAYS} replays"}
 
