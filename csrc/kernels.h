@@ -70,7 +70,7 @@ static inline int fc_sm90_cons3_grid(const fc_attn_params* p, int num_sms) {
  * order; the static order's CTAs ended up to 20 % apart (session 27).
  * Bottom-right calls with fewer than 2048 query rows (a chunk of queries
  * against a longer KV cache) keep two consumers: their rows see nearly all
- * the keys, and two consumers measured 1-5 % faster at Sq 512-1500 against
+ * the keys, and two consumers measured 1-8 % faster at Sq 512-1536 against
  * Sk 2048-16384, three 2-3.5 % faster from Sq = 2048 (session 30). */
 static inline int fc_sm90_d128_wide(const fc_attn_params* p, int num_sms) {
     return p->causal != FC_CAUSAL_NONE && p->D > 64 && p->D <= 128 && p->Sk >= FC_SM90_DYN_MAX_SK &&
