@@ -272,10 +272,11 @@ def test_gpu_long_sequences(kernel, shape, D, mode, dtype):
 # sm90_cluster_min_sk in attn_fwd_sm90_launch.cuh): D = 128 from Sk = 4096, D = 256
 # from 2048, when a head's 128-row query blocks pair up evenly and the call is not
 # key-split. The first shape ends in a partial query block, the second has Sq > Sk
-# (bottom-right rows that see no key);
+# (bottom-right rows that see no key); the last has more pair tiles (192) than an
+# H100 has clusters (66), so its causal calls take the host-planned order (Sm90Plan);
 # group = 2 makes them GQA.
 CLUSTER_SHAPES = [((2, 8, 700, 4200), 128), ((1, 2, 4352, 4100), 128), ((2, 8, 768, 2100), 256),
-                  ((1, 4, 2048, 2048), 256)]
+                  ((1, 4, 2048, 2048), 256), ((2, 16, 1500, 2100), 256)]
 CLUSTER_MIN_SK = {128: 4096, 256: 2048}
 
 
@@ -379,6 +380,8 @@ def test_gpu_poisoned_output_fully_written(kernel, case):
     (2, 16, 640, 700, 64, "top_left", torch.float16),
     # sm90 CTA pairs (CLUSTER_SHAPES)
     (2, 8, 768, 4200, 128, "bottom_right", torch.bfloat16),
+    # sm90 D = 256 causal CTA pairs in the host-planned order (CLUSTER_SHAPES)
+    (2, 16, 1500, 2100, 256, "bottom_right", torch.float16),
     # sm90 D = 128 causal on 192-row tiles (WIDE_SHAPES)
     (2, 16, 600, 2100, 128, "top_left", torch.float16),
     # sm90 D = 64 on 192-row tiles: two consumers of padding rows skip each head's last block

@@ -40,7 +40,9 @@
 // reverse in odd stripes of grid tiles, see sm90_tile). Causal calls at D > 64
 // with short rows, and causal D = 128 calls on three consumers, take the dynamic
 // order instead (DYN, fc_sm90_dynamic_order in kernels.h): after its first tile
-// a CTA takes the next one from a counter as it finishes. The host side (which
+// a CTA takes the next one from a counter as it finishes. Causal CTA pairs at
+// D = 256 take a plan made on the host instead (Sm90Plan, sm90_plan): the same
+// numbering, each tile given in turn to the cluster with the least work. The host side (which
 // instantiation, tensor maps, tile order) is in attn_fwd_sm90_launch.cuh. A build with
 // -DFC_SM90_TRACE records where each tile's cycles go (trace.cuh, TR_* marks).
 //
@@ -101,7 +103,7 @@
 // one arrival per consumer warp of either CTA.
 template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false, bool DYN = false, int CL = 1>
 __global__ void __launch_bounds__(Sm90Tile<DP, CONS>::THREADS, 1)
-attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
+attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constant__ Sm90PlanOf<DP, CL> plan) {
 #ifdef FC_SM90_BODY
     using Tile = Sm90Tile<DP, CONS, LONG>;
     static_assert(CL == 1 || (CL == 2 && !KV_SPLIT && !DYN && Tile::SLABS % CL == 0),
@@ -174,10 +176,12 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         if constexpr (CL > 1) t.row0 += crank * br;
         return t;
     };
-    // The producer's next tile after `tile`.
+    // This CTA's (cluster's) positions in the tile order (Sm90Pos).
+    const Sm90Pos<CL, Sm90PlanOf<DP, CL>> pos{plan, n_tiles};
+    // The producer's next position after `tile`.
     auto next_tile = [&](int tile) {
         if constexpr (DYN) return (int)gridDim.x + (int)atomicAdd(args.tile_counter, 1u);
-        else return (int)(tile + gridDim.x / CL);  // (unsigned, as the consumers' `tile += gridDim.x / CL`)
+        else return pos.next(tile);
     };
     const int wg = tid / 128;
 
@@ -224,13 +228,13 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
         };
         Sm90TileCoord t;
         if constexpr (ahead) {
-            t = tile_at(blockIdx.x / CL);  // (grid <= n_tiles)
+            t = tile_at(pos.at(pos.first()));  // (grid <= n_tiles)
             load_q(t, 0, 0);
         }
-        for (int tile = blockIdx.x / CL; tile < n_tiles; ++local) {
+        for (int tile = pos.first(); tile < pos.end(); ++local) {
             int nxt = 0;
             if constexpr (ahead) nxt = next_tile(tile);
-            else t = tile_at(tile);
+            else t = tile_at(pos.at(tile));
             TR_DECL(args, local, 0, true)
             TR_SET(TR_START);
             TR_GTIME();
@@ -275,15 +279,15 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             for (int j = j0; j < t.n_blocks; ++j, ++it) {
                 load_kv(j);
                 if constexpr (ahead) {
-                    if (j == 1 && nxt < n_tiles) {  // the next tile's Q, early
-                        tn = tile_at(nxt);
+                    if (j == 1 && nxt < pos.end()) {  // the next tile's Q, early
+                        tn = tile_at(pos.at(nxt));
                         load_q(tn, local + 1, 0);
                     }
                 }
             }
             if constexpr (ahead) {
-                if (t.n_blocks < 2 && nxt < n_tiles) {  // (a tile of 0 or 1 K/V tiles)
-                    tn = tile_at(nxt);
+                if (t.n_blocks < 2 && nxt < pos.end()) {  // (a tile of 0 or 1 K/V tiles)
+                    tn = tile_at(pos.at(nxt));
                     load_q(tn, local + 1, 0);
                 }
             }
@@ -350,7 +354,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
             mbar_arrive(bar);
         }
     };
-    for (int tile = blockIdx.x / CL; DYN || tile < n_tiles; tile += gridDim.x / CL, ++local) {  // DYN: to the sentinel
+    for (int tile = pos.first(); DYN || tile < pos.end(); tile = pos.next(tile), ++local) {  // DYN: to the sentinel
         const int qb = local % Q_BUFS;
         const int qbar = Tile::Q_HALVES ? cw : qb;  // our Q barrier pair (and coordinate slot)
         Sm90TileCoord t;
@@ -369,7 +373,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args) {
                 if (t.n_blocks < 0) break;  // the producer's sentinel: no tile left
             }
         } else {
-            t = tile_at(tile);
+            t = tile_at(pos.at(tile));
         }
         const uint32_t q_rows = sQ + qb * Tile::Q_BYTES + row_off * ROWB;  // our rows of slab 0
         const int wrow0 = t.row0 + row_off;             // first query row of this warpgroup

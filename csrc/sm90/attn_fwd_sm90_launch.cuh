@@ -17,7 +17,7 @@ static fc_status attn_fwd_sm90_run(const Sm90Args& a, unsigned grid, cudaStream_
     constexpr size_t smem = Tile::smem_bytes(KV_SPLIT);
     if (fc_smem_limit_once<attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT, LONG, DYN>>((int)smem) != cudaSuccess)
         return FC_ERR_CUDA;
-    attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT, LONG, DYN><<<grid, Tile::THREADS, smem, stream>>>(a);
+    attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT, LONG, DYN><<<grid, Tile::THREADS, smem, stream>>>(a, Sm90NoPlan{});
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 
@@ -45,6 +45,64 @@ static Sm90Sched sm90_sched(const fc_attn_params* p, int br, int grid, long long
     o.by_window = sm90_div(o.window);
     o.by_last = sm90_div(o.last_heads);
     return o;
+}
+
+// The balanced order of a causal call's tiles over `grid` clusters (Sm90Plan):
+// tiles in sm90_tile_magic's numbering before its snake (windows of heads,
+// longest first in each), each given to the cluster with the least work so
+// far (ties: the lowest cluster), its work counted as its K/V tiles plus
+// SM90_PLAN_OVER for the tile's prologue and epilogue: the assignment that
+// scripts/tile_model.py models as the dynamic order, which puts max/mean
+// cluster work at D = 256 causal S = 2k at 1.031 (static order 1.057), 4k
+// 1.017 (1.046), 8k 1.009 (1.031), 16k 1.004 (1.031).
+// Returns false (and plans nothing) where the plan does not fit Sm90Plan.
+static constexpr int SM90_PLAN_OVER = 2;  // K/V steps a tile spends outside its loop (perf notes, session 18)
+static inline bool sm90_plan(const fc_attn_params* p, const Sm90Sched& o, int grid, int bc, Sm90Plan* plan) {
+    const int n = o.n_tiles;
+    if (p->causal == FC_CAUSAL_NONE || n <= grid || n > SM90_PLAN_TILES || grid > SM90_PLAN_GRID) return false;
+    // A min-heap of (work, cluster), as one 64-bit key each: ties go to the lower cluster.
+    unsigned long long heap[SM90_PLAN_GRID];
+    for (int c = 0; c < grid; ++c) heap[c] = (unsigned long long)c;  // all at zero work: a valid heap
+    uint8_t owner[SM90_PLAN_TILES];
+    int count[SM90_PLAN_GRID] = {0};
+    const int diag = p->causal == FC_CAUSAL_BOTTOM_RIGHT ? p->Sk - p->Sq : 0;
+    const int kv_tiles = (p->Sk + bc - 1) / bc;
+    for (int u = 0; u < n; ++u) {  // sm90_tile_magic's causal numbering
+        const int w = u / (o.window * o.n_mblocks) < o.last_window ? u / (o.window * o.n_mblocks) : o.last_window;
+        const int i = u - w * o.window * o.n_mblocks;
+        const int heads = w == o.last_window ? o.last_heads : o.window;
+        const int row0 = (o.n_mblocks - 1 - i / heads) * o.br;
+        const int last_key = (row0 + o.br < p->Sq ? row0 + o.br : p->Sq) - 1 + diag;
+        const int nb = last_key < 0 ? 0 : (last_key / bc + 1 < kv_tiles ? last_key / bc + 1 : kv_tiles);
+        const int c = (int)(heap[0] & 0xffffffffu);
+        owner[u] = (uint8_t)c;
+        ++count[c];
+        // The root's work grows: sift it down.
+        unsigned long long key = heap[0] + ((unsigned long long)(nb + SM90_PLAN_OVER) << 32);
+        int k = 0;
+        for (;;) {
+            int m = 2 * k + 1;
+            if (m >= grid) break;
+            if (m + 1 < grid && heap[m + 1] < heap[m]) ++m;
+            if (heap[m] >= key) break;
+            heap[k] = heap[m];
+            k = m;
+        }
+        heap[k] = key;
+    }
+    plan->n = n;
+    plan->first[0] = 0;
+    for (int c = 0; c < grid; ++c) plan->first[c + 1] = (uint16_t)(plan->first[c] + count[c]);
+    int next[SM90_PLAN_GRID];
+    for (int c = 0; c < grid; ++c) next[c] = plan->first[c];
+    for (int u = 0; u < n; ++u) {
+        // The kernel takes the snake (sm90_tile_magic) on whatever number it gets,
+        // and the snake is its own inverse: hand it the number it maps to u.
+        const int stripe = u / grid;
+        const bool rev = (stripe & 1) && (stripe + 1) * grid <= n;
+        plan->tile[next[owner[u]]++] = (uint16_t)(rev ? stripe * grid + grid - 1 - (u - stripe * grid) : u);
+    }
+    return true;
 }
 
 // Clusters of SM90_CLUSTER CTAs (attn_fwd_sm90_kernel's CL) from this many keys
@@ -98,7 +156,12 @@ static fc_status attn_fwd_sm90_run_cluster(Sm90Args a, long long n_pair_tiles, u
     cfg.gridDim = dim3((unsigned)(clusters * SM90_CLUSTER));
     a.sched = sm90_sched(&a.p, SM90_CLUSTER * Tile::BR, (int)clusters, (long long)a.p.Sk * DP * 4, true,
                          Tile::MAGIC_DIV);  // pair tiles over clusters
-    if (cudaLaunchKernelEx(&cfg, kernel, a) != cudaSuccess) return FC_ERR_CUDA;
+    Sm90PlanOf<DP, SM90_CLUSTER> plan;
+    if constexpr (std::is_same_v<Sm90PlanOf<DP, SM90_CLUSTER>, Sm90Plan>) {
+        static_assert(Tile::MAGIC_DIV, "sm90_plan numbers tiles as sm90_tile_magic does");
+        if (!sm90_plan(&a.p, a.sched, (int)clusters, Tile::BC, &plan)) plan.n = 0;
+    }
+    if (cudaLaunchKernelEx(&cfg, kernel, a, plan) != cudaSuccess) return FC_ERR_CUDA;
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 

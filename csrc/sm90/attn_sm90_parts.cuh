@@ -10,6 +10,8 @@
 #include <limits.h>
 #include <math.h>
 
+#include <type_traits>
+
 #include "../flashcore.h"
 #include "hopper.cuh"
 
@@ -223,6 +225,60 @@ struct Sm90Sched {
     Sm90Div by_wtiles;   // causal: tiles per full window, window x n_mblocks
     Sm90Div by_window;   // causal: window
     Sm90Div by_last;     // causal: last_heads
+};
+
+// A tile order planned on the host (sm90_plan) for the causal CTA pairs at
+// D = 256, passed as a second kernel parameter: cluster c takes the tiles
+// numbered tile[first[c]] .. tile[first[c + 1] - 1] (sm90_tile_magic's
+// numbering, snake included), in that order. The static order gives each
+// cluster every grid-th tile, which leaves the clusters' causal work 3-6 %
+// apart (perf notes, sessions 28 and 30); the plan gives each tile, longest
+// first within its window of heads, to the cluster with the least work so far.
+static constexpr int SM90_PLAN_TILES = 1024;  // most tiles a plan holds (the grid's D = 256 pair calls: 512)
+static constexpr int SM90_PLAN_GRID = 192;    // most clusters a plan holds
+struct Sm90Plan {
+    int n;                                  // tiles planned; 0: the static order
+    uint16_t first[SM90_PLAN_GRID + 1];     // cluster c's tiles start at tile[first[c]]
+    uint16_t tile[SM90_PLAN_TILES];         // tile numbers, cluster by cluster
+};
+struct Sm90NoPlan {};  // the second kernel parameter of every other instantiation
+template <int DP, int CL>
+using Sm90PlanOf = std::conditional_t<DP == 256 && CL == 2, Sm90Plan, Sm90NoPlan>;
+
+// A CTA's (cluster's) positions in the tile order: first(), then next(pos), ...
+// below end(), and the tile at each, at(pos). The static order takes every
+// (gridDim.x / CL)-th position, a tile each; a host plan hands each cluster its
+// own run of the plan's list. (Without a plan these are the expressions the
+// kernel always had: ptxas keeps those kernels' code as measured.)
+template <int CL, typename Plan>
+struct Sm90Pos {
+    static constexpr bool PLAN = std::is_same_v<Plan, Sm90Plan>;
+    const Plan& plan;  // the kernel's plan parameter
+    int n_tiles;       // tiles in the static order
+    __device__ __forceinline__ int first() const {
+        if constexpr (PLAN) {
+            if (plan.n > 0) return plan.first[blockIdx.x / CL];
+        }
+        return blockIdx.x / CL;
+    }
+    __device__ __forceinline__ int end() const {
+        if constexpr (PLAN) {
+            if (plan.n > 0) return plan.first[blockIdx.x / CL + 1];
+        }
+        return n_tiles;
+    }
+    __device__ __forceinline__ int next(int pos) const {
+        if constexpr (PLAN) {
+            if (plan.n > 0) return pos + 1;
+        }
+        return (int)(pos + gridDim.x / CL);  // (unsigned, as it always was)
+    }
+    __device__ __forceinline__ int at(int pos) const {
+        if constexpr (PLAN) {
+            if (plan.n > 0) return plan.tile[pos];
+        }
+        return pos;
+    }
 };
 
 // Kernel parameters: the three TMA maps plus the call's params.

@@ -183,6 +183,7 @@ static int run_check(fc_kernel kernel, bool small) {
             cases.push_back({2, 8, 4, 700, 4200, 128, m, dt, false});   // sm90 D128: CTA pairs (clusters), GQA, partial block
             cases.push_back({1, 2, 2, 4352, 4100, 128, m, dt, false});  // sm90 D128: CTA pairs, Sq > Sk
             cases.push_back({2, 8, 4, 768, 2100, 256, m, dt, false});   // sm90 D256: CTA pairs
+            cases.push_back({2, 16, 4, 1500, 2100, 256, m, dt, false}); // sm90 D256: pairs, causal: a host plan (192 pair tiles)
             cases.push_back({4, 16, 4, 4100, 128, 64, m, dt, false});  // sm90 D64: 192-row tiles, causal too
             cases.push_back({8, 16, 8, 1000, 700, 64, m, dt, false});  // sm90 D64: two padding consumers, rotated blocks
             cases.push_back({2, 16, 4, 600, 2100, 128, m, dt, false});  // sm90 D128 causal: 192-row tiles, GQA
