@@ -156,10 +156,10 @@ static fc_status attn_fwd_sm90_run_cluster(Sm90Args a, long long n_pair_tiles, u
     cfg.gridDim = dim3((unsigned)(clusters * SM90_CLUSTER));
     a.sched = sm90_sched(&a.p, SM90_CLUSTER * Tile::BR, (int)clusters, (long long)a.p.Sk * DP * 4, true,
                          Tile::MAGIC_DIV);  // pair tiles over clusters
-    Sm90PlanOf<DP, SM90_CLUSTER> plan;
+    Sm90PlanOf<DP, SM90_CLUSTER> plan{};  // (n = 0: the static order)
     if constexpr (std::is_same_v<Sm90PlanOf<DP, SM90_CLUSTER>, Sm90Plan>) {
         static_assert(Tile::MAGIC_DIV, "sm90_plan numbers tiles as sm90_tile_magic does");
-        if (!sm90_plan(&a.p, a.sched, (int)clusters, Tile::BC, &plan)) plan.n = 0;
+        sm90_plan(&a.p, a.sched, (int)clusters, Tile::BC, &plan);
     }
     if (cudaLaunchKernelEx(&cfg, kernel, a, plan) != cudaSuccess) return FC_ERR_CUDA;
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
