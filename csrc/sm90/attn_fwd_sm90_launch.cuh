@@ -55,25 +55,22 @@ static Sm90Sched sm90_sched(const fc_attn_params* p, int br, int grid, long long
 // scripts/tile_model.py models as the dynamic order, which puts max/mean
 // cluster work at D = 256 causal S = 2k at 1.031 (static order 1.057), 4k
 // 1.017 (1.046), 8k 1.009 (1.031), 16k 1.004 (1.031).
-// Returns false (and plans nothing) where the plan does not fit Sm90Plan.
+// Plans nothing (plan->n stays 0: the static order) for non-causal calls, for
+// no more tiles than clusters, and where the plan does not fit Sm90Plan.
 static constexpr int SM90_PLAN_OVER = 2;  // K/V steps a tile spends outside its loop (perf notes, session 18)
-static inline bool sm90_plan(const fc_attn_params* p, const Sm90Sched& o, int grid, int bc, Sm90Plan* plan) {
+static inline void sm90_plan(const fc_attn_params* p, const Sm90Sched& o, int grid, int bc, Sm90Plan* plan) {
     const int n = o.n_tiles;
-    if (p->causal == FC_CAUSAL_NONE || n <= grid || n > SM90_PLAN_TILES || grid > SM90_PLAN_GRID) return false;
+    if (p->causal == FC_CAUSAL_NONE || n <= grid || n > SM90_PLAN_TILES || grid > SM90_PLAN_GRID) return;
     // A min-heap of (work, cluster), as one 64-bit key each: ties go to the lower cluster.
     unsigned long long heap[SM90_PLAN_GRID];
     for (int c = 0; c < grid; ++c) heap[c] = (unsigned long long)c;  // all at zero work: a valid heap
     uint8_t owner[SM90_PLAN_TILES];
     int count[SM90_PLAN_GRID] = {0};
-    const int diag = p->causal == FC_CAUSAL_BOTTOM_RIGHT ? p->Sk - p->Sq : 0;
-    const int kv_tiles = (p->Sk + bc - 1) / bc;
     for (int u = 0; u < n; ++u) {  // sm90_tile_magic's causal numbering
         const int w = u / (o.window * o.n_mblocks) < o.last_window ? u / (o.window * o.n_mblocks) : o.last_window;
         const int i = u - w * o.window * o.n_mblocks;
         const int heads = w == o.last_window ? o.last_heads : o.window;
-        const int row0 = (o.n_mblocks - 1 - i / heads) * o.br;
-        const int last_key = (row0 + o.br < p->Sq ? row0 + o.br : p->Sq) - 1 + diag;
-        const int nb = last_key < 0 ? 0 : (last_key / bc + 1 < kv_tiles ? last_key / bc + 1 : kv_tiles);
+        const int nb = sm90_kv_tiles(*p, (o.n_mblocks - 1 - i / heads) * o.br, o.br, bc);
         const int c = (int)(heap[0] & 0xffffffffu);
         owner[u] = (uint8_t)c;
         ++count[c];
@@ -96,13 +93,13 @@ static inline bool sm90_plan(const fc_attn_params* p, const Sm90Sched& o, int gr
     int next[SM90_PLAN_GRID];
     for (int c = 0; c < grid; ++c) next[c] = plan->first[c];
     for (int u = 0; u < n; ++u) {
-        // The kernel takes the snake (sm90_tile_magic) on whatever number it gets,
-        // and the snake is its own inverse: hand it the number it maps to u.
+        // The kernel takes the snake (sm90_tile_magic, whose copy this is) on
+        // whatever number it gets, and the snake is its own inverse: hand it the
+        // number it maps to u.
         const int stripe = u / grid;
         const bool rev = (stripe & 1) && (stripe + 1) * grid <= n;
         plan->tile[next[owner[u]]++] = (uint16_t)(rev ? stripe * grid + grid - 1 - (u - stripe * grid) : u);
     }
-    return true;
 }
 
 // Clusters of SM90_CLUSTER CTAs (attn_fwd_sm90_kernel's CL) from this many keys

@@ -302,6 +302,19 @@ struct Sm90TileCoord {
     int n_blocks;   // K/V tiles with at least one visible key
 };
 
+// The K/V tiles of `bc` keys that a tile of `br` query rows from row0 visits:
+// all of them, or with a causal mask those up to its last row's last key.
+// (sm90_plan on the host counts a tile's work with the same function.)
+__host__ __device__ __forceinline__ int sm90_kv_tiles(const fc_attn_params& p, int row0, int br, int bc) {
+    int n = (p.Sk + bc - 1) / bc;
+    if (p.causal != FC_CAUSAL_NONE) {
+        const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
+        const int last_key = min(row0 + br, p.Sq) - 1 + diag;
+        n = last_key < 0 ? 0 : min(n, last_key / bc + 1);
+    }
+    return n;
+}
+
 // CTA c runs tiles c, c + grid, c + 2 grid, ... (`tile`). Causal tiles are
 // numbered longest first, and the tiles of every odd full stripe of `grid` are
 // taken in reverse order (a snake): the CTA that gets the longest tile of one
@@ -353,19 +366,15 @@ __device__ __forceinline__ Sm90TileCoord sm90_tile(const fc_attn_params& p, int 
     t.b = bh / p.Hq;
     t.hk = t.h / (p.Hq / p.Hkv);
     t.row0 = mblock * br - (PAD_FIRST && p.causal != FC_CAUSAL_NONE ? n_mblocks * br - p.Sq : 0);  // Sm90Tile::PAD_FIRST
-    t.n_blocks = (p.Sk + BC - 1) / BC;
-    if (p.causal != FC_CAUSAL_NONE) {
-        const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
-        const int last_key = min(t.row0 + br, p.Sq) - 1 + diag;
-        t.n_blocks = last_key < 0 ? 0 : min(t.n_blocks, last_key / BC + 1);
-    }
+    t.n_blocks = sm90_kv_tiles(p, t.row0, br, BC);
     return t;
 }
 
 // The same order with Sm90Sched's multipliers in place of `/` (see Sm90Div).
 // Both versions stay: with this one ptxas scheduled the D = 128 and the
 // three-consumer kernels worse (see Sm90Tile::MAGIC_DIV). The last lines
-// repeat sm90_tile's on purpose: a shared helper changed the measured SASS.
+// repeat sm90_kv_tiles on purpose: calling it changed the measured SASS
+// (checked again in session 31).
 template <int BC, bool SNAKE = true, int CL = 1>
 __device__ __forceinline__ Sm90TileCoord sm90_tile_magic(const fc_attn_params& p, const Sm90Sched& o, int tile) {
     const int grid = gridDim.x / CL, stripe = sm90_quot(tile, o.by_grid);
