@@ -246,13 +246,15 @@ typedef struct {
     const fc_device_info* dev;  /* the current device; NULL for the CPU kernel */
     int split;                  /* 1: the split-KV kernel runs with `plan` */
     int dyn;                    /* 1: the sm90 kernel takes its tiles from a workspace counter */
+    size_t tail;                /* bytes of workspace for the sm90 kernel's split tail (0: none) */
     fc_split_plan plan;         /* valid when split (workspace pointers unset) */
 } fc_choice;
 
-/* Bytes of workspace the choice c needs: the split-KV partials, or the sm90
- * dynamic order's tile counter (see fc_attn_fwd_workspace_size). */
+/* Bytes of workspace the choice c needs: the split-KV partials, the sm90
+ * dynamic order's tile counter, or the sm90 split tail's partials (see
+ * fc_attn_fwd_workspace_size). */
 static size_t choice_workspace_bytes(const fc_attn_params* p, const fc_choice* c) {
-    return c->split ? split_workspace_bytes(p, &c->plan) : c->dyn ? FC_SM90_DYN_WORKSPACE : 0;
+    return c->split ? split_workspace_bytes(p, &c->plan) : c->dyn ? FC_SM90_DYN_WORKSPACE : c->tail;
 }
 
 /* Every check; the workspace is checked only when check_workspace is set
@@ -264,6 +266,7 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
     c->dev = NULL;
     c->split = 0;
     c->dyn = 0;
+    c->tail = 0;
     if (!p) { fail(&r, FC_ERR_NULL_POINTER, "params: NULL"); *rp = r; return r.first; }
 
     if (!p->q || !p->k || !p->v || !p->o)
@@ -334,13 +337,17 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
                  "thread blocks; pass num_splits=None", p->B, p->Hkv);
         else
             c->split = use_split(p, k, dev, &c->plan);
-        if (r.first == FC_OK && !c->split && k == FC_KERNEL_SM90) c->dyn = fc_sm90_dynamic_order(p, dev->sm_count);
+        if (r.first == FC_OK && !c->split && k == FC_KERNEL_SM90) {
+            c->dyn = fc_sm90_dynamic_order(p, dev->sm_count);
+            c->tail = fc_sm90_tail_workspace(p, dev->sm_count);
+        }
         const size_t need = r.first == FC_OK ? choice_workspace_bytes(p, c) : 0;
         if (check_workspace && need > 0) {
             if (!p->workspace || p->workspace_bytes < need) {
                 char what[64];  /* (formatted only for the refusal) */
                 if (c->split) snprintf(what, sizeof what, "%d splits", c->plan.splits);
-                else snprintf(what, sizeof what, "the tile counter of a causal sm90 call");
+                else if (c->dyn) snprintf(what, sizeof what, "the tile counter of a causal sm90 call");
+                else snprintf(what, sizeof what, "the partials of a non-causal sm90 call");
                 fail(&r, FC_ERR_WORKSPACE, "workspace: %zu bytes given, %zu needed for %s; allocate "
                      "fc_attn_fwd_workspace_size(params) bytes", p->workspace ? p->workspace_bytes : (size_t)0,
                      need, what);

@@ -77,6 +77,25 @@ static inline int fc_sm90_d128_wide(const fc_attn_params* p, int num_sms) {
            (p->causal == FC_CAUSAL_TOP_LEFT || p->Sq >= FC_SM90_DYN_MAX_SK) && !fc_sm90_key_split(p, num_sms) &&
            fc_sm90_cons3_grid(p, num_sms);
 }
+/* The split tail of a non-causal sm90 call on D = 128 CTA pairs
+ * (attn_sm90_tail.cuh): the launcher splits the last, partial stripe of tiles
+ * by key ranges when it pays, and the consumers leave partials in the
+ * workspace. Sized for the most a launch can use, with n = FC_SM90_TAIL_CTAS
+ * CTAs (at most one per SM and one per 128-row tile): first 8n arrival
+ * counters (one per consumer warp of each CTA of each tail tile), then 2n CTA
+ * slots of partials, each two consumers x 128 threads x (D/2 + 4) floats at
+ * the padded D = 128 (O, row maxima and sums): 18 MB on an H100. */
+#define FC_SM90_TAIL_MIN_SK 4096 /* = sm90_cluster_min_sk(128): the D = 128 pairs' rows */
+#define FC_SM90_TAIL_CTAS(p, num_sms) \
+    ((size_t)(fc_sm90_tiles(p, 128) < (num_sms) ? fc_sm90_tiles(p, 128) : (num_sms)))
+#define FC_SM90_TAIL_COUNT_BYTES(n) (((size_t)8 * (n) * 4 + 15) / 16 * 16)
+static inline size_t fc_sm90_tail_workspace(const fc_attn_params* p, int num_sms) {
+    if (p->causal != FC_CAUSAL_NONE || p->D <= 64 || p->D > 128 || p->Sk < FC_SM90_TAIL_MIN_SK ||
+        fc_sm90_key_split(p, num_sms))
+        return 0;
+    const size_t n = FC_SM90_TAIL_CTAS(p, num_sms);
+    return FC_SM90_TAIL_COUNT_BYTES(n) + 2 * n * 256 * (128 / 2 + 4) * 4;
+}
 static inline int fc_sm90_dynamic_order(const fc_attn_params* p, int num_sms) {
     if (p->causal == FC_CAUSAL_NONE || p->D <= 64) return 0;
     if (p->Sk >= FC_SM90_DYN_MAX_SK) return fc_sm90_d128_wide(p, num_sms);

@@ -298,6 +298,40 @@ def test_gpu_cta_pairs(kernel, shape, D, mode, dtype, group):
     run_and_check(kernel, B, H, H // group, Sq, Sk, D, mode, dtype)
 
 
+# Non-causal D = 128 CTA pairs whose last, partial stripe of pair tiles is split
+# by key ranges across the clusters (the split tail, csrc/sm90/attn_sm90_tail.cuh):
+# (B, H, Sq, Sk), D. The first has tiles of three pieces, the second D < 128.
+TAIL_SHAPES = [((2, 9, 1000, 6000), 128), ((2, 12, 1000, 4500), 96)]
+
+
+def tail_pieces(B, H, Sq, Sk, clusters):
+    """The launcher's rule (sm90_tail in attn_fwd_sm90_launch.cuh): the most pieces
+    of one tile, or 0 when the tail is not split."""
+    tiles, n_kv = -(-Sq // 256) * B * H, -(-Sk // 128)
+    stripes, r = divmod(tiles, clusters)
+    w = max(-(-(r * n_kv) // clusters), (n_kv + 1) // 2)
+    if stripes < 1 or r == 0 or w > n_kv - 4:
+        return 0
+    return max((q * n_kv + n_kv - 1) // w - q * n_kv // w + 1 for q in range(r))
+
+
+@pytest.mark.parametrize("shape,D", TAIL_SHAPES, ids=lambda x: f"D{x}" if isinstance(x, int) else shape_id(x))
+def test_tail_shapes_split(shape, D):
+    B, H, Sq, Sk = shape
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    assert Sk >= CLUSTER_MIN_SK[128] and -(-Sq // 128) % 2 == 0, "CTA pairs"
+    assert tail_pieces(B, H, Sq, Sk, sms // 2) >= 2, "no split tail on this GPU (one cluster per two SMs)"
+
+
+@dtype_param
+@pytest.mark.parametrize("shape,D", TAIL_SHAPES, ids=lambda x: f"D{x}" if isinstance(x, int) else shape_id(x))
+@pytest.mark.parametrize("group", [1, 3])
+@kernel_param
+def test_gpu_split_tail(kernel, shape, D, dtype, group):
+    B, H, Sq, Sk = shape
+    run_and_check(kernel, B, H, H // group, Sq, Sk, D, None, dtype)
+
+
 @dtype_param
 @mode_param
 @pytest.mark.parametrize("shape", [(4, 8, 2000, 2000), (4, 8, 1700, 1900)], ids=shape_id)
@@ -380,6 +414,8 @@ def test_gpu_poisoned_output_fully_written(kernel, case):
     (2, 16, 640, 700, 64, "top_left", torch.float16),
     # sm90 CTA pairs (CLUSTER_SHAPES)
     (2, 8, 768, 4200, 128, "bottom_right", torch.bfloat16),
+    # sm90 D = 128 non-causal CTA pairs with a split tail, tiles of three pieces (TAIL_SHAPES)
+    (2, 9, 1000, 6000, 128, None, torch.float16),
     # sm90 D = 256 causal CTA pairs in the host-planned order (CLUSTER_SHAPES)
     (2, 16, 1500, 2100, 256, "bottom_right", torch.float16),
     # sm90 D = 128 causal on 192-row tiles (WIDE_SHAPES)

@@ -176,8 +176,26 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
         if constexpr (CL > 1) t.row0 += crank * br;
         return t;
     };
+    // The split tail (attn_sm90_tail.cuh), in non-causal calls (the launcher decides, in args.tail).
+    constexpr bool TAIL = sm90_tail_kernel(DP, CONS, CL, KV_SPLIT, DYN, LONG);
     // This CTA's (cluster's) positions in the tile order (Sm90Pos).
-    const Sm90Pos<CL, Sm90PlanOf<DP, CL>> pos{plan, n_tiles};
+    const Sm90Pos<CL, Sm90PlanOf<DP, CL>, TAIL> pos{plan, n_tiles, args.tail};
+    // The tile at position x with its K/V tiles kv0 .. n_blocks - 1: all of them,
+    // or a tail piece's.
+    auto coord_at = [&](int x) {
+        if constexpr (TAIL) {
+            if (args.tail.main > 0 && x >= args.tail.main) {
+                const Sm90Piece pc = sm90_piece(args.tail, x, gridDim.x / CL);
+                Sm90TileCoord t = tile_at(pc.tile);
+                t.kv0 = pc.kv0;
+                t.n_blocks = pc.kv_end;
+                return t;
+            }
+        }
+        Sm90TileCoord t = tile_at(pos.at(x));
+        t.kv0 = 0;
+        return t;
+    };
     // The producer's next position after `tile`.
     auto next_tile = [&](int tile) {
         if constexpr (DYN) return (int)gridDim.x + (int)atomicAdd(args.tile_counter, 1u);
@@ -228,13 +246,13 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
         };
         Sm90TileCoord t;
         if constexpr (ahead) {
-            t = tile_at(pos.at(pos.first()));  // (grid <= n_tiles)
+            t = coord_at(pos.first());  // (grid <= n_tiles)
             load_q(t, 0, 0);
         }
         for (int tile = pos.first(); tile < pos.end(); ++local) {
             int nxt = 0;
             if constexpr (ahead) nxt = next_tile(tile);
-            else t = tile_at(pos.at(tile));
+            else t = coord_at(tile);
             TR_DECL(args, local, 0, true)
             TR_SET(TR_START);
             TR_GTIME();
@@ -267,27 +285,28 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
                 mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
                 load_tile(sV + st * Tile::KV_BYTES, &args.v_map, v_full + 8 * st);
             };
-            int j0 = 0;
+            const int kv0 = TAIL ? t.kv0 : 0;  // (a tail piece's first K/V tile)
+            int j0 = kv0;
             if constexpr (Tile::Q_HALVES) {  // the second consumer's rows, behind the first K/V tile
-                if (t.n_blocks > 0) {
-                    load_kv(0);
+                if (t.n_blocks > kv0) {
+                    load_kv(kv0);
                     ++it;
-                    j0 = 1;
+                    j0 = kv0 + 1;
                 }
                 load_q(t, local, 1);
             }
             for (int j = j0; j < t.n_blocks; ++j, ++it) {
                 load_kv(j);
                 if constexpr (ahead) {
-                    if (j == 1 && nxt < pos.end()) {  // the next tile's Q, early
-                        tn = tile_at(pos.at(nxt));
+                    if (j == kv0 + 1 && nxt < pos.end()) {  // the next tile's Q, early
+                        tn = coord_at(nxt);
                         load_q(tn, local + 1, 0);
                     }
                 }
             }
             if constexpr (ahead) {
-                if (t.n_blocks < 2 && nxt < pos.end()) {  // (a tile of 0 or 1 K/V tiles)
-                    tn = tile_at(pos.at(nxt));
+                if (t.n_blocks - kv0 < 2 && nxt < pos.end()) {  // (a tile of 0 or 1 K/V tiles)
+                    tn = coord_at(nxt);
                     load_q(tn, local + 1, 0);
                 }
             }
@@ -333,7 +352,6 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
     const bool causal = p.causal != FC_CAUSAL_NONE;
     const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
     const int step = split ? 2 : 1;      // K/V tiles from one of this warpgroup's to the next
-    const int first = split ? cw : 0;    // this warpgroup's first K/V tile
     const int row_off = split ? 0 : cw * Tile::WG_ROWS;
     // Key-split mode runs in order: the pipelined order deadlocked there while K
     // and V shared one release barrier (perf notes, sm90 v4). With separate
@@ -369,12 +387,24 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
             t.row0 = __shfl_sync(0xffffffffu, ti.z, 0);
             t.n_blocks = __shfl_sync(0xffffffffu, ti.w, 0);
             t.hk = 0;  // (the producer's)
+            t.kv0 = 0;
             if constexpr (DYN) {
                 if (t.n_blocks < 0) break;  // the producer's sentinel: no tile left
             }
         } else {
-            t = tile_at(pos.at(tile));
+            t = coord_at(tile);
         }
+        if constexpr (TAIL && Tile::TILE_INFO) {  // (not among the coordinates the producer stores)
+            if (args.tail.main > 0 && tile >= args.tail.main) t.kv0 = sm90_piece(args.tail, tile, gridDim.x / CL).kv0;
+        }
+        if constexpr (TAIL) {
+            // Broadcast from lane 0: after the branch on the tail, ptxas no longer took
+            // the bounds for warp-uniform and moved the ring arithmetic out of the
+            // uniform datapath (12-14 % slower, perf notes, session 32).
+            t.kv0 = __shfl_sync(0xffffffffu, t.kv0, 0);
+            t.n_blocks = __shfl_sync(0xffffffffu, t.n_blocks, 0);
+        }
+        const int first = split ? cw : TAIL ? t.kv0 : 0;  // this warpgroup's first K/V tile
         const uint32_t q_rows = sQ + qb * Tile::Q_BYTES + row_off * ROWB;  // our rows of slab 0
         const int wrow0 = t.row0 + row_off;             // first query row of this warpgroup
         const int frow = wrow0 + warp * 16 + lane / 4;  // this thread's first fragment row
@@ -530,7 +560,21 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
             sm90_split_merge<Tile>(o, m_i, l_i, cw, t128, smem_raw + (sQ - raw),
                                    reinterpret_cast<float*>(smem_raw + (ml - raw)));
 
-        if (!split || cw == 0) {
+        // A split tile's pieces: the warpgroup that ends last merges them and writes the tile.
+        // (The piece is found again here: kept from the tile's start, its fields
+        // stayed live through the loop and spilled the D = 256 consumers.)
+        bool write = true;
+        if constexpr (TAIL) {
+            if (args.tail.main > 0 && tile >= args.tail.main) {
+                const Sm90Piece pc = sm90_piece(args.tail, tile, gridDim.x / CL);
+                if (pc.n > 1) {
+                    sm90_tail_piece_end<T, CL, CONS>(o, m_i, l_i, args.tail, pc, p, t.b, t.h, t.row0 + row_off,
+                                                     crank, cw, t128);
+                    write = false;
+                }
+            }
+        }
+        if ((!split || cw == 0) && write) {
             // Epilogue: O /= l into smem (the same swizzle as TMA's, conflict-free),
             // then 16-byte coalesced stores; LSE = (m + log2 l) ln 2. O goes through
             // this warpgroup's own Q rows, or with EARLY_Q through its O buffer,

@@ -102,6 +102,43 @@ static inline void sm90_plan(const fc_attn_params* p, const Sm90Sched& o, int gr
     }
 }
 
+// The split tail of a non-causal call (attn_sm90_tail.cuh) of n_tiles tiles of
+// `bc`-key K/V tiles on `units` clusters of `cl` CTAs with two consumers each;
+// tl->main stays 0 (no split) for causal calls, for a single stripe or whole
+// stripes, and where the tail's cluster would not finish at least
+// SM90_TAIL_GAIN K/V steps sooner than a whole tile. Its model cost: a tile's
+// prologue and epilogue (SM90_PLAN_OVER) per piece, two pieces per cluster,
+// and the partials' writes and merge, about one step; W = ceil(r N / G), so
+// the tail ends sooner when W + 2 x 2 + 1 < N + 2, W <= N - SM90_TAIL_GAIN.
+// Zeroes the counters (the workspace's first FC_SM90_TAIL_COUNT_BYTES, see
+// kernels.h; the partials follow) on `stream`.
+static constexpr int SM90_TAIL_GAIN = 4;
+static inline fc_status sm90_tail(const fc_attn_params* p, long long n_tiles, int units, int bc, int cl,
+                                  int num_sms, Sm90Tail* tl, cudaStream_t stream) {
+    *tl = Sm90Tail{};
+    if (p->causal != FC_CAUSAL_NONE) return FC_OK;
+    const long long stripes = n_tiles / units, r = n_tiles % units, n_kv = (p->Sk + bc - 1) / bc;
+    if (stripes < 1 || r == 0 || r * n_kv >= (1ll << 30)) return FC_OK;
+    long long w = (r * n_kv + units - 1) / units;
+    if (w < (n_kv + 1) / 2) w = (n_kv + 1) / 2;  // at most SM90_TAIL_MAX_PIECES pieces a tile
+    if (w > n_kv - SM90_TAIL_GAIN) return FC_OK;
+    const size_t need = fc_sm90_tail_workspace(p, num_sms);
+    if (!p->workspace || p->workspace_bytes < need || need == 0) return FC_ERR_WORKSPACE;  // (dispatch sized it)
+    tl->main = (int)(stripes * units);
+    tl->n_kv = (int)n_kv;
+    tl->steps = (int)w;
+    tl->total = (int)(r * n_kv);
+    tl->by_kv = sm90_div(tl->n_kv);
+    tl->by_steps = sm90_div(tl->steps);
+    tl->count = static_cast<unsigned*>(p->workspace);
+    tl->part = reinterpret_cast<float4*>(static_cast<unsigned char*>(p->workspace) +
+                                         FC_SM90_TAIL_COUNT_BYTES(FC_SM90_TAIL_CTAS(p, num_sms)));
+    // (counters: r x cl CTAs x 2 consumers x 4 warps < 8 x CTAs; partials: fewer than G + r <= 2 G slots of cl CTAs)
+    return cudaMemsetAsync(tl->count, 0, (size_t)r * cl * 2 * 4 * sizeof(unsigned), stream) == cudaSuccess
+               ? FC_OK
+               : FC_ERR_CUDA;
+}
+
 // Clusters of SM90_CLUSTER CTAs (attn_fwd_sm90_kernel's CL) from this many keys
 // per row (0: never). Measured on an H100 against single CTAs (perf notes,
 // session 26; REPS = 600): D = 128 +0.6-3 % from 4k (the LONG kernel), 1 %
@@ -109,6 +146,7 @@ static inline void sm90_plan(const fc_attn_params* p, const Sm90Sched& o, int gr
 // D = 64 keeps single CTAs: its one 64-column slab does not split in two.
 static constexpr int SM90_CLUSTER = 2;
 static constexpr int sm90_cluster_min_sk(int dp) { return dp == 128 ? 4096 : dp == 256 ? 2048 : 0; }
+static_assert(sm90_cluster_min_sk(128) == FC_SM90_TAIL_MIN_SK, "the split tail is the D = 128 pairs' (kernels.h)");
 
 // How many clusters fit on the GPU at once (its SMs pair up within GPCs), cached per device.
 template <auto KERNEL>
@@ -127,7 +165,8 @@ static int sm90_max_clusters(const cudaLaunchConfig_t& cfg) {
 // Where the device runs no such cluster (none fits: a partitioned GPU, say), the
 // single-CTA kernel on `grid` CTAs: the same arithmetic, in the same order per row.
 template <int DP, typename T, bool LONG>
-static fc_status attn_fwd_sm90_run_cluster(Sm90Args a, long long n_pair_tiles, unsigned grid, cudaStream_t stream) {
+static fc_status attn_fwd_sm90_run_cluster(Sm90Args a, long long n_pair_tiles, unsigned grid, int num_sms,
+                                           cudaStream_t stream) {
     using Tile = Sm90Tile<DP, 2, LONG>;
     constexpr auto kernel = attn_fwd_sm90_kernel<DP, 2, T, false, LONG, false, SM90_CLUSTER>;
     constexpr size_t smem = Tile::smem_bytes(false);
@@ -157,6 +196,11 @@ static fc_status attn_fwd_sm90_run_cluster(Sm90Args a, long long n_pair_tiles, u
     if constexpr (std::is_same_v<Sm90PlanOf<DP, SM90_CLUSTER>, Sm90Plan>) {
         static_assert(Tile::MAGIC_DIV, "sm90_plan numbers tiles as sm90_tile_magic does");
         sm90_plan(&a.p, a.sched, (int)clusters, Tile::BC, &plan);
+    }
+    if constexpr (sm90_tail_kernel(DP, 2, SM90_CLUSTER, false, false, LONG)) {
+        const fc_status s = sm90_tail(&a.p, a.sched.n_tiles, (int)clusters, Tile::BC, SM90_CLUSTER, num_sms, &a.tail,
+                                      stream);
+        if (s != FC_OK) return s;
     }
     if (cudaLaunchKernelEx(&cfg, kernel, a, plan) != cudaSuccess) return FC_ERR_CUDA;
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
@@ -195,6 +239,7 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     Sm90Args a;
     a.p = *p;
     a.tile_counter = nullptr;  // the static order unless fc_sm90_dynamic_order (below)
+    a.tail = Sm90Tail{};       // no split tail unless sm90_tail (below)
 #ifdef FC_SM90_TRACE
     a.trace = fc_sm90_trace_buf;
 #endif
@@ -245,8 +290,9 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     if constexpr (sm90_cluster_min_sk(DP) > 0) {
         if (pairs)
             return attn_fwd_sm90_run_cluster<DP, T, DP == 128>(a, fc_sm90_tiles(p, SM90_CLUSTER * Tile::BR), grid,
-                                                               stream);
+                                                               num_sms, stream);
     }
+
     if constexpr (DP == 128) {
         if (p->Sk >= SM90_LONG_MIN_SK) return attn_fwd_sm90_run<DP, 2, T, false, true>(a, grid, stream);
     }

@@ -210,6 +210,8 @@ __device__ __forceinline__ int sm90_quot(int n, Sm90Div v) {
     return (int)((__umulhi((uint32_t)n, v.mul) + (uint32_t)n) >> v.shift);
 }
 
+#include "attn_sm90_tail.cuh"  // (after Sm90Div, which it uses)
+
 // The persistent tile order of one launch (sm90_tile), computed on the host.
 struct Sm90Sched {
     int br;              // query rows per tile
@@ -249,12 +251,15 @@ using Sm90PlanOf = std::conditional_t<DP == 256 && CL == 2, Sm90Plan, Sm90NoPlan
 // below end(), and the tile at each, at(pos). The static order takes every
 // (gridDim.x / CL)-th position, a tile each; a host plan hands each cluster its
 // own run of the plan's list. (Without a plan these are the expressions the
-// kernel always had: ptxas keeps those kernels' code as measured.)
-template <int CL, typename Plan>
+// kernel always had: ptxas keeps those kernels' code as measured.) TAIL: the
+// kernel may split its last stripe (Sm90Tail): the positions past tail.main are
+// the cluster's tail pieces (sm90_piece), and end() follows them.
+template <int CL, typename Plan, bool TAIL = false>
 struct Sm90Pos {
     static constexpr bool PLAN = std::is_same_v<Plan, Sm90Plan>;
-    const Plan& plan;  // the kernel's plan parameter
-    int n_tiles;       // tiles in the static order
+    const Plan& plan;      // the kernel's plan parameter
+    int n_tiles;           // tiles in the static order
+    const Sm90Tail& tail;  // the launch's split tail (TAIL kernels read it)
     __device__ __forceinline__ int first() const {
         if constexpr (PLAN) {
             if (plan.n > 0) return plan.first[blockIdx.x / CL];
@@ -264,6 +269,9 @@ struct Sm90Pos {
     __device__ __forceinline__ int end() const {
         if constexpr (PLAN) {
             if (plan.n > 0) return plan.first[blockIdx.x / CL + 1];
+        }
+        if constexpr (TAIL) {
+            if (tail.main > 0) return sm90_tail_end(tail, blockIdx.x / CL, gridDim.x / CL);
         }
         return n_tiles;
     }
@@ -289,6 +297,7 @@ struct Sm90Args {
     fc_attn_params p;   // shapes, strides, O/LSE pointers, scale, causal mode
     Sm90Sched sched;    // tile order
     unsigned int* tile_counter;  // dynamic order: tiles handed out past the first grid, zeroed before the launch
+    Sm90Tail tail;      // non-causal: the last stripe split by key ranges (attn_sm90_tail.cuh); main = 0: not
 #ifdef FC_SM90_TRACE
     unsigned long long* trace;  // timeline records (trace.cuh), or null
 #endif
@@ -299,7 +308,8 @@ struct Sm90Args {
 struct Sm90TileCoord {
     int b, h, hk;   // batch, query head, KV head
     int row0;       // first query row (negative in a PAD_FIRST kernel's first causal block)
-    int n_blocks;   // K/V tiles with at least one visible key
+    int n_blocks;   // K/V tiles with at least one visible key (a tail piece: one past its last)
+    int kv0;        // the first K/V tile: 0, or a tail piece's (set by the kernel's coord_at, TAIL only)
 };
 
 // The K/V tiles of `bc` keys that a tile of `br` query rows from row0 visits:

@@ -184,6 +184,8 @@ static int run_check(fc_kernel kernel, bool small) {
             cases.push_back({1, 2, 2, 4352, 4100, 128, m, dt, false});  // sm90 D128: CTA pairs, Sq > Sk
             cases.push_back({2, 8, 4, 768, 2100, 256, m, dt, false});   // sm90 D256: CTA pairs
             cases.push_back({2, 16, 4, 1500, 2100, 256, m, dt, false}); // sm90 D256: pairs, causal: a host plan (192 pair tiles)
+            cases.push_back({2, 9, 3, 1000, 6000, 128, m, dt, false});  // sm90 D128 pairs: split tail, 3-piece tiles
+            cases.push_back({2, 12, 4, 1000, 4500, 96, m, dt, false});  // sm90 D96 pairs: split tail, D < 128
             cases.push_back({4, 16, 4, 4100, 128, 64, m, dt, false});  // sm90 D64: 192-row tiles, causal too
             cases.push_back({8, 16, 8, 1000, 700, 64, m, dt, false});  // sm90 D64: two padding consumers, rotated blocks
             cases.push_back({2, 16, 4, 600, 2100, 128, m, dt, false});  // sm90 D128 causal: 192-row tiles, GQA
