@@ -84,8 +84,8 @@ typedef struct {
 
     int num_splits;   /* split-KV: 0 = heuristic, 1 = no split, n > 1 = run the split-KV kernel with Sk
                          split n ways (clamped to the key tiles and FC_MAX_SPLITS); the CPU path ignores it */
-    void* workspace;  /* device scratch (split-KV partials, or the sm90 kernel's tile counter), 16-byte
-                         aligned; NULL when none is needed */
+    void* workspace;  /* device scratch (split-KV partials, the sm90 kernel's tile counter or its split
+                         tail's partials), 16-byte aligned; NULL when none is needed */
     size_t workspace_bytes; /* bytes at workspace; must be >= fc_attn_fwd_workspace_size(p) */
 } fc_attn_params;
 
@@ -132,7 +132,10 @@ int fc_attn_fwd_num_splits(const fc_attn_params* p);
  * or params fc_attn_fwd_check rejects). With n > 1 splits it is
  * n * B*Hq*Sq * (D + 1) * 4: fp32 partial O (n, B, Hq, Sq, D) followed by the
  * fp32 partial LSE (n, B, Hq, Sq). A causal call that runs the sm90 kernel
- * with its dynamic tile order needs 16 bytes (a counter the launch zeroes).
+ * with its dynamic tile order needs 16 bytes (a counter the launch zeroes). A
+ * non-causal call that runs the sm90 kernel at 64 < D <= 128 with Sk >= 4096
+ * needs room for its split tail's counters and partials (about 139 KB per SM,
+ * 18 MB on an H100; FC_SM90_TAIL_CTAS in kernels.h).
  * Depends on p's shapes, num_splits and the current device (its SM count),
  * never on the pointers.
  */
