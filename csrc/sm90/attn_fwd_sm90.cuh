@@ -45,6 +45,8 @@
 // numbering, each tile given in turn to the cluster with the least work. The host side (which
 // instantiation, tensor maps, tile order) is in attn_fwd_sm90_launch.cuh. A build with
 // -DFC_SM90_TRACE records where each tile's cycles go (trace.cuh, TR_* marks).
+// Non-causal D = 128 pairs split the tiles of their last, partial stripe by
+// key ranges across all clusters (the split tail, attn_sm90_tail.cuh).
 //
 // CTA pairs (CL = 2; long rows at D = 128 and 256, see sm90_cluster_min_sk). A
 // cluster of two CTAs on neighbouring SMs takes a tile of 2 x BR rows, one half
@@ -178,6 +180,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
     };
     // The split tail (attn_sm90_tail.cuh), in non-causal calls (the launcher decides, in args.tail).
     constexpr bool TAIL = sm90_tail_kernel(DP, CONS, CL, KV_SPLIT, DYN, LONG);
+    static_assert(!TAIL || !Tile::TILE_INFO, "tail pieces: the consumers find their K/V range themselves");
     // This CTA's (cluster's) positions in the tile order (Sm90Pos).
     const Sm90Pos<CL, Sm90PlanOf<DP, CL>, TAIL> pos{plan, n_tiles, args.tail};
     // The tile at position x with its K/V tiles kv0 .. n_blocks - 1: all of them,
@@ -394,13 +397,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
         } else {
             t = coord_at(tile);
         }
-        if constexpr (TAIL && Tile::TILE_INFO) {  // (not among the coordinates the producer stores)
-            if (args.tail.main > 0 && tile >= args.tail.main) t.kv0 = sm90_piece(args.tail, tile, gridDim.x / CL).kv0;
-        }
-        if constexpr (TAIL) {
-            // Broadcast from lane 0: after the branch on the tail, ptxas no longer took
-            // the bounds for warp-uniform and moved the ring arithmetic out of the
-            // uniform datapath (12-14 % slower, perf notes, session 32).
+        if constexpr (TAIL) {  // the K/V range, broadcast from lane 0 so that ptxas takes it for warp-uniform
             t.kv0 = __shfl_sync(0xffffffffu, t.kv0, 0);
             t.n_blocks = __shfl_sync(0xffffffffu, t.n_blocks, 0);
         }
@@ -560,9 +557,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
             sm90_split_merge<Tile>(o, m_i, l_i, cw, t128, smem_raw + (sQ - raw),
                                    reinterpret_cast<float*>(smem_raw + (ml - raw)));
 
-        // A split tile's pieces: the warpgroup that ends last merges them and writes the tile.
-        // (The piece is found again here: kept from the tile's start, its fields
-        // stayed live through the loop and spilled the D = 256 consumers.)
+        // A split tile's piece: the warp that ends its rows' pieces last merges them and
+        // writes its rows. (The piece is found again here: kept from the tile's start,
+        // its fields stayed live through the loop and spilled consumer registers.)
         bool write = true;
         if constexpr (TAIL) {
             if (args.tail.main > 0 && tile >= args.tail.main) {

@@ -15,11 +15,13 @@
 //
 // Each consumer warpgroup of a piece writes its unnormalized O, row maxima and
 // lane row sums (the accumulator layout, as float4s across the warpgroup's 128
-// threads) to the workspace, and counts itself on its rows' counter; the
-// warpgroup that arrives last merges the pieces of its rows in piece order
-// (so that reruns are bit-identical whichever piece ends last) and runs the
-// ordinary epilogue. Positions: cluster u runs u, u + G, ... below `main`,
-// then main + u (its first piece) and main + G + u (its second, if any).
+// threads) to the workspace, and each warp counts itself on its 16 rows'
+// counter; the warp that arrives last merges the pieces of its rows in piece
+// order (so that reruns are bit-identical whichever piece ends last) and
+// writes their O and LSE. Positions: cluster u runs u, u + G, ... below
+// `main`, then main + u (its first piece) and main + G + u (its second, if any).
+// Limits: non-causal calls only (causal tiles differ in length; the host plans
+// and the dynamic order balance those); K/V steps of the tail below 2^30.
 #pragma once
 
 #include <math.h>
@@ -30,7 +32,7 @@
 
 // The kernel that splits its tail: D = 128's CTA pairs (the LONG kernel, from
 // FC_SM90_TAIL_MIN_SK keys, kernels.h). Measured on an H100 (perf notes,
-// session 32): there +0.6-1 % at S = 4k, +1-2 % at 8k, +2-2.7 % at 16k. The
+// session 32): there +0.6-1.2 % at S = 4k, +1.1-2.1 % at 8k, +2.3-2.7 % at 16k. The
 // single-CTA LONG kernel (S = 2k, where the tail gains at most 3 of 18 steps)
 // lost 2-4 % to the code alone, and the D = 256 pairs were 5 % slower at 2k
 // and within +-4 % (noise) at 4k-16k.
