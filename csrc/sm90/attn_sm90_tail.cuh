@@ -125,7 +125,8 @@ __device__ __forceinline__ void sm90_tail_piece_end(const float (&o)[PARTS][HALF
     // (A broadcast by shuffle: a barrier reduction over the warpgroup here took
     // the uniform datapath from the whole tile loop, 12-14 % slower.)
     if (__shfl_sync(0xffffffffu, arrived, 0) != (unsigned)pc.n - 1) return;  // not the last of its rows' pieces
-    __threadfence();  // the other pieces' partials, counted before ours, are read after the count
+    __threadfence();  // the other pieces' partials, counted before ours, are read after the count ...
+    __syncwarp();     // ... by every lane (lane 0's count and fence precede the lanes' reads)
 
     // Every piece's partial, ours included, in piece order from the workspace.
     // Piece k's factor is 2^(m_k - M) per row, M the row's maximum over the
