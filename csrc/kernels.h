@@ -88,13 +88,15 @@ static inline int fc_sm90_d128_wide(const fc_attn_params* p, int num_sms) {
 #define FC_SM90_TAIL_MIN_SK 4096 /* = sm90_cluster_min_sk(128): the D = 128 pairs' rows */
 #define FC_SM90_TAIL_CTAS(p, num_sms) \
     ((size_t)(fc_sm90_tiles(p, 128) < (num_sms) ? fc_sm90_tiles(p, 128) : (num_sms)))
-#define FC_SM90_TAIL_COUNT_BYTES(n) (((size_t)8 * (n) * 4 + 15) / 16 * 16)
+#define FC_SM90_TAIL_CTA_COUNTERS 8 /* per CTA of a tail tile: 2 consumers x 4 warps */
+#define FC_SM90_TAIL_SLOT_BYTES ((size_t)2 * 128 * (128 / 2 + 4) * 4) /* a CTA's partials of one piece */
+#define FC_SM90_TAIL_COUNT_BYTES(n) (((size_t)FC_SM90_TAIL_CTA_COUNTERS * (n) * 4 + 15) / 16 * 16)
 static inline size_t fc_sm90_tail_workspace(const fc_attn_params* p, int num_sms) {
     if (p->causal != FC_CAUSAL_NONE || p->D <= 64 || p->D > 128 || p->Sk < FC_SM90_TAIL_MIN_SK ||
         fc_sm90_key_split(p, num_sms))
         return 0;
     const size_t n = FC_SM90_TAIL_CTAS(p, num_sms);
-    return FC_SM90_TAIL_COUNT_BYTES(n) + 2 * n * 256 * (128 / 2 + 4) * 4;
+    return FC_SM90_TAIL_COUNT_BYTES(n) + 2 * n * FC_SM90_TAIL_SLOT_BYTES;
 }
 static inline int fc_sm90_dynamic_order(const fc_attn_params* p, int num_sms) {
     if (p->causal == FC_CAUSAL_NONE || p->D <= 64) return 0;

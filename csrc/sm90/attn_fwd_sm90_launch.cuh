@@ -133,8 +133,9 @@ static inline fc_status sm90_tail(const fc_attn_params* p, long long n_tiles, in
     tl->count = static_cast<unsigned*>(p->workspace);
     tl->part = reinterpret_cast<float4*>(static_cast<unsigned char*>(p->workspace) +
                                          FC_SM90_TAIL_COUNT_BYTES(FC_SM90_TAIL_CTAS(p, num_sms)));
-    // (counters: r x cl CTAs x 2 consumers x 4 warps < 8 x CTAs; partials: fewer than G + r <= 2 G slots of cl CTAs)
-    return cudaMemsetAsync(tl->count, 0, (size_t)r * cl * 2 * 4 * sizeof(unsigned), stream) == cudaSuccess
+    // (counters: r tiles x cl CTAs < CTAs; partials: fewer than G + r <= 2 G slots of cl CTAs)
+    return cudaMemsetAsync(tl->count, 0, (size_t)r * cl * FC_SM90_TAIL_CTA_COUNTERS * sizeof(unsigned), stream) ==
+                   cudaSuccess
                ? FC_OK
                : FC_ERR_CUDA;
 }
@@ -198,6 +199,12 @@ static fc_status attn_fwd_sm90_run_cluster(Sm90Args a, long long n_pair_tiles, u
         sm90_plan(&a.p, a.sched, (int)clusters, Tile::BC, &plan);
     }
     if constexpr (sm90_tail_kernel(DP, 2, SM90_CLUSTER, false, false, LONG)) {
+        // The workspace layout of kernels.h against the kernel's (sm90_tail_piece_end):
+        // a counter per consumer warp, and per thread its O accumulators plus m and l.
+        static_assert(Tile::CONSUMERS * 4 == FC_SM90_TAIL_CTA_COUNTERS &&
+                          FC_SM90_TAIL_SLOT_BYTES ==
+                              (size_t)Tile::CONSUMERS * 128 * (Tile::PV_PARTS * Tile::PV_N / 2 + 4) * sizeof(float),
+                      "FC_SM90_TAIL_* (kernels.h)");
         const fc_status s = sm90_tail(&a.p, a.sched.n_tiles, (int)clusters, Tile::BC, SM90_CLUSTER, num_sms, &a.tail,
                                       stream);
         if (s != FC_OK) return s;
