@@ -11,7 +11,8 @@ perf notes, sessions 18 and 28). In a non-causal 192-row tile whose last consume
 padding rows (skipped, Sm90Tile::PAD_SKIP) the cost is scaled by --idle per idle consumer
 (a timeline measured 0.91 for one idle consumer of three at D64 S512, perf notes, session 29).
 It mirrors sm90_tile (csrc/sm90/attn_sm90_parts.cuh): causal tiles longest first in windows of
-heads (sm90_causal_window) with the snake over odd stripes and the last two windows merged, and
+heads (sm90_causal_window; capped to the L2 in the dynamic order) with the snake over odd
+stripes and the last two windows merged, and
 non-causal tiles head by head with ROTATE. The static order gives CTA c tiles c, c + grid, ...;
 the dynamic order gives each next tile to the first CTA to finish. Printed: max/mean CTA work,
 the launch's time over a perfectly even split.
@@ -23,10 +24,12 @@ import math
 GRID = 132
 
 
-def causal_window(grid, n_mblocks, n_bh, kv_head_bytes, limit=16 << 20):
+def causal_window(grid, n_mblocks, n_bh, kv_head_bytes, cap=False, limit=16 << 20, cap_bytes=24 << 20):
     heads = 2 * grid // math.gcd(2 * grid, n_mblocks)
     if grid % n_mblocks == 0 and heads * kv_head_bytes > limit:
         heads = grid // n_mblocks
+    if cap and heads * kv_head_bytes > cap_bytes:
+        heads = max(1, cap_bytes // kv_head_bytes)
     return min(heads, n_bh)
 
 
@@ -37,14 +40,14 @@ def last_window(n_bh, window, kv_head_bytes, merge=True, limit=32 << 20):
     return (n_bh - 1) // window
 
 
-def tile_costs(B, H, S, D, br, causal, rotate, snake, grid, bc, over, idle):
+def tile_costs(B, H, S, D, br, causal, rotate, snake, grid, bc, over, idle, cap=False):
     """Cost of the tile at each position of the order (position t runs on CTA t % grid in the
     static order)."""
     n_mb = -(-S // br)
     n_bh = B * H
     n = n_mb * n_bh
     kv = S * D * 4
-    win = causal_window(grid, n_mb, n_bh, kv)
+    win = causal_window(grid, n_mb, n_bh, kv, cap)
     last = last_window(n_bh, win, kv)
     pad = n_mb * br - S
     out = []
@@ -101,7 +104,7 @@ def main():
             args = (B, H, S, D, br, causal)
             cur = tile_costs(*args, True, True, a.grid, bc, a.over, a.idle)
             old = tile_costs(*args, False, True, a.grid, bc, a.over, a.idle)
-            dyn = tile_costs(*args, True, False, a.grid, bc, a.over, a.idle)
+            dyn = tile_costs(*args, True, False, a.grid, bc, a.over, a.idle, cap=True)
             print(f"{B} {H} {S} {D} {br} {int(causal)} | {static(cur, a.grid):.3f} | {static(old, a.grid):.3f} | "
                   f"{dynamic(dyn, a.grid):.3f}")
 

@@ -83,10 +83,11 @@ def test_large_grid_shapes_leave_key_split_mode(shape):
 # the fp64 reference stays small; at D = 128 the second has Sq > Sk. Causal
 # windows (sm90_causal_window) of 12 heads for (4, 16, 4100, 300) and 11 for
 # (1, 16, 2200, 2100) leave 4 and 5 heads over, which join the last window
-# (sm90_last_window).
+# (sm90_last_window); for (2, 16, 600, 4100) the window is capped to the L2
+# (11 heads of 2 MB K/V: windows of 11, 11 and 10 heads).
 WIDE_SHAPES = [((4, 16, 600, 300), 64), ((4, 16, 1000, 300), 64), ((4, 16, 1601, 300), 64),
                ((4, 16, 4100, 300), 64), ((3, 12, 4097, 1000), 64), ((2, 16, 600, 2100), 128),
-               ((1, 16, 2200, 2100), 128)]
+               ((1, 16, 2200, 2100), 128), ((2, 16, 600, 4100), 128)]
 wide_param = pytest.mark.parametrize("shape,D", WIDE_SHAPES,
                                      ids=lambda x: f"D{x}" if isinstance(x, int) else shape_id(x))
 

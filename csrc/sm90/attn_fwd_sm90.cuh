@@ -160,8 +160,13 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
     // Tiles (with clusters: of CL x br rows; cluster c takes tiles c, c + gridDim.x / CL, ...).
     const int n_mblocks = (p.Sq + CL * br - 1) / (CL * br);
     const int n_tiles = n_mblocks * p.B * p.Hq;
-    const int window = MAGIC_DIV ? 0 : sm90_causal_window(gridDim.x / CL, n_mblocks, p.B * p.Hq,
-                                                          (long long)p.Sk * DP * 4);  // causal tile order, see sm90_tile
+    // The causal tile order's windows (see sm90_tile): with three consumers in the
+    // dynamic order as the host found them (capped to the L2, sm90_causal_window;
+    // sm90_window_cap), otherwise here.
+    const int window = MAGIC_DIV                    ? 0
+                       : sm90_window_cap(DYN, CONS) ? args.sched.window
+                                                    : sm90_causal_window(gridDim.x / CL, n_mblocks, p.B * p.Hq,
+                                                                         (long long)p.Sk * DP * 4, false);
     // Causal windows: the static order and the three-consumer dynamic one may merge
     // the last two (sm90_last_window; the host decides, in args.sched.last_window),
     // except in the LONG kernel, whose consumers find their tiles themselves and

@@ -24,16 +24,18 @@ static fc_status attn_fwd_sm90_run(const Sm90Args& a, unsigned grid, cudaStream_
 // The tile order of a launch of `grid` CTAs with `br`-row tiles (see sm90_tile).
 // kv_head_bytes: one head's K and V at the padded head dim, for the causal window.
 // merge: the kernel may merge its last two causal windows (sm90_last_window).
+// cap: the order balances windows of any size (the dynamic order, a plan), so
+// they are kept to what the L2 holds (sm90_causal_window).
 // divisors: the kernel finds its tiles by multiply and shift (MAGIC_DIV); the
 // others read only last_window, and the divisors' host work is skipped.
 static Sm90Sched sm90_sched(const fc_attn_params* p, int br, int grid, long long kv_head_bytes, bool merge,
-                            bool divisors) {
+                            bool divisors, bool cap) {
     Sm90Sched o = {};
     const int n_bh = p->B * p->Hq;
     o.br = br;
     o.n_mblocks = (p->Sq + br - 1) / br;
     o.n_tiles = o.n_mblocks * n_bh;
-    o.window = sm90_causal_window(grid, o.n_mblocks, n_bh, kv_head_bytes);
+    o.window = sm90_causal_window(grid, o.n_mblocks, n_bh, kv_head_bytes, cap);
     o.last_window = sm90_last_window(n_bh, o.window, kv_head_bytes, merge);
     o.last_heads = n_bh - o.last_window * o.window;
     if (!divisors) return o;
@@ -58,9 +60,12 @@ static Sm90Sched sm90_sched(const fc_attn_params* p, int br, int grid, long long
 // Plans nothing (plan->n stays 0: the static order) for non-causal calls, for
 // no more tiles than clusters, and where the plan does not fit Sm90Plan.
 static constexpr int SM90_PLAN_OVER = 2;  // K/V steps a tile spends outside its loop (perf notes, session 18)
+static inline bool sm90_plans(const fc_attn_params* p, long long n_tiles, int grid) {  // whether sm90_plan plans
+    return p->causal != FC_CAUSAL_NONE && n_tiles > grid && n_tiles <= SM90_PLAN_TILES && grid <= SM90_PLAN_GRID;
+}
 static inline void sm90_plan(const fc_attn_params* p, const Sm90Sched& o, int grid, int bc, Sm90Plan* plan) {
     const int n = o.n_tiles;
-    if (p->causal == FC_CAUSAL_NONE || n <= grid || n > SM90_PLAN_TILES || grid > SM90_PLAN_GRID) return;
+    if (!sm90_plans(p, n, grid)) return;
     // A min-heap of (work, cluster), as one 64-bit key each: ties go to the lower cluster.
     unsigned long long heap[SM90_PLAN_GRID];
     for (int c = 0; c < grid; ++c) heap[c] = (unsigned long long)c;  // all at zero work: a valid heap
@@ -186,15 +191,16 @@ static fc_status attn_fwd_sm90_run_cluster(Sm90Args a, long long n_pair_tiles, u
     cfg.gridDim = dim3(SM90_CLUSTER);  // (the query asks how many such clusters fit)
     const int max_clusters = sm90_max_clusters<kernel>(cfg);
     if (max_clusters <= 0) {
-        a.sched = sm90_sched(&a.p, Tile::BR, (int)grid, (long long)a.p.Sk * DP * 4, true, Tile::MAGIC_DIV);
+        a.sched = sm90_sched(&a.p, Tile::BR, (int)grid, (long long)a.p.Sk * DP * 4, true, Tile::MAGIC_DIV, false);
         return attn_fwd_sm90_run<DP, 2, T, false, LONG>(a, grid, stream);
     }
     const long long clusters = n_pair_tiles < max_clusters ? n_pair_tiles : max_clusters;
     cfg.gridDim = dim3((unsigned)(clusters * SM90_CLUSTER));
+    constexpr bool has_plan = std::is_same_v<Sm90PlanOf<DP, SM90_CLUSTER>, Sm90Plan>;
     a.sched = sm90_sched(&a.p, SM90_CLUSTER * Tile::BR, (int)clusters, (long long)a.p.Sk * DP * 4, true,
-                         Tile::MAGIC_DIV);  // pair tiles over clusters
+                         Tile::MAGIC_DIV, has_plan && sm90_plans(&a.p, n_pair_tiles, (int)clusters));  // pair tiles over clusters
     Sm90PlanOf<DP, SM90_CLUSTER> plan{};  // (n = 0: the static order)
-    if constexpr (std::is_same_v<Sm90PlanOf<DP, SM90_CLUSTER>, Sm90Plan>) {
+    if constexpr (has_plan) {
         static_assert(Tile::MAGIC_DIV, "sm90_plan numbers tiles as sm90_tile_magic does");
         sm90_plan(&a.p, a.sched, (int)clusters, Tile::BC, &plan);
     }
@@ -276,7 +282,7 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     // its last_window; the divisors only the MAGIC_DIV kernels.
     const bool dyn = fc_sm90_dynamic_order(p, num_sms);  // the dynamic tile order (kernels.h)
     a.sched = sm90_sched(p, br, (int)grid, (long long)p->Sk * DP * 4, sm90_merge_windows(dyn, cons3 ? 3 : 2),
-                         sm90_magic_div(DP, cons3 ? 3 : 2) && !pairs);
+                         sm90_magic_div(DP, cons3 ? 3 : 2) && !pairs, sm90_window_cap(dyn, cons3 ? 3 : 2));
     if constexpr (Tile::KV_SPLIT_OK) {
         if (kv_split) return attn_fwd_sm90_run<DP, 2, T, true>(a, grid, stream);
     }

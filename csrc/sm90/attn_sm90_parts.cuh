@@ -48,6 +48,12 @@ __host__ __device__ constexpr bool sm90_magic_div(int dp, int cons) { return con
 // `cons` consumers, merges its last two causal windows (sm90_last_window; the
 // LONG kernel, whose consumers find their tiles themselves, never reads it).
 __host__ __device__ constexpr bool sm90_merge_windows(bool dyn, int cons) { return !dyn || cons == 3; }
+// Whether a kernel of the dynamic order (dyn) with `cons` consumers keeps its
+// causal windows within the L2 (sm90_causal_window's cap; the host's plan does
+// too): the three-consumer one (D = 128 causal long rows). The two-consumer
+// one (short rows) keeps its windows: capped, D = 256 causal 1k measured 1.2 %
+// slower (perf notes, session 33), and at D = 128 its code stays as measured.
+__host__ __device__ constexpr bool sm90_window_cap(bool dyn, int cons) { return dyn && cons == 3; }
 
 template <int DP, int CONS = 2, bool LONG = false>
 struct Sm90Tile {
@@ -426,8 +432,20 @@ __device__ __forceinline__ Sm90TileCoord sm90_tile_magic(const fc_attn_params& p
 // Below the threshold the stripe pairs stay: there one-stripe windows measured
 // 5 % slower (D = 64 causal S4k, 6-head windows), probably because the last,
 // partial window still holds the longest tiles and runs them last.
+// `cap` (the orders that balance any window: the three-consumer dynamic one,
+// sm90_window_cap, and the host's plan) also keeps a window's K and V within
+// SM90_WINDOW_CAP_BYTES, about half the 50 MB L2: otherwise long causal rows
+// make a window of every head (S8k D = 128: 32 heads of 4 MB), whose K/V come
+// from HBM again and again (D = 256 causal 8k: 681 MB of HBM reads, 255 MB
+// capped). Measured on an H100 (perf notes, session 33, REPS = 600): D = 256
+// causal 2k +6.6 %, 4k +8.6 %, 8k +3.7 %, 16k +4.5 %; D = 128 causal 8k +4.3 %,
+// 16k +1.6 %. The static order (D = 64) keeps its windows, which its snake
+// needs (capped: 1 % slower at 16k, and DRAM reads 1.53 GB -> 0.36 GB at 8k
+// with no gain).
 static constexpr long long SM90_WINDOW_KV_BYTES = 16ll << 20;
-__host__ __device__ inline int sm90_causal_window(int grid, int n_mblocks, int n_bh, long long kv_head_bytes) {
+static constexpr long long SM90_WINDOW_CAP_BYTES = 24ll << 20;
+__host__ __device__ inline int sm90_causal_window(int grid, int n_mblocks, int n_bh, long long kv_head_bytes,
+                                                  bool cap) {
     int a = 2 * grid, b = n_mblocks;
     while (b != 0) {
         const int r = a % b;
@@ -436,6 +454,8 @@ __host__ __device__ inline int sm90_causal_window(int grid, int n_mblocks, int n
     }
     int heads = 2 * grid / a;
     if (grid % n_mblocks == 0 && heads * kv_head_bytes > SM90_WINDOW_KV_BYTES) heads = grid / n_mblocks;
+    if (cap && heads * kv_head_bytes > SM90_WINDOW_CAP_BYTES)
+        heads = kv_head_bytes < SM90_WINDOW_CAP_BYTES ? (int)SM90_WINDOW_CAP_BYTES / (int)kv_head_bytes : 1;
     return heads < n_bh ? heads : n_bh;
 }
 
