@@ -10,7 +10,7 @@ A tile costs its K/V tile count plus --over steps (prologue, epilogue; about 2 a
 perf notes, sessions 18 and 28). In a non-causal 192-row tile whose last consumers hold only
 padding rows (skipped, Sm90Tile::PAD_SKIP) the cost is scaled by --idle per idle consumer
 (a timeline measured 0.91 for one idle consumer of three at D64 S512, perf notes, session 29).
-It mirrors sm90_tile (csrc/sm90/attn_sm90_parts.cuh): causal tiles longest first in windows of
+It mirrors sm90_tile (csrc/sm90/attn_sm90_order.cuh): causal tiles longest first in windows of
 heads (sm90_causal_window; capped to the L2 in the dynamic order) with the snake over odd
 stripes and the last two windows merged, and
 non-causal tiles head by head with ROTATE. The static order gives CTA c tiles c, c + grid, ...;

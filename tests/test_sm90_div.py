@@ -1,4 +1,4 @@
-"""The Hopper kernel's division by launch constants (csrc/sm90/attn_sm90_parts.cuh, Sm90Div) on
+"""The Hopper kernel's division by launch constants (csrc/sm90/attn_sm90_order.cuh, Sm90Div) on
 the CPU: shift = ceil(log2 d), mul = floor(2^32 (2^shift - d) / d) + 1, and
 n / d == (umulhi(n, mul) + n) >> shift with every intermediate in 32 bits, for 0 <= n < 2^31.
 The arithmetic mirrors sm90_div and sm90_quot; the GPU suite runs the C code itself."""
