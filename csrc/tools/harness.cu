@@ -331,8 +331,24 @@ static int run_host(const Case& c, fc_kernel kernel) {
     return 0;
 }
 
+// FLOPs as benchmarks/bench.py counts them: 4 B Hq Sq Sk D, halved for causal
+// calls with Sq = Sk; with Sq != Sk, 4 B Hq D times the (query, key) pairs the
+// mask leaves visible (row i sees keys j <= i, or j <= i + Sk - Sq bottom-right).
+static double case_flops(const Case& c) {
+    const double full = 4.0 * c.B * c.Hq * (double)c.Sq * c.Sk * c.D;
+    if (c.causal == FC_CAUSAL_NONE) return full;
+    if (c.Sq == c.Sk) return full / 2;
+    const long long shift = c.causal == FC_CAUSAL_BOTTOM_RIGHT ? (long long)c.Sk - c.Sq : 0;
+    double seen = 0;
+    for (long long i = 0; i < c.Sq; ++i) {
+        const long long n = i + 1 + shift;
+        seen += n < 0 ? 0 : n > c.Sk ? c.Sk : n;
+    }
+    return 4.0 * c.B * c.Hq * c.D * seen;
+}
+
 static void print_time(const Case& c, double us) {
-    const double flops = 4.0 * c.B * c.Hq * (double)c.Sq * c.Sk * c.D * (c.causal ? 0.5 : 1.0);
+    const double flops = case_flops(c);
     printf("%-4d %-4d %-4d %-6d %-6d %-4d %-7d %10.1f %9.1f\n", c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, (int)c.causal,
            us, us > 0 ? flops / us * 1e-6 : 0.0);
 }
