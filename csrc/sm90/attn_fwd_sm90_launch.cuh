@@ -24,8 +24,8 @@ static fc_status attn_fwd_sm90_run(const Sm90Args& a, unsigned grid, cudaStream_
 // The tile order of a launch of `grid` CTAs with `br`-row tiles (see sm90_tile).
 // kv_head_bytes: one head's K and V at the padded head dim, for the causal window.
 // merge: the kernel may merge its last two causal windows (sm90_last_window).
-// cap: the order balances windows of any size (the dynamic order, a plan), so
-// they are kept to what the L2 holds (sm90_causal_window).
+// cap: the order balances windows of any size (sm90_window_cap, or a host
+// plan), so they are kept to what the L2 holds (sm90_causal_window).
 // divisors: the kernel finds its tiles by multiply and shift (MAGIC_DIV); the
 // others read only last_window, and the divisors' host work is skipped.
 static Sm90Sched sm90_sched(const fc_attn_params* p, int br, int grid, long long kv_head_bytes, bool merge,
@@ -197,8 +197,9 @@ static fc_status attn_fwd_sm90_run_cluster(Sm90Args a, long long n_pair_tiles, u
     const long long clusters = n_pair_tiles < max_clusters ? n_pair_tiles : max_clusters;
     cfg.gridDim = dim3((unsigned)(clusters * SM90_CLUSTER));
     constexpr bool has_plan = std::is_same_v<Sm90PlanOf<DP, SM90_CLUSTER>, Sm90Plan>;
+    const bool planned = has_plan && sm90_plans(&a.p, n_pair_tiles, (int)clusters);  // (its windows capped)
     a.sched = sm90_sched(&a.p, SM90_CLUSTER * Tile::BR, (int)clusters, (long long)a.p.Sk * DP * 4, true,
-                         Tile::MAGIC_DIV, has_plan && sm90_plans(&a.p, n_pair_tiles, (int)clusters));  // pair tiles over clusters
+                         Tile::MAGIC_DIV, planned);  // pair tiles over clusters
     Sm90PlanOf<DP, SM90_CLUSTER> plan{};  // (n = 0: the static order)
     if constexpr (has_plan) {
         static_assert(Tile::MAGIC_DIV, "sm90_plan numbers tiles as sm90_tile_magic does");
