@@ -11,10 +11,12 @@ perf notes, sessions 18 and 28). In a non-causal 192-row tile whose last consume
 padding rows (skipped, Sm90Tile::PAD_SKIP) the cost is scaled by --idle per idle consumer
 (a timeline measured 0.91 for one idle consumer of three at D64 S512, perf notes, session 29).
 It mirrors sm90_tile (csrc/sm90/attn_sm90_order.cuh): causal tiles longest first in windows of
-heads (sm90_causal_window; capped to the L2 in the dynamic order) with the snake over odd
-stripes and the last two windows merged, and
+heads (sm90_causal_window) with the snake over odd stripes and the last two windows merged, and
 non-causal tiles head by head with ROTATE. The static order gives CTA c tiles c, c + grid, ...;
-the dynamic order gives each next tile to the first CTA to finish. Printed: max/mean CTA work,
+the dynamic order gives each next tile to the first CTA to finish, with windows capped to the L2
+as the kernel caps them where the order balances any window (the three-consumer dynamic order at
+D = 128, the D = 256 pairs' host plan; at other shapes this column is a what-if, and the
+two-consumer dynamic order keeps uncapped windows). Printed: max/mean CTA work,
 the launch's time over a perfectly even split.
 """
 import argparse
