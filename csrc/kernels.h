@@ -26,12 +26,14 @@ fc_status fc_sm90_fwd_d128(const fc_attn_params* p, int num_sms, fc_stream_t str
 fc_status fc_sm90_fwd_d256(const fc_attn_params* p, int num_sms, fc_stream_t stream);  /* 128 < D <= 256 */
 /* Whether an sm90 call takes its tiles from a counter in the workspace (the
  * dynamic tile order) rather than round robin: causal calls at D > 64 with
- * Sk < 2048 and more 128-row tiles than SMs, and causal D = 128 calls from
- * Sk = 2048 on three consumers (fc_sm90_d128_wide); key-split mode and the
- * other long-row kernels keep the static order. The counter is 16 bytes of
- * workspace, zeroed by the launcher before each launch. Measured on an H100
- * (perf notes, sessions 22 and 28): causal S = 512 +5-7 %, 1k +2-3 %, and on
- * three consumers 2k-4k +4-5 %; D = 64 and non-causal calls lose with it.
+ * Sk < 2048 and more 128-row tiles than SMs, causal D = 128 calls from
+ * Sk = 2048 on three consumers (fc_sm90_d128_wide), and causal D = 64 calls
+ * whose static-order windows would not fit the L2 (fc_sm90_d64_dynamic);
+ * key-split mode and the other long-row kernels keep the static order. The
+ * counter is 16 bytes of workspace, zeroed by the launcher before each
+ * launch. Measured on an H100 (perf notes, sessions 22, 28 and 34): causal
+ * S = 512 +5-7 %, 1k +2-3 %, on three consumers 2k-4k +4-5 %, D = 64 causal
+ * 8k +4 %; non-causal calls, and D = 64 ones whose windows fit, lose with it.
  * dispatch.c sizes the workspace with this rule and the sm90 launcher
  * follows it. */
 #define FC_SM90_DYN_WORKSPACE 16
@@ -98,8 +100,48 @@ static inline size_t fc_sm90_tail_workspace(const fc_attn_params* p, int num_sms
     const size_t n = FC_SM90_TAIL_CTAS(p, num_sms);
     return FC_SM90_TAIL_COUNT_BYTES(n) + 2 * n * FC_SM90_TAIL_SLOT_BYTES;
 }
+/* Heads per causal window of the sm90 tile order (its sm90_causal_window
+ * without the cap, the rule and its measurements explained there):
+ * 2 grid / gcd(2 grid, n_mblocks), so that a window is whole stripe pairs;
+ * one stripe's heads instead where the query blocks divide the grid and the
+ * window's K and V (kv_head_bytes per head) exceed FC_SM90_WINDOW_KV_BYTES;
+ * at most n_bh. FC_SM90_WINDOW_CAP_BYTES: the cap, about half the L2. */
+#define FC_SM90_WINDOW_KV_BYTES (16ll << 20)
+#define FC_SM90_WINDOW_CAP_BYTES (24ll << 20)
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline int fc_sm90_window_heads(int grid, int n_mblocks, int n_bh, long long kv_head_bytes) {
+    int a = 2 * grid, b = n_mblocks;
+    while (b != 0) {
+        const int r = a % b;
+        a = b;
+        b = r;
+    }
+    int heads = 2 * grid / a;
+    if (grid % n_mblocks == 0 && heads * kv_head_bytes > FC_SM90_WINDOW_KV_BYTES) heads = grid / n_mblocks;
+    return heads < n_bh ? heads : n_bh;
+}
+/* Causal D = 64 calls on three consumers whose windows in the static order
+ * would hold more K/V than FC_SM90_WINDOW_CAP_BYTES (long rows: S = 8k on the
+ * standard grid makes one window of 64 heads of 2 MB) take the dynamic order,
+ * whose windows are capped (sm90_window_cap): the static order's snake needs
+ * its whole windows, and their K/V came from HBM again and again (1.53 GB
+ * read at causal 8k, where Q, K and V are 201 MB). Measured on an H100 (perf
+ * notes, session 34, REPS = 600): causal 8k +4 %, 16k +2.3 %. Where the
+ * windows fit, the static order stays: the dynamic one measured 1-2 % slower
+ * there (session 29). */
+static inline int fc_sm90_d64_dynamic(const fc_attn_params* p, int num_sms) {
+    if (p->causal == FC_CAUSAL_NONE || p->D > 64 || fc_sm90_key_split(p, num_sms) || !fc_sm90_cons3_grid(p, num_sms))
+        return 0;
+    const long long tiles = fc_sm90_tiles(p, 192), kv_head_bytes = (long long)p->Sk * 64 * 4;
+    const int grid = tiles < num_sms ? (int)tiles : num_sms;
+    return fc_sm90_window_heads(grid, (p->Sq + 191) / 192, p->B * p->Hq, kv_head_bytes) * kv_head_bytes >
+           FC_SM90_WINDOW_CAP_BYTES;
+}
 static inline int fc_sm90_dynamic_order(const fc_attn_params* p, int num_sms) {
-    if (p->causal == FC_CAUSAL_NONE || p->D <= 64) return 0;
+    if (p->causal == FC_CAUSAL_NONE) return 0;
+    if (p->D <= 64) return fc_sm90_d64_dynamic(p, num_sms);
     if (p->Sk >= FC_SM90_DYN_MAX_SK) return fc_sm90_d128_wide(p, num_sms);
     return !fc_sm90_key_split(p, num_sms) && fc_sm90_tiles(p, 128) > num_sms;
 }

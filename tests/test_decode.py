@@ -267,10 +267,11 @@ def test_c_api_workspace_checks():
 @requires_gpu
 @pytest.mark.skipif("sm90" not in GPU_KERNELS, reason="needs the sm90 kernel (an H100/H200)")
 @pytest.mark.parametrize("D,shape", [(128, (4, 16, 1000, 1000)), (256, (4, 16, 1000, 1000)),
-                                     (128, (2, 16, 600, 2100))], ids=lambda x: str(x))
+                                     (128, (2, 16, 600, 2100)), (64, (4, 32, 550, 2300))], ids=lambda x: str(x))
 def test_c_api_tile_counter_workspace(D, shape):
     """Causal sm90 calls at D > 64 with Sk < 2048 and more 128-row tiles than SMs,
-    and causal D = 128 calls on three consumers from Sk = 2048 (the third shape),
+    causal D = 128 calls on three consumers from Sk = 2048 (the third shape), and
+    causal D = 64 calls whose static-order windows would not fit the L2 (the fourth),
     take their tiles from a 16-byte counter in the workspace (kernels.h,
     fc_sm90_dynamic_order): sized, refused when missing, zeroed by each launch."""
     lib = _lib()

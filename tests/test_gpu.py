@@ -4,6 +4,7 @@ Every correctness test is parametrized over GPU_KERNELS: ["sm80"], plus
 "sm90" on a compute-capability-9.0 device where forcing it works. The whole
 module skips without a usable CUDA device.
 """
+import math
 import re
 import warnings
 
@@ -84,10 +85,13 @@ def test_large_grid_shapes_leave_key_split_mode(shape):
 # windows (sm90_causal_window) of 12 heads for (4, 16, 4100, 300) and 11 for
 # (1, 16, 2200, 2100) leave 4 and 5 heads over, which join the last window
 # (sm90_last_window); for (2, 16, 600, 4100) the window is capped to the L2
-# (11 heads of 2 MB K/V: windows of 11, 11 and 10 heads).
+# (11 heads of 2 MB K/V: windows of 11, 11 and 10 heads). (4, 32, 550, 2300)
+# at D = 64 runs causal calls in the dynamic order (fc_sm90_d64_dynamic): the
+# static order's window would be 44 heads of 0.59 MB K/V, more than the 24 MB
+# cap, so the windows are 42, 42 and 44 heads (the last two merged).
 WIDE_SHAPES = [((4, 16, 600, 300), 64), ((4, 16, 1000, 300), 64), ((4, 16, 1601, 300), 64),
-               ((4, 16, 4100, 300), 64), ((3, 12, 4097, 1000), 64), ((2, 16, 600, 2100), 128),
-               ((1, 16, 2200, 2100), 128), ((2, 16, 600, 4100), 128)]
+               ((4, 16, 4100, 300), 64), ((3, 12, 4097, 1000), 64), ((4, 32, 550, 2300), 64),
+               ((2, 16, 600, 2100), 128), ((1, 16, 2200, 2100), 128), ((2, 16, 600, 4100), 128)]
 wide_param = pytest.mark.parametrize("shape,D", WIDE_SHAPES,
                                      ids=lambda x: f"D{x}" if isinstance(x, int) else shape_id(x))
 
@@ -98,12 +102,33 @@ def uses_three_consumers(B, H, Sq, sms):
     return Sq >= 512 and -(-Sq // 64) * B * H > sms and stripes(192) * 192 < stripes(128) * 128 * 1.15
 
 
+def d64_takes_dynamic_order(B, H, Sq, Sk, sms):
+    """fc_sm90_d64_dynamic (csrc/kernels.h) for a causal D = 64 call, mirrored: three
+    consumers, and a static-order window (fc_sm90_window_heads) of more than 24 MB of K/V."""
+    n_mb, kv = -(-Sq // 192), Sk * 64 * 4
+    grid = min(n_mb * B * H, sms)
+    heads = 2 * grid // math.gcd(2 * grid, n_mb)
+    if grid % n_mb == 0 and heads * kv > 16 << 20:
+        heads = grid // n_mb
+    return uses_three_consumers(B, H, Sq, sms) and min(heads, B * H) * kv > 24 << 20
+
+
+def test_d64_dynamic_order_mirror():
+    """The mirror above on shapes worked by hand: the standard grid's causal D = 64
+    from S = 8k (one window of every head, 2 MB each), not below; the WIDE_SHAPES entry."""
+    assert d64_takes_dynamic_order(2, 32, 8192, 8192, 132) and d64_takes_dynamic_order(1, 32, 16384, 16384, 132)
+    assert not d64_takes_dynamic_order(4, 32, 4096, 4096, 132)  # 12-head windows of 1 MB
+    assert not d64_takes_dynamic_order(8, 32, 2048, 2048, 132)
+    assert d64_takes_dynamic_order(4, 32, 550, 2300, 132) and not d64_takes_dynamic_order(4, 32, 550, 2000, 132)
+
+
 @wide_param
 def test_wide_shapes_take_the_wide_path(shape, D):
     B, H, Sq, Sk = shape
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     assert uses_three_consumers(B, H, Sq, sms) and Sq % 192 != 0
     assert D == 64 or Sk >= 2048, "D = 128: three consumers from 2048 keys"
+    assert D == 128 or d64_takes_dynamic_order(B, H, Sq, Sk, sms) == (shape == (4, 32, 550, 2300))
 
 
 @dtype_param
@@ -421,6 +446,8 @@ def test_gpu_poisoned_output_fully_written(kernel, case):
     (2, 16, 1500, 2100, 256, "bottom_right", torch.float16),
     # sm90 D = 128 causal on 192-row tiles (WIDE_SHAPES)
     (2, 16, 600, 2100, 128, "top_left", torch.float16),
+    # sm90 D = 64 causal in the dynamic order, windows capped to the L2 (WIDE_SHAPES)
+    (4, 32, 550, 2300, 64, "bottom_right", torch.float16),
     # sm90 D = 64 on 192-row tiles: two consumers of padding rows skip each head's last block
     (4, 16, 1000, 300, 64, None, torch.bfloat16),
 ], ids=lambda c: "B{}H{}_q{}k{}_D{}_{}_{}".format(*c[:5], mode_id(c[5]), dtype_id(c[6])))

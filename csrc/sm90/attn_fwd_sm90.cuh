@@ -38,7 +38,8 @@
 // are numbered longest first inside windows of a few heads, so the query
 // blocks of a head run close in time and share its K/V in L2 (and taken in
 // reverse in odd stripes of grid tiles, see sm90_tile). Causal calls at D > 64
-// with short rows, and causal D = 128 calls on three consumers, take the dynamic
+// with short rows, causal D = 128 calls on three consumers, and causal D = 64
+// calls whose windows would not fit the L2, take the dynamic
 // order instead (DYN, fc_sm90_dynamic_order in kernels.h): after its first tile
 // a CTA takes the next one from a counter as it finishes. Causal CTA pairs at
 // D = 256 take a plan made on the host instead (Sm90Plan, sm90_plan): the same

@@ -230,7 +230,7 @@ static_assert(SM90_LONG_MIN_SK == FC_SM90_DYN_MAX_SK,
 static_assert(sm90_cluster_min_sk(128) >= SM90_LONG_MIN_SK, "the D = 128 cluster kernel is the LONG one");
 static_assert(sm90_cluster_min_sk(256) >= FC_SM90_DYN_MAX_SK, "pairs and the dynamic order take different rows");
 static_assert(Sm90Tile<64, 3>::BR == 192 && Sm90Tile<128, 3>::BR == 192 && Sm90Tile<128>::BR == 128,
-              "fc_sm90_cons3_grid (kernels.h)");
+              "fc_sm90_cons3_grid and fc_sm90_d64_dynamic (kernels.h)");
 
 // Whether an ordinary-mode call at padded head dim DP runs Sm90Tile<DP, 3>: at
 // D = 64 when the grid favours it, at D = 128 for causal calls from
@@ -287,17 +287,15 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     if constexpr (Tile::KV_SPLIT_OK) {
         if (kv_split) return attn_fwd_sm90_run<DP, 2, T, true>(a, grid, stream);
     }
-    if constexpr (DP >= 128) {
-        if (dyn) {  // (dispatch checked the workspace)
-            if (!p->workspace || p->workspace_bytes < FC_SM90_DYN_WORKSPACE) return FC_ERR_WORKSPACE;
-            a.tile_counter = static_cast<unsigned int*>(p->workspace);
-            if (cudaMemsetAsync(a.tile_counter, 0, sizeof(unsigned int), stream) != cudaSuccess) return FC_ERR_CUDA;
-            if constexpr (DP == 128) {
-                if (cons3) return attn_fwd_sm90_run<DP, 3, T, false, false, true>(a, grid, stream);
-            }
-            return attn_fwd_sm90_run<DP, 2, T, false, false, true>(a, grid, stream);
+    if (dyn) {  // (dispatch checked the workspace)
+        if (!p->workspace || p->workspace_bytes < FC_SM90_DYN_WORKSPACE) return FC_ERR_WORKSPACE;
+        a.tile_counter = static_cast<unsigned int*>(p->workspace);
+        if (cudaMemsetAsync(a.tile_counter, 0, sizeof(unsigned int), stream) != cudaSuccess) return FC_ERR_CUDA;
+        if constexpr (DP <= 128) {
+            if (cons3) return attn_fwd_sm90_run<DP, 3, T, false, false, true>(a, grid, stream);
         }
-    }
+        if constexpr (DP >= 128) return attn_fwd_sm90_run<DP, 2, T, false, false, true>(a, grid, stream);
+    }  // (at D = 64 the dynamic order implies three consumers, fc_sm90_d64_dynamic)
     if constexpr (DP == 64) {
         if (cons3) return attn_fwd_sm90_run<DP, 3, T, false>(a, grid, stream);
     }

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "../flashcore.h"
+#include "../kernels.h"
 
 // ---------------------------------------------------------------------------
 // Tile order
@@ -243,11 +244,12 @@ __device__ __forceinline__ Sm90TileCoord sm90_tile_magic(const fc_attn_params& p
     return t;
 }
 
-// Heads per causal window: 2 grid / gcd(2 grid, n_mblocks), so that a window
+// Heads per causal window (fc_sm90_window_heads, kernels.h, and the cap):
+// 2 grid / gcd(2 grid, n_mblocks), so that a window
 // is a whole number of stripe pairs and the snake keeps CTAs' work even
 // (33 heads on 132 SMs for 8 or 16 query blocks per head), at most all heads.
 // When a head's query blocks divide the grid and that window's K and V
-// (kv_head_bytes per head) exceed SM90_WINDOW_KV_BYTES, a window is one stripe
+// (kv_head_bytes per head) exceed FC_SM90_WINDOW_KV_BYTES, a window is one stripe
 // instead (half the heads): consecutive stripes hold the same mix of tile
 // lengths, so the snake still pairs them, and fewer heads share the L2
 // (S = 512: 33 heads, not 66; D = 256 DRAM reads 265 -> 206 MB, perf notes).
@@ -256,28 +258,20 @@ __device__ __forceinline__ Sm90TileCoord sm90_tile_magic(const fc_attn_params& p
 // partial window still holds the longest tiles and runs them last.
 // `cap` (the orders that balance any window: the three-consumer dynamic one,
 // sm90_window_cap, and the host's plan) also keeps a window's K and V within
-// SM90_WINDOW_CAP_BYTES, about half the 50 MB L2: otherwise long causal rows
+// FC_SM90_WINDOW_CAP_BYTES, about half the 50 MB L2: otherwise long causal rows
 // make a window of every head (S8k D = 128: 32 heads of 4 MB), whose K/V come
 // from HBM again and again (D = 256 causal 8k: 681 MB of HBM reads, 255 MB
 // capped). Measured on an H100 (perf notes, session 33, REPS = 600): D = 256
 // causal 2k +6.6 %, 4k +8.6 %, 8k +3.7 %, 16k +4.5 %; D = 128 causal 8k +4.3 %,
 // 16k +1.6 %. The static order (D = 64) keeps its windows, which its snake
 // needs (capped: 1 % slower at 16k, and DRAM reads 1.53 GB -> 0.36 GB at 8k
-// with no gain).
-static constexpr long long SM90_WINDOW_KV_BYTES = 16ll << 20;
-static constexpr long long SM90_WINDOW_CAP_BYTES = 24ll << 20;
+// with no gain); where they would not fit under the cap, D = 64 takes the
+// dynamic order instead (fc_sm90_d64_dynamic, kernels.h; session 34).
 __host__ __device__ inline int sm90_causal_window(int grid, int n_mblocks, int n_bh, long long kv_head_bytes,
                                                   bool cap) {
-    int a = 2 * grid, b = n_mblocks;
-    while (b != 0) {
-        const int r = a % b;
-        a = b;
-        b = r;
-    }
-    int heads = 2 * grid / a;
-    if (grid % n_mblocks == 0 && heads * kv_head_bytes > SM90_WINDOW_KV_BYTES) heads = grid / n_mblocks;
-    if (cap && heads * kv_head_bytes > SM90_WINDOW_CAP_BYTES)
-        heads = kv_head_bytes < SM90_WINDOW_CAP_BYTES ? (int)SM90_WINDOW_CAP_BYTES / (int)kv_head_bytes : 1;
+    int heads = fc_sm90_window_heads(grid, n_mblocks, n_bh, kv_head_bytes);
+    if (cap && heads * kv_head_bytes > FC_SM90_WINDOW_CAP_BYTES)
+        heads = kv_head_bytes < FC_SM90_WINDOW_CAP_BYTES ? (int)FC_SM90_WINDOW_CAP_BYTES / (int)kv_head_bytes : 1;
     return heads < n_bh ? heads : n_bh;
 }
 

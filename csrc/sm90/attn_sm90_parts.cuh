@@ -50,7 +50,8 @@ __host__ __device__ constexpr bool sm90_magic_div(int dp, int cons) { return con
 __host__ __device__ constexpr bool sm90_merge_windows(bool dyn, int cons) { return !dyn || cons == 3; }
 // Whether a kernel of the dynamic order (dyn) with `cons` consumers keeps its
 // causal windows within the L2 (sm90_causal_window's cap; the host's plan does
-// too): the three-consumer one (D = 128 causal long rows). The two-consumer
+// too): the three-consumer one (causal long rows: D = 128, and D = 64 where
+// the static order's windows would not fit, fc_sm90_d64_dynamic). The two-consumer
 // one (short rows) keeps its windows: capped, D = 256 causal 1k measured 1.2 %
 // slower (perf notes, session 33), and at D = 128 its code stays as measured.
 __host__ __device__ constexpr bool sm90_window_cap(bool dyn, int cons) { return dyn && cons == 3; }

@@ -191,6 +191,7 @@ static int run_check(fc_kernel kernel, bool small) {
             cases.push_back({2, 16, 4, 600, 2100, 128, m, dt, false});  // sm90 D128 causal: 192-row tiles, GQA
             cases.push_back({1, 16, 4, 2200, 2100, 128, m, dt, false}); // sm90 D128 causal: merged last window
             cases.push_back({2, 16, 4, 600, 4100, 128, m, dt, false});  // sm90 D128 causal: windows capped to the L2
+            cases.push_back({4, 32, 8, 550, 2300, 64, m, dt, false});   // sm90 D64 causal: the dynamic order, capped windows
             cases.push_back({2, 32, 8, 1, 4100, 128, m, dt, false});    // decode: split-KV, GQA 4:1
             cases.push_back({1, 4, 1, 4, 1500, 256, m, dt, false});     // decode: Sq 4, MQA
         }
