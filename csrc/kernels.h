@@ -128,7 +128,7 @@ static inline int fc_sm90_window_heads(int grid, int n_mblocks, int n_bh, long l
  * whose windows are capped (sm90_window_cap): the static order's snake needs
  * its whole windows, and their K/V came from HBM again and again (1.53 GB
  * read at causal 8k, where Q, K and V are 201 MB). Measured on an H100 (perf
- * notes, session 34, REPS = 600): causal 8k +4 %, 16k +2.3 %. Where the
+ * notes, session 34, REPS = 600): causal 8k +4 %, 16k +2-4 %. Where the
  * windows fit, the static order stays: the dynamic one measured 1-2 % slower
  * there (session 29). */
 static inline int fc_sm90_d64_dynamic(const fc_attn_params* p, int num_sms) {
