@@ -25,9 +25,10 @@ import heapq
 import math
 
 GRID = 132
+WINDOW_CAP_BYTES = 24 << 20  # FC_SM90_WINDOW_CAP_BYTES (csrc/kernels.h)
 
 
-def causal_window(grid, n_mblocks, n_bh, kv_head_bytes, cap=False, limit=16 << 20, cap_bytes=24 << 20):
+def causal_window(grid, n_mblocks, n_bh, kv_head_bytes, cap=False, limit=16 << 20, cap_bytes=WINDOW_CAP_BYTES):
     heads = 2 * grid // math.gcd(2 * grid, n_mblocks)
     if grid % n_mblocks == 0 and heads * kv_head_bytes > limit:
         heads = grid // n_mblocks

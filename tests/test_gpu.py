@@ -4,8 +4,9 @@ Every correctness test is parametrized over GPU_KERNELS: ["sm80"], plus
 "sm90" on a compute-capability-9.0 device where forcing it works. The whole
 module skips without a usable CUDA device.
 """
-import math
+import pathlib
 import re
+import sys
 import warnings
 
 import pytest
@@ -16,6 +17,9 @@ from flashcore import _C
 
 from conftest import (CAUSAL_MODES, GPU_KERNELS, call, check_attention, dtype_id, make_qkv, mode_id,
                       poison_allocator, ref_attention, requires_gpu, run_poisoned, visible_mask)
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
+import tile_model  # noqa: E402  (the sm90 tile order's CPU model)
 
 pytestmark = requires_gpu
 
@@ -104,13 +108,11 @@ def uses_three_consumers(B, H, Sq, sms):
 
 def d64_takes_dynamic_order(B, H, Sq, Sk, sms):
     """fc_sm90_d64_dynamic (csrc/kernels.h) for a causal D = 64 call, mirrored: three
-    consumers, and a static-order window (fc_sm90_window_heads) of more than 24 MB of K/V."""
+    consumers, and a static-order window (tile_model.causal_window, the mirror of
+    fc_sm90_window_heads) of more than the cap's K/V."""
     n_mb, kv = -(-Sq // 192), Sk * 64 * 4
-    grid = min(n_mb * B * H, sms)
-    heads = 2 * grid // math.gcd(2 * grid, n_mb)
-    if grid % n_mb == 0 and heads * kv > 16 << 20:
-        heads = grid // n_mb
-    return uses_three_consumers(B, H, Sq, sms) and min(heads, B * H) * kv > 24 << 20
+    heads = tile_model.causal_window(min(n_mb * B * H, sms), n_mb, B * H, kv)
+    return uses_three_consumers(B, H, Sq, sms) and heads * kv > tile_model.WINDOW_CAP_BYTES
 
 
 def test_d64_dynamic_order_mirror():
