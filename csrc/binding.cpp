@@ -6,7 +6,10 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "flashcore.h"
 
@@ -176,6 +179,34 @@ fc_attn_params fill_params(const at::Tensor& q, const at::Tensor& k, const at::T
     return p;
 }
 
+// A workspace of ZEROED_WS_BYTES per (device, stream), zero-filled once and
+// kept for the process: calls that need only counters (the sm90 dynamic
+// order's 16 bytes) pass it with counters_zeroed = 1, and the kernel leaves
+// them at zero, so each such call saves a memset and its launch gap (about 3 us
+// of a 105 us call, perf notes, session 35). Keyed by the stream's unique id
+// (cudaStreamGetId), so a stream handle reused after a destroy gets its own
+// buffer. NULL while the stream is capturing a CUDA graph: a graph may replay on
+// another stream, concurrently with eager calls on this one, so captured calls
+// take fresh scratch and their launch zeroes it.
+static constexpr size_t ZEROED_WS_BYTES = 256;
+void* zeroed_workspace(const at::Tensor& q, cudaStream_t stream) {
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    if (cudaStreamIsCapturing(stream, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone ||
+        cudaStreamGetId(stream, &id) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return nullptr;
+    }
+    static std::mutex mu;
+    // (never destroyed: freeing CUDA memory from a static destructor at exit can
+    // run after torch's allocator is gone)
+    static auto* kept = new std::map<std::pair<int, unsigned long long>, at::Tensor>();
+    std::lock_guard<std::mutex> lock(mu);
+    at::Tensor& t = (*kept)[{(int)q.get_device(), id}];
+    if (!t.defined()) t = at::zeros({(int64_t)ZEROED_WS_BYTES}, q.options().dtype(at::kByte));  // (on this stream)
+    return t.data_ptr();
+}
+
 // Checks, allocates out (and lse), runs the C API; lse is undefined unless return_lse.
 std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                           double scale, int causal, int kernel, bool return_lse,
@@ -206,18 +237,24 @@ std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor&
     p.o_batch_stride = out.stride(0); p.o_head_stride = out.stride(1); p.o_row_stride = out.stride(2);
     p.lse = return_lse ? lse.data_ptr<float>() : nullptr;
 
-    // Split-KV scratch from torch's caching allocator (stream-ordered, so it
-    // is safe to free on return and fine under CUDA-graph capture).
+    // Scratch: a small workspace (the sm90 dynamic order's 16-byte tile counter)
+    // from the stream's kept-zero buffer, so the launch needs no memset; larger
+    // ones (split-KV and split-tail partials) from torch's caching allocator
+    // (stream-ordered, so safe to free on return and fine under graph capture).
+    fc_stream_t stream = q.is_cuda() ? (fc_stream_t)c10::cuda::getCurrentCUDAStream().stream() : nullptr;
     at::Tensor workspace;
     const size_t ws_bytes = q.is_cuda() ? fc_attn_fwd_workspace_size(&p) : 0;
     if (ws_bytes > 0) {
-        workspace = at::empty({(int64_t)ws_bytes}, q.options().dtype(at::kByte));
-        p.workspace = workspace.data_ptr();
+        p.workspace = ws_bytes <= ZEROED_WS_BYTES ? zeroed_workspace(q, (cudaStream_t)stream) : nullptr;
+        p.counters_zeroed = p.workspace != nullptr;
+        if (!p.workspace) {
+            workspace = at::empty({(int64_t)ws_bytes}, q.options().dtype(at::kByte));
+            p.workspace = workspace.data_ptr();
+        }
         p.workspace_bytes = ws_bytes;
     }
 
     // One call does check + launch; the reasons are only formatted on failure.
-    fc_stream_t stream = q.is_cuda() ? (fc_stream_t)c10::cuda::getCurrentCUDAStream().stream() : nullptr;
     fc_status st = fc_attn_fwd(&p, stream);
     if (st != FC_OK) {
         char why[1024];

@@ -288,6 +288,9 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
     if (p->num_splits < 0)
         fail(&r, FC_ERR_INVALID_ARGUMENT, "num_splits: %d is negative; use 0 (heuristic), 1 (no split) or n > 1 "
              "(split Sk n ways)", p->num_splits);
+    if (p->counters_zeroed != 0 && p->counters_zeroed != 1)
+        fail(&r, FC_ERR_INVALID_ARGUMENT, "counters_zeroed: %d; use 1 for a workspace whose counters are zero "
+             "(see flashcore.h) or 0", p->counters_zeroed);
 
     const fc_kernel k = fc_attn_fwd_pick(p);
     c->kernel = k;
@@ -393,9 +396,14 @@ fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
             sp.o_part = (float*)p->workspace;
             sp.lse_part = sp.o_part + (size_t)sp.splits * p->B * p->Hq * p->Sq * p->D;
         }
-        return p->D <= 64 ? fc_sm80_decode_d64(p, &sp, stream)
-             : p->D <= 128 ? fc_sm80_decode_d128(p, &sp, stream)
-                           : fc_sm80_decode_d256(p, &sp, stream);
+        s = p->D <= 64 ? fc_sm80_decode_d64(p, &sp, stream)
+          : p->D <= 128 ? fc_sm80_decode_d128(p, &sp, stream)
+                        : fc_sm80_decode_d256(p, &sp, stream);
+        /* partials are not counters: a workspace kept zero (counters_zeroed) is zeroed again behind them */
+        if (s == FC_OK && sp.splits > 1 && p->counters_zeroed &&
+            cudaMemsetAsync(p->workspace, 0, split_workspace_bytes(p, &sp), (cudaStream_t)stream) != cudaSuccess)
+            return FC_ERR_CUDA;
+        return s;
     }
     switch (c.kernel) {
         case FC_KERNEL_SM80:

@@ -87,6 +87,11 @@ typedef struct {
     void* workspace;  /* device scratch (split-KV partials, the sm90 kernel's tile counter or its split
                          tail's partials), 16-byte aligned; NULL when none is needed */
     size_t workspace_bytes; /* bytes at workspace; must be >= fc_attn_fwd_workspace_size(p) */
+    int counters_zeroed;    /* 1: workspace_bytes of zeros at workspace (zero-filled when allocated and
+                               since used only by calls with this flag set, each of which leaves its
+                               workspace all zero again): the sm90 dynamic order's tile counter then needs
+                               no memset before the launch, one operation fewer per call. 0: any memory
+                               (the launch zeroes the counters it uses). */
 } fc_attn_params;
 
 /* Short English name of a status code. Never NULL. */
@@ -132,7 +137,9 @@ int fc_attn_fwd_num_splits(const fc_attn_params* p);
  * or params fc_attn_fwd_check rejects). With n > 1 splits it is
  * n * B*Hq*Sq * (D + 1) * 4: fp32 partial O (n, B, Hq, Sq, D) followed by the
  * fp32 partial LSE (n, B, Hq, Sq). A causal call that runs the sm90 kernel
- * with its dynamic tile order needs 16 bytes (a counter the launch zeroes). A
+ * with its dynamic tile order needs 16 bytes (a counter, which the launch
+ * zeroes unless counters_zeroed says it already is zero; the kernel leaves it
+ * at zero). A
  * non-causal call that runs the sm90 kernel at 64 < D <= 128 with Sk >= 4096
  * needs room for its split tail's counters and partials (about 139 KB per SM,
  * 18 MB on an H100; FC_SM90_TAIL_CTAS in kernels.h).

@@ -31,7 +31,8 @@ fc_status fc_sm90_fwd_d256(const fc_attn_params* p, int num_sms, fc_stream_t str
  * whose static-order windows would not fit the L2 (fc_sm90_d64_dynamic);
  * key-split mode and the other long-row kernels keep the static order. The
  * counter is 16 bytes of workspace, zeroed by the launcher before each
- * launch. Measured on an H100 (perf notes, sessions 22, 28 and 34): causal
+ * launch unless the params say it is zero already (counters_zeroed): the
+ * kernel's last ticket puts it back to zero. Measured on an H100 (perf notes, sessions 22, 28 and 34): causal
  * S = 512 +5-7 %, 1k +2-3 %, on three consumers 2k-4k +4-5 %, D = 64 causal
  * 8k +4 %; non-causal calls, and D = 64 ones whose windows fit, lose with it.
  * dispatch.c sizes the workspace with this rule and the sm90 launcher

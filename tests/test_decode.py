@@ -211,7 +211,8 @@ class Params(ctypes.Structure):
                 + [(f"{t}_{s}_stride", ctypes.c_int64) for t in "qkvo" for s in ("batch", "head", "row")]
                 + [(n, ctypes.c_int) for n in ("B", "Hq", "Hkv", "Sq", "Sk", "D", "dtype")]
                 + [("scale", ctypes.c_float), ("causal", ctypes.c_int), ("kernel", ctypes.c_int),
-                   ("num_splits", ctypes.c_int), ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t)])
+                   ("num_splits", ctypes.c_int), ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
+                   ("counters_zeroed", ctypes.c_int)])
 
 
 def _lib():
@@ -299,6 +300,18 @@ def test_c_api_tile_counter_workspace(D, shape):
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert torch.allclose(outs[0], ref, atol=1e-3, rtol=1e-3)
     assert torch.equal(outs[0], outs[1])
+    # counters_zeroed: a zero workspace needs no memset, and every call leaves it zero
+    p.counters_zeroed = 2
+    assert lib.fc_status_string(lib.fc_attn_fwd_check(ctypes.byref(p), why, len(why))) == b"invalid argument"
+    assert b"counters_zeroed" in why.value
+    ws.zero_()
+    p.counters_zeroed = 1
+    for _ in range(2):
+        out.fill_(float("nan"))
+        assert lib.fc_attn_fwd(ctypes.byref(p), stream) == 0
+        torch.cuda.synchronize()
+        assert torch.equal(out, outs[0])
+        assert not ws.any()
     p.causal = 0  # the static order: no workspace
     assert lib.fc_attn_fwd_workspace_size(ctypes.byref(p)) == 0
 

@@ -539,6 +539,52 @@ def test_gpu_cuda_graph_capture(kernel):
     check_attention(gout, glse, q2, k2, v2, None, "bottom_right")
 
 
+@pytest.mark.skipif("sm90" not in GPU_KERNELS, reason="needs the sm90 kernel (an H100/H200)")
+def test_gpu_dynamic_order_kept_counter():
+    """Causal sm90 calls in the dynamic tile order draw their tiles from a
+    16-byte counter that the binding keeps zero per stream (no memset per call:
+    the kernel's last ticket zeroes it again). Back-to-back calls on one stream,
+    calls on two streams at once, and a captured graph (which takes fresh
+    scratch, zeroed by its own launch) replayed between eager calls all give
+    the right answer, and reruns are bit-identical."""
+    B, H, S, D = 4, 16, 1000, 128  # 8 x 64 = 512 tiles of 128 rows: the dynamic order
+    assert -(-S // 128) * B * H > torch.cuda.get_device_properties(DEV).multi_processor_count
+    q, k, v = make_qkv(B, H, H, S, S, D, torch.float16, DEV)
+    first, lse = call(q, k, v, "top_left")
+    for _ in range(3):
+        out, _ = call(q, k, v, "top_left")
+        assert torch.equal(out, first)
+    check_attention(first, lse, q, k, v, None, "top_left")
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    inputs = [make_qkv(B, H, H, S, S, D, torch.float16, DEV) for _ in streams]
+    outs = [None, None]
+    for st in streams:
+        st.wait_stream(torch.cuda.current_stream())
+    for _ in range(3):  # both streams' launches in flight together
+        for i, st in enumerate(streams):
+            with torch.cuda.stream(st):
+                outs[i] = call(*inputs[i], "top_left")
+    for st in streams:
+        torch.cuda.current_stream().wait_stream(st)
+    for i in range(2):
+        check_attention(*outs[i], *inputs[i], None, "top_left")
+    sq, sk, sv = q.clone(), k.clone(), v.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call(sq, sk, sv, "top_left")
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        gout, _ = call(sq, sk, sv, "top_left")
+    for _ in range(2):
+        g.replay()
+        eager, _ = call(q, k, v, "top_left")
+        assert torch.equal(eager, first)
+    torch.cuda.synchronize()
+    assert torch.equal(gout, first)
+
+
 @kernel_param
 def test_gpu_inputs_not_modified(kernel):
     q, k, v = make_qkv(2, 4, 2, 203, 113, 128, torch.float16, DEV)

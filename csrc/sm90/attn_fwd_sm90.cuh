@@ -102,7 +102,8 @@
 // DYN: the dynamic tile order (fc_sm90_dynamic_order): after tile blockIdx.x the
 // producer takes tile gridDim.x + atomicAdd(args.tile_counter, 1) and, when none
 // is left, hands the consumers a sentinel (a K/V tile count of -1) through the
-// TILE_INFO slot. Its own instantiation: the consumers' sentinel loop measured
+// TILE_INFO slot; the producer that draws the last ticket zeroes the counter
+// again (next_tile). Its own instantiation: the consumers' sentinel loop measured
 // 1-5 % slower where the static order runs (perf notes, session 22).
 // CL: CTAs per cluster, 1 or 2 (CTA pairs, above); a pair's empty barriers take
 // one arrival per consumer warp of either CTA.
@@ -207,10 +208,18 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
         t.kv0 = 0;
         return t;
     };
-    // The producer's next position after `tile`.
+    // The producer's next position after `tile`. The dynamic order's producers
+    // draw n_tiles tickets in all (one per tile past the first grid, then one
+    // past the end each), so the one that draws the last knows every other
+    // draw is done and puts the counter back to zero for the next launch.
     auto next_tile = [&](int tile) {
-        if constexpr (DYN) return (int)gridDim.x + (int)atomicAdd(args.tile_counter, 1u);
-        else return pos.next(tile);
+        if constexpr (DYN) {
+            const unsigned ticket = atomicAdd(args.tile_counter, 1u);
+            if (ticket == (unsigned)n_tiles - 1u) atomicExch(args.tile_counter, 0u);
+            return (int)gridDim.x + (int)ticket;
+        } else {
+            return pos.next(tile);
+        }
     };
     const int wg = tid / 128;
 

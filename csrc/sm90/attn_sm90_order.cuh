@@ -125,7 +125,7 @@ struct Sm90Args {
     CUtensorMap v_map;  // V as (D, Sk, Hkv, B), box (64, BC)
     fc_attn_params p;   // shapes, strides, O/LSE pointers, scale, causal mode
     Sm90Sched sched;    // tile order
-    unsigned int* tile_counter;  // dynamic order: tiles handed out past the first grid, zeroed before the launch
+    unsigned int* tile_counter;  // dynamic order: tickets drawn, zero before the launch (and after it)
     Sm90Tail tail;      // non-causal: the last stripe split by key ranges (attn_sm90_tail.cuh); main = 0: not
 #ifdef FC_SM90_TRACE
     unsigned long long* trace;  // timeline records (trace.cuh), or null

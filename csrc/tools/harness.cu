@@ -106,7 +106,11 @@ static bool check_case(const Case& c, fc_kernel kernel, std::mt19937& rng) {
     CUDA_OK(cudaMemcpy(dv, hv.data(), nk * 2, cudaMemcpyHostToDevice));
     fill_params(&p, c, dq, dk, dv, dout, dlse, c.dtype, kernel);
     p.workspace_bytes = fc_attn_fwd_workspace_size(&p);  // split-KV scratch, 0 when none
-    if (p.workspace_bytes) CUDA_OK(cudaMalloc(&p.workspace, p.workspace_bytes));
+    if (p.workspace_bytes) {  // kept zero between the runs (counters_zeroed), and checked to be
+        CUDA_OK(cudaMalloc(&p.workspace, p.workspace_bytes));
+        CUDA_OK(cudaMemset(p.workspace, 0, p.workspace_bytes));
+        p.counters_zeroed = 1;
+    }
 
     std::vector<uint16_t> out[2];
     std::vector<float> lse[2];
@@ -120,6 +124,15 @@ static bool check_case(const Case& c, fc_kernel kernel, std::mt19937& rng) {
         st = fc_attn_fwd(&p, nullptr);
         CUDA_OK(cudaDeviceSynchronize());
         if (st != FC_OK) { printf("launch failed: %s\n", fc_status_string(st)); ok = false; break; }
+        if (p.workspace) {  // counters_zeroed: the call leaves its workspace all zero
+            std::vector<unsigned char> ws(p.workspace_bytes);
+            CUDA_OK(cudaMemcpy(ws.data(), p.workspace, ws.size(), cudaMemcpyDeviceToHost));
+            if (std::any_of(ws.begin(), ws.end(), [](unsigned char x) { return x != 0; })) {
+                printf("workspace not left zero\n");
+                ok = false;
+                break;
+            }
+        }
         out[run].resize(nq); lse[run].resize(nlse);
         CUDA_OK(cudaMemcpy(out[run].data(), dout, nq * 2, cudaMemcpyDeviceToHost));
         CUDA_OK(cudaMemcpy(lse[run].data(), dlse, nlse * 4, cudaMemcpyDeviceToHost));
@@ -255,6 +268,8 @@ static void fill_inputs(void* d, size_t n, uint32_t seed, fc_dtype dt) {
     }
 }
 
+static const size_t ZEROED_WS_BYTES = 256;  // = the binding's kept-zero workspace (csrc/binding.cpp)
+
 // Device inputs of one case: q, k, v filled with N(0, 1), out and the split-KV
 // workspace allocated, and the params that point at them.
 struct DeviceCase {
@@ -270,6 +285,14 @@ struct DeviceCase {
         fill_params(&p, c, dq, dk, dv, dout, nullptr, c.dtype, kernel);
         p.workspace_bytes = fc_attn_fwd_workspace_size(&p);
         if (p.workspace_bytes) CUDA_OK(cudaMalloc(&p.workspace, p.workspace_bytes));
+        // As the binding does: a workspace of at most ZEROED_WS_BYTES (the dynamic
+        // order's counter) kept zero, so no memset per call; FC_COUNTERS_ZEROED=0
+        // times the memset instead.
+        const char* z = getenv("FC_COUNTERS_ZEROED");
+        if (p.workspace_bytes && p.workspace_bytes <= ZEROED_WS_BYTES && !(z && strcmp(z, "0") == 0)) {
+            CUDA_OK(cudaMemset(p.workspace, 0, p.workspace_bytes));
+            p.counters_zeroed = 1;
+        }
     }
     ~DeviceCase() {
         cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout);
