@@ -182,13 +182,16 @@ fc_attn_params fill_params(const at::Tensor& q, const at::Tensor& k, const at::T
 // A workspace of ZEROED_WS_BYTES per (device, stream), zero-filled once and
 // kept for the process: calls that need only counters (the sm90 dynamic
 // order's 16 bytes) pass it with counters_zeroed = 1, and the kernel leaves
-// them at zero, so each such call saves a memset and its launch gap (about 3 us
-// of a 105 us call, perf notes, session 35). Keyed by the stream's unique id
-// (cudaStreamGetId), so a stream handle reused after a destroy gets its own
-// buffer. NULL while the stream is capturing a CUDA graph: a graph may replay on
-// another stream, concurrently with eager calls on this one, so captured calls
-// take fresh scratch and their launch zeroes it.
+// them at zero, so each such call saves a memset (0.2-0.7 % of a causal
+// S = 512 call on an H100, perf notes, session 35). Keyed by the stream's
+// unique id (cudaStreamGetId), so a stream handle reused after a destroy gets
+// its own buffer; at most ZEROED_WS_STREAMS of them (a program that makes
+// streams without end gets fresh scratch past that). NULL then, and while the
+// stream is capturing a CUDA graph: a graph may replay on another stream,
+// concurrently with eager calls on this one, so captured calls take fresh
+// scratch and their launch zeroes it.
 static constexpr size_t ZEROED_WS_BYTES = 256;
+static constexpr size_t ZEROED_WS_STREAMS = 64;
 void* zeroed_workspace(const at::Tensor& q, cudaStream_t stream) {
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     unsigned long long id = 0;
@@ -202,7 +205,9 @@ void* zeroed_workspace(const at::Tensor& q, cudaStream_t stream) {
     // run after torch's allocator is gone)
     static auto* kept = new std::map<std::pair<int, unsigned long long>, at::Tensor>();
     std::lock_guard<std::mutex> lock(mu);
-    at::Tensor& t = (*kept)[{(int)q.get_device(), id}];
+    const std::pair<int, unsigned long long> key{(int)q.get_device(), id};
+    if (kept->size() >= ZEROED_WS_STREAMS && kept->find(key) == kept->end()) return nullptr;
+    at::Tensor& t = (*kept)[key];
     if (!t.defined()) t = at::zeros({(int64_t)ZEROED_WS_BYTES}, q.options().dtype(at::kByte));  // (on this stream)
     return t.data_ptr();
 }
