@@ -192,6 +192,10 @@ fc_attn_params fill_params(const at::Tensor& q, const at::Tensor& k, const at::T
 // scratch and their launch zeroes it.
 static constexpr size_t ZEROED_WS_BYTES = 256;
 static constexpr size_t ZEROED_WS_STREAMS = 64;
+static std::mutex zeroed_mu;
+// (never destroyed: freeing CUDA memory from a static destructor at exit can
+// run after torch's allocator is gone)
+static auto* zeroed_kept = new std::map<std::pair<int, unsigned long long>, at::Tensor>();
 void* zeroed_workspace(const at::Tensor& q, cudaStream_t stream) {
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     unsigned long long id = 0;
@@ -200,16 +204,24 @@ void* zeroed_workspace(const at::Tensor& q, cudaStream_t stream) {
         (void)cudaGetLastError();
         return nullptr;
     }
-    static std::mutex mu;
-    // (never destroyed: freeing CUDA memory from a static destructor at exit can
-    // run after torch's allocator is gone)
-    static auto* kept = new std::map<std::pair<int, unsigned long long>, at::Tensor>();
-    std::lock_guard<std::mutex> lock(mu);
+    std::lock_guard<std::mutex> lock(zeroed_mu);
     const std::pair<int, unsigned long long> key{(int)q.get_device(), id};
-    if (kept->size() >= ZEROED_WS_STREAMS && kept->find(key) == kept->end()) return nullptr;
-    at::Tensor& t = (*kept)[key];
+    if (zeroed_kept->size() >= ZEROED_WS_STREAMS && zeroed_kept->find(key) == zeroed_kept->end()) return nullptr;
+    at::Tensor& t = (*zeroed_kept)[key];
     if (!t.defined()) t = at::zeros({(int64_t)ZEROED_WS_BYTES}, q.options().dtype(at::kByte));  // (on this stream)
     return t.data_ptr();
+}
+
+// Drops the stream's kept buffer after a call that failed with it: the call
+// may have stopped between writing it and zeroing it again.
+void forget_zeroed_workspace(const at::Tensor& q, cudaStream_t stream) {
+    unsigned long long id = 0;
+    if (cudaStreamGetId(stream, &id) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+    }
+    std::lock_guard<std::mutex> lock(zeroed_mu);
+    zeroed_kept->erase({(int)q.get_device(), id});
 }
 
 // Checks, allocates out (and lse), runs the C API; lse is undefined unless return_lse.
@@ -262,6 +274,7 @@ std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor&
     // One call does check + launch; the reasons are only formatted on failure.
     fc_status st = fc_attn_fwd(&p, stream);
     if (st != FC_OK) {
+        if (p.counters_zeroed) forget_zeroed_workspace(q, (cudaStream_t)stream);
         char why[1024];
         if (fc_attn_fwd_check(&p, why, sizeof(why)) == FC_OK)  // checks passed: the launch failed
             throw std::runtime_error(std::string("flashcore: kernel launch failed: ") + fc_status_string(st));
