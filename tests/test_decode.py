@@ -358,6 +358,28 @@ def test_c_api_num_splits_negative_cpu():
     assert lib.fc_attn_fwd_workspace_size(ctypes.byref(p)) == 0  # CPU path: no workspace
 
 
+def test_c_api_counters_zeroed_cpu():
+    """counters_zeroed is 0 or 1; anything else is refused by name, and both
+    values leave the CPU path (no workspace) as it was."""
+    lib = _lib()
+    q, k, v = _cpu_qkv()
+    out = torch.empty_like(q)
+    p = _params(q, k, v, out, flashcore.KERNELS["cpu"], 0)
+    why = ctypes.create_string_buffer(1024)
+    for bad in (2, -1):
+        p.counters_zeroed = bad
+        st = lib.fc_attn_fwd_check(ctypes.byref(p), why, len(why))
+        assert lib.fc_status_string(st) == b"invalid argument"
+        assert f"counters_zeroed: {bad}".encode() in why.value
+        assert lib.fc_attn_fwd(ctypes.byref(p), None) == st  # refused before running
+    for ok in (0, 1):
+        p.counters_zeroed = ok
+        out.fill_(float("nan"))
+        assert lib.fc_attn_fwd(ctypes.byref(p), None) == 0
+        ref, _ = ref_attention(q, k, v)
+        assert (out.double() - ref).abs().max().item() < 1e-5
+
+
 @pytest.mark.parametrize("num_splits", [None, 1, 4])
 def test_cpu_ignores_num_splits(num_splits):
     q, k, v = _cpu_qkv()
