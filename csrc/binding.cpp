@@ -196,16 +196,27 @@ static std::mutex zeroed_mu;
 // (never destroyed: freeing CUDA memory from a static destructor at exit can
 // run after torch's allocator is gone)
 static auto* zeroed_kept = new std::map<std::pair<int, unsigned long long>, at::Tensor>();
+// The kept buffer's key: q's device and the stream's unique id; false when the
+// runtime gives no id.
+static bool zeroed_key(const at::Tensor& q, cudaStream_t stream, std::pair<int, unsigned long long>* key) {
+    unsigned long long id = 0;
+    if (cudaStreamGetId(stream, &id) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    *key = {(int)q.get_device(), id};
+    return true;
+}
+
 void* zeroed_workspace(const at::Tensor& q, cudaStream_t stream) {
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    unsigned long long id = 0;
-    if (cudaStreamIsCapturing(stream, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone ||
-        cudaStreamGetId(stream, &id) != cudaSuccess) {
+    if (cudaStreamIsCapturing(stream, &cap) != cudaSuccess) {
         (void)cudaGetLastError();
         return nullptr;
     }
+    std::pair<int, unsigned long long> key;
+    if (cap != cudaStreamCaptureStatusNone || !zeroed_key(q, stream, &key)) return nullptr;
     std::lock_guard<std::mutex> lock(zeroed_mu);
-    const std::pair<int, unsigned long long> key{(int)q.get_device(), id};
     if (zeroed_kept->size() >= ZEROED_WS_STREAMS && zeroed_kept->find(key) == zeroed_kept->end()) return nullptr;
     at::Tensor& t = (*zeroed_kept)[key];
     if (!t.defined()) t = at::zeros({(int64_t)ZEROED_WS_BYTES}, q.options().dtype(at::kByte));  // (on this stream)
@@ -215,13 +226,10 @@ void* zeroed_workspace(const at::Tensor& q, cudaStream_t stream) {
 // Drops the stream's kept buffer after a call that failed with it: the call
 // may have stopped between writing it and zeroing it again.
 void forget_zeroed_workspace(const at::Tensor& q, cudaStream_t stream) {
-    unsigned long long id = 0;
-    if (cudaStreamGetId(stream, &id) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return;
-    }
+    std::pair<int, unsigned long long> key;
+    if (!zeroed_key(q, stream, &key)) return;
     std::lock_guard<std::mutex> lock(zeroed_mu);
-    zeroed_kept->erase({(int)q.get_device(), id});
+    zeroed_kept->erase(key);
 }
 
 // Checks, allocates out (and lse), runs the C API; lse is undefined unless return_lse.

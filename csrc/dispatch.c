@@ -382,30 +382,21 @@ size_t fc_attn_fwd_workspace_size(const fc_attn_params* p) {
     return check_impl(p, &r, 0, &c) == FC_OK ? choice_workspace_bytes(p, &c) : 0;
 }
 
-fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
-    fc_reasons r = {FC_OK, NULL, 0, 0};
-    fc_choice c;
-    fc_status s = check_impl(p, &r, 1, &c);
-    if (s != FC_OK) return s;
-    if (c.kernel == FC_KERNEL_CPU) return fc_cpu_fwd(p);
-    const fc_device_info* dev = c.dev;
-    if (c.split) {  /* decode-like: the split-KV kernel, on any sm80+ GPU */
-        fc_split_plan sp = c.plan;
+/* Launches the checked choice c for p on stream. */
+static fc_status launch_choice(const fc_attn_params* p, const fc_choice* c, fc_stream_t stream) {
+    const fc_device_info* dev = c->dev;
+    if (c->split) {  /* decode-like: the split-KV kernel, on any sm80+ GPU */
+        fc_split_plan sp = c->plan;
         sp.pdl = sp.splits > 1 && dev->major >= 9;  /* only a combine kernel depends on it */
         if (sp.splits > 1) {  /* workspace layout: see fc_attn_fwd_workspace_size */
             sp.o_part = (float*)p->workspace;
             sp.lse_part = sp.o_part + (size_t)sp.splits * p->B * p->Hq * p->Sq * p->D;
         }
-        s = p->D <= 64 ? fc_sm80_decode_d64(p, &sp, stream)
-          : p->D <= 128 ? fc_sm80_decode_d128(p, &sp, stream)
-                        : fc_sm80_decode_d256(p, &sp, stream);
-        /* partials are not counters: a workspace kept zero (counters_zeroed) is zeroed again behind them */
-        if (s == FC_OK && sp.splits > 1 && p->counters_zeroed &&
-            cudaMemsetAsync(p->workspace, 0, split_workspace_bytes(p, &sp), (cudaStream_t)stream) != cudaSuccess)
-            return FC_ERR_CUDA;
-        return s;
+        return p->D <= 64 ? fc_sm80_decode_d64(p, &sp, stream)
+             : p->D <= 128 ? fc_sm80_decode_d128(p, &sp, stream)
+                           : fc_sm80_decode_d256(p, &sp, stream);
     }
-    switch (c.kernel) {
+    switch (c->kernel) {
         case FC_KERNEL_SM80:
             /* D <= 64 with fewer 128-row CTAs than SMs: 64-row CTAs (twice as many) */
             if (p->D <= 64 && (int64_t)((p->Sq + 127) / 128) * p->B * p->Hq < dev->sm_count)
@@ -421,4 +412,21 @@ fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
 #endif
         default: return FC_ERR_ARCH;
     }
+}
+
+fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
+    fc_reasons r = {FC_OK, NULL, 0, 0};
+    fc_choice c;
+    fc_status s = check_impl(p, &r, 1, &c);
+    if (s != FC_OK) return s;
+    if (c.kernel == FC_KERNEL_CPU) return fc_cpu_fwd(p);
+    s = launch_choice(p, &c, stream);
+    /* A workspace kept zero (counters_zeroed) is left zero: the dynamic order's
+     * kernel zeroes its counter itself; partials (split-KV, the split tail) are
+     * zeroed again behind their kernels. */
+    const size_t partials = c.dyn ? 0 : choice_workspace_bytes(p, &c);
+    if (s == FC_OK && p->counters_zeroed && partials > 0 &&
+        cudaMemsetAsync(p->workspace, 0, partials, (cudaStream_t)stream) != cudaSuccess)
+        return FC_ERR_CUDA;
+    return s;
 }

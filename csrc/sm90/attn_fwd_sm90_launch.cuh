@@ -117,7 +117,7 @@ static inline void sm90_plan(const fc_attn_params* p, const Sm90Sched& o, int gr
 // the tail ends sooner when W + 2 x 2 + 1 < N + 2, W <= N - SM90_TAIL_GAIN.
 // Zeroes the counters (the workspace's first FC_SM90_TAIL_COUNT_BYTES, see
 // kernels.h; the partials follow) on `stream`, unless p->counters_zeroed says
-// they are zero (the launcher then zeroes them after the kernel instead).
+// they are zero (fc_attn_fwd zeroes the workspace again after the kernel).
 static constexpr int SM90_TAIL_GAIN = 4;
 static inline fc_status sm90_tail(const fc_attn_params* p, long long n_tiles, int units, int bc, int cl,
                                   int num_sms, Sm90Tail* tl, cudaStream_t stream) {
@@ -140,7 +140,7 @@ static inline fc_status sm90_tail(const fc_attn_params* p, long long n_tiles, in
     tl->part = reinterpret_cast<float4*>(static_cast<unsigned char*>(p->workspace) +
                                          FC_SM90_TAIL_COUNT_BYTES(FC_SM90_TAIL_CTAS(p, num_sms)));
     // (counters: r tiles x cl CTAs < CTAs; partials: fewer than G + r <= 2 G slots of cl CTAs)
-    if (p->counters_zeroed) return FC_OK;  // (zero already; zeroed again behind the kernel)
+    if (p->counters_zeroed) return FC_OK;  // (zero already)
     return cudaMemsetAsync(tl->count, 0, (size_t)r * cl * FC_SM90_TAIL_CTA_COUNTERS * sizeof(unsigned), stream) ==
                    cudaSuccess
                ? FC_OK
@@ -219,13 +219,7 @@ static fc_status attn_fwd_sm90_run_cluster(Sm90Args a, long long n_pair_tiles, u
         if (s != FC_OK) return s;
     }
     if (cudaLaunchKernelEx(&cfg, kernel, a, plan) != cudaSuccess) return FC_ERR_CUDA;
-    if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
-    // The split tail leaves its counters at the pieces' counts and its partials
-    // behind: a workspace kept zero (counters_zeroed) is zeroed again after it.
-    if (a.tail.main > 0 && a.p.counters_zeroed &&
-        cudaMemsetAsync(a.p.workspace, 0, fc_sm90_tail_workspace(&a.p, num_sms), stream) != cudaSuccess)
-        return FC_ERR_CUDA;
-    return FC_OK;
+    return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 
 // D = 128 calls from this many keys per row run the LONG instantiation (the
