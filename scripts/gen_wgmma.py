@@ -4,14 +4,17 @@ which is too long to keep by hand, so this script is the source of truth.
 
     python scripts/gen_wgmma.py      # rewrites csrc/sm90/wgmma_ops.cuh
 
-Shapes: m64nNk16 with N in {64, 128}, fp32 accumulate, fp16 or bf16 inputs,
-A from shared memory (SS: S = Q K^T) or from registers (RS: O += P V).
+Shapes: m64nNk16, fp32 accumulate, fp16 or bf16 inputs, A from shared memory
+(SS: S = Q K^T, N in SS_N: 192 for the 192-key K tiles of the D = 64 LONG
+kernel) or from registers (RS: O += P V, N in RS_N: the head dim's columns).
 """
 import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "csrc", "sm90", "wgmma_ops.cuh")
 TYPES = [("__half", "f16"), ("__nv_bfloat16", "bf16")]
+SS_N = (64, 128, 192)  # S = Q K^T: keys per K tile
+RS_N = (64, 128)       # O += P V: head-dim columns per wgmma
 
 
 def regs(n, first):
@@ -70,17 +73,19 @@ def main():
 #define FC_DEVICE __device__ __forceinline__
 #endif
 """]
-    for n in (64, 128):
+    for n in SS_N:
         nacc = n // 2
         parts.append(f"template <typename T> FC_DEVICE void wgmma_ss_n{n}(float (&d)[{nacc}], uint64_t desc_a, "
                      f"uint64_t desc_b, int scale_d);")
-        parts.append(f"template <typename T> FC_DEVICE void wgmma_rs_n{n}(float (&d)[{nacc}], const uint32_t a[4], "
-                     f"uint64_t desc_b, int scale_d);")
+        if n in RS_N:
+            parts.append(f"template <typename T> FC_DEVICE void wgmma_rs_n{n}(float (&d)[{nacc}], const uint32_t a[4], "
+                         f"uint64_t desc_b, int scale_d);")
     parts.append("")
-    for n in (64, 128):
+    for n in SS_N:
         for ty, pty in TYPES:
             parts.append(one(n, ty, pty, rs=False))
-            parts.append(one(n, ty, pty, rs=True))
+            if n in RS_N:
+                parts.append(one(n, ty, pty, rs=True))
     with open(OUT, "w") as f:
         f.write("\n".join(parts) + "\n")
 

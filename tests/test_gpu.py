@@ -143,6 +143,44 @@ def test_gpu_wide_tiles(kernel, shape, D, mode, dtype, group):
     run_and_check(kernel, B, H, H // group, Sq, Sk, D, mode, dtype)
 
 
+# Non-causal D = 64 calls on three consumers whose key rows 192-key K/V tiles
+# cover with little padding take such tiles (Sm90Tile::WIDE_KV, sm90_wide_kv in
+# csrc/sm90/attn_fwd_sm90_launch.cuh): (B, H, Sq, Sk), each with a partial last K/V tile.
+KV192_SHAPES = [(2, 32, 600, 2100), (2, 32, 1000, 3000)]
+
+
+def takes_192_key_tiles(B, H, Sq, Sk, causal, sms):
+    """sm90_wide_kv mirrored: three consumers, non-causal, Sk >= 2048, and 192-key
+    tiles cover Sk with at most 1.5 % more keys than 128-key tiles do."""
+    if causal or Sk < 2048 or not uses_three_consumers(B, H, Sq, sms):
+        return False
+    return -(-Sk // 192) * 192 * 1000 <= -(-Sk // 128) * 128 * 1015
+
+
+def test_192_key_tile_rule():
+    """The mirror on the standard grid: non-causal D = 64 at 8k and 16k take them,
+    2k and 4k not (3.1 % padding), causal never."""
+    assert takes_192_key_tiles(2, 32, 8192, 8192, False, 132) and takes_192_key_tiles(1, 32, 16384, 16384, False, 132)
+    assert not takes_192_key_tiles(8, 32, 2048, 2048, False, 132)
+    assert not takes_192_key_tiles(4, 32, 4096, 4096, False, 132)
+    assert not takes_192_key_tiles(2, 32, 8192, 8192, True, 132)
+
+
+@pytest.mark.parametrize("shape", KV192_SHAPES, ids=shape_id)
+def test_kv192_shapes_take_them(shape):
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    assert takes_192_key_tiles(*shape, False, sms) and shape[3] % 192 != 0
+
+
+@dtype_param
+@pytest.mark.parametrize("shape", KV192_SHAPES, ids=shape_id)
+@pytest.mark.parametrize("group", [1, 4], ids=lambda g: f"gqa{g}")
+@kernel_param
+def test_gpu_192_key_tiles(kernel, shape, dtype, group):
+    B, H, Sq, Sk = shape
+    run_and_check(kernel, B, H, H // group, Sq, Sk, 64, None, dtype)
+
+
 # D = 128 grids in the sm90 kernel's ordinary mode and static tile order (not
 # key-split, and causal with no more 128-row tiles than SMs or with Sk >= 2048),
 # where the producer issues the next tile's Q after a tile's second K/V tile, or
@@ -452,6 +490,8 @@ def test_gpu_poisoned_output_fully_written(kernel, case):
     (4, 32, 550, 2300, 64, "bottom_right", torch.float16),
     # sm90 D = 64 on 192-row tiles: two consumers of padding rows skip each head's last block
     (4, 16, 1000, 300, 64, None, torch.bfloat16),
+    # sm90 D = 64 non-causal on 192-key K/V tiles (KV192_SHAPES)
+    (2, 32, 1000, 3000, 64, None, torch.float16),
 ], ids=lambda c: "B{}H{}_q{}k{}_D{}_{}_{}".format(*c[:5], mode_id(c[5]), dtype_id(c[6])))
 @kernel_param
 def test_gpu_deterministic(kernel, case):

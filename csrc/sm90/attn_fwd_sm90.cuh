@@ -7,7 +7,8 @@
 // are consumers owning query rows 0-63 and 64-127 of the tile. At D = 64, and
 // at D = 128 for causal long rows, a third consumer makes the tile 192 rows
 // (Sm90Tile<DP, 3>; the tile table and
-// the per-tile steps are in attn_sm90_parts.cuh). The producer
+// the per-tile steps are in attn_sm90_parts.cuh); non-causal D = 64 calls with
+// long rows take 192-key K/V tiles there (Sm90Tile::WIDE_KV). The producer
 // loads Q into one of Q_BUFS buffers per tile (so the next tile's Q arrives
 // while this one runs; at D = 128 it is issued after the tile's second K/V
 // tile, Q_AHEAD; at D = 256, one buffer, each consumer's rows on barriers of
@@ -98,7 +99,8 @@
 
 // KV_SPLIT selects key-split mode at compile time: as a runtime flag the
 // extra paths cost the ordinary mode 13 % at D = 64 (perf notes, sm90 v4).
-// LONG: the D = 128 instantiation for long key rows (Sm90Tile::PIN_SOFTMAX).
+// LONG: the instantiation for long key rows: at D = 128 Sm90Tile::PIN_SOFTMAX,
+// at D = 64 (three consumers, non-causal) Sm90Tile::WIDE_KV.
 // DYN: the dynamic tile order (fc_sm90_dynamic_order): after tile blockIdx.x the
 // producer takes tile gridDim.x + atomicAdd(args.tile_counter, 1) and, when none
 // is left, hands the consumers a sentinel (a K/V tile count of -1) through the
@@ -175,7 +177,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
     // the last two (sm90_last_window; the host decides, in args.sched.last_window),
     // except in the LONG kernel, whose consumers find their tiles themselves and
     // whose code stays as measured.
-    constexpr bool MERGE = sm90_merge_windows(DYN, CONS) && !LONG;
+    constexpr bool MERGE = sm90_merge_windows(DYN, CONS) && !(LONG && DP == 128);
     static_assert(!DYN || (Tile::TILE_INFO && !KV_SPLIT), "the dynamic order hands out tiles through TILE_INFO");
     // (With clusters: our half of the cluster's tile, and the K/V tile count of the whole.)
     auto tile_at = [&](int tile) {

@@ -249,6 +249,21 @@ static bool sm90_use_cons3(const fc_attn_params* p, int num_sms) {
     return false;
 }
 
+// Whether a non-causal call on three D = 64 consumers takes 192-key K/V tiles
+// (Sm90Tile::WIDE_KV, the D = 64 LONG instantiation): from SM90_WIDE_KV_MIN_SK
+// keys, where 192-key tiles cover Sk with at most SM90_WIDE_KV_SLACK_PERMILLE
+// more keys than 128-key tiles (the rest of the last tile is masked work).
+// Measured on an H100 (perf notes, session 36; REPS = 600): +2 % at 8k and 16k
+// (0.8 % more keys), flat at 4k and 1.6 % slower at 2k (3.1 %), 8-9 % slower
+// at 512-1k (12.5 %): about +2.8 % per key, less the padding.
+static constexpr int SM90_WIDE_KV_MIN_SK = 2048;
+static constexpr int SM90_WIDE_KV_SLACK_PERMILLE = 15;
+static inline bool sm90_wide_kv(const fc_attn_params* p, bool cons3) {
+    if (!cons3 || p->causal != FC_CAUSAL_NONE || p->Sk < SM90_WIDE_KV_MIN_SK) return false;
+    const long long wide = (p->Sk + 191) / 192 * 192ll, narrow = (p->Sk + 127) / 128 * 128ll;
+    return wide * 1000 <= narrow * (1000 + SM90_WIDE_KV_SLACK_PERMILLE);
+}
+
 template <int DP, typename T>
 static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cudaStream_t stream) {
     using Tile = Sm90Tile<DP>;
@@ -266,14 +281,17 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     const bool cons3 = !kv_split && sm90_use_cons3<DP>(p, num_sms);
     const int br = kv_split ? Tile::WG_ROWS : cons3 ? 3 * Tile::WG_ROWS : Tile::BR;  // 3 consumers: Sm90Tile<DP, 3>::BR
     const int q_box = Tile::Q_HALVES ? Tile::WG_ROWS : br;  // rows of one Q load (Q_HALVES: a consumer's)
+    const bool wide_kv = DP == 64 && sm90_wide_kv(p, cons3);
+    static_assert(Sm90Tile<64, 3, true>::BC == 192, "sm90_wide_kv counts 192-key tiles");
+    const int bc = wide_kv ? 192 : Tile::BC;  // keys per K/V tile (one K or V load)
     fc_status s = fc_sm90_tensor_map(&a.q_map, p->dtype, p->q, p->D, p->Sq, p->Hq, p->B, p->q_row_stride,
                                      p->q_head_stride, p->q_batch_stride, q_box);
     if (s == FC_OK)
         s = fc_sm90_tensor_map(&a.k_map, p->dtype, p->k, p->D, p->Sk, p->Hkv, p->B, p->k_row_stride,
-                               p->k_head_stride, p->k_batch_stride, Tile::BC);
+                               p->k_head_stride, p->k_batch_stride, bc);
     if (s == FC_OK)
         s = fc_sm90_tensor_map(&a.v_map, p->dtype, p->v, p->D, p->Sk, p->Hkv, p->B, p->v_row_stride,
-                               p->v_head_stride, p->v_batch_stride, Tile::BC);
+                               p->v_head_stride, p->v_batch_stride, bc);
     if (s != FC_OK) return s;
     const long long n_tiles = fc_sm90_tiles(p, br);
     const unsigned grid = (unsigned)(n_tiles < num_sms ? n_tiles : num_sms);
@@ -301,6 +319,7 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
         if constexpr (DP >= 128) return attn_fwd_sm90_run<DP, 2, T, false, false, true>(a, grid, stream);
     }  // (at D = 64 the dynamic order implies three consumers, fc_sm90_d64_dynamic)
     if constexpr (DP == 64) {
+        if (wide_kv) return attn_fwd_sm90_run<DP, 3, T, false, true>(a, grid, stream);
         if (cons3) return attn_fwd_sm90_run<DP, 3, T, false>(a, grid, stream);
     }
     if constexpr (sm90_cluster_min_sk(DP) > 0) {
@@ -320,6 +339,7 @@ template <int DP>
 static constexpr size_t sm90_smem_max() {
     size_t m = Sm90Tile<DP>::smem_bytes(Sm90Tile<DP>::KV_SPLIT_OK);
     if constexpr (DP <= 128) m = m > Sm90Tile<DP, 3>::smem_bytes(false) ? m : Sm90Tile<DP, 3>::smem_bytes(false);
+    if constexpr (DP == 64) m = m > Sm90Tile<DP, 3, true>::smem_bytes(false) ? m : Sm90Tile<DP, 3, true>::smem_bytes(false);
     return m;
 }
 

@@ -22,6 +22,7 @@
 //  64  | 128 | 128 |   3    |   2    | 32 + 96  = 128 KB   | S 64 + O 32 + P 32
 //      |     |     | 4 (key-split mode: an even ring, see SPLIT_STAGES) | 32 + 128 = 160 KB |
 //  64  | 192 | 128 |   3    |   2    | 48 + 96  = 144 KB   | the same, in 160 (CONS = 3, see below)
+//  64  | 192 | 192 |   3    |   2    | 48 + 144 = 192 KB   | S 96 + O 32, P 48 once S is done (LONG)
 //  128 | 128 | 128 |   2    |   2    | 64 + 128 = 192 KB   | S 64 + O 64 + P 32
 //  128 | 192 | 128 |   2    |   2    | 96 + 128 = 224 KB   | the same, in 160: in order (CONS = 3)
 //  256 | 128 |  64 |   2    |   1    | 64 + 128 + 32 (O) = 224 KB | S 32 + O 128 + P 16
@@ -56,14 +57,23 @@ __host__ __device__ constexpr bool sm90_merge_windows(bool dyn, int cons) { retu
 // slower (perf notes, session 33), and at D = 128 its code stays as measured.
 __host__ __device__ constexpr bool sm90_window_cap(bool dyn, int cons) { return dyn && cons == 3; }
 
+// LONG: the instantiation for long key rows, at D = 128 (two consumers) the
+// softmax pinned ahead of the P V wait (PIN_SOFTMAX), at D = 64 (three
+// consumers, non-causal) 192-key K/V tiles (WIDE_KV).
 template <int DP, int CONS = 2, bool LONG = false>
 struct Sm90Tile {
     static_assert(CONS == 2 || (CONS == 3 && DP <= 128), "three consumers fit their registers only at D <= 128");
-    static_assert(!LONG || (DP == 128 && CONS == 2), "the long-row instantiation is D = 128's");
+    static_assert(!LONG || (DP == 128 && CONS == 2) || (DP == 64 && CONS == 3),
+                  "the long-row instantiations: D = 128 on two consumers, D = 64 on three");
     static constexpr int CONSUMERS = CONS;            // consumer warpgroups
     static constexpr int WG_ROWS = 64;                // query rows per consumer (wgmma M)
     static constexpr int BR = CONSUMERS * WG_ROWS;    // query rows per tile
-    static constexpr int BC = DP <= 128 ? 128 : 64;   // keys per K/V tile
+    // WIDE_KV: 192-key K/V tiles, so that each consumer's fixed cost per K/V
+    // step (barriers, the row maxima's shuffles, the O rescale, the wgmma
+    // waits) spreads over 1.5x the keys. In order (no OVERLAP) S and P are not
+    // live at once: S 96 + O 32 registers fit the 160 of three consumers.
+    static constexpr bool WIDE_KV = LONG && DP == 64;
+    static constexpr int BC = WIDE_KV ? 192 : DP <= 128 ? 128 : 64;  // keys per K/V tile
     static constexpr int STAGES = DP <= 64 ? 3 : 2;   // K/V tiles in flight (ordinary mode)
     // Key-split mode: warpgroup c takes the ring positions of one parity. With an
     // even ring every slot then has one owner, which waits on every phase of the
@@ -108,7 +118,7 @@ struct Sm90Tile {
     // At D = 128 it helps long rows and costs short ones (session 19), so it is
     // on in the LONG instantiation only, which dispatch picks from
     // SM90_LONG_MIN_SK keys.
-    static constexpr bool PIN_SOFTMAX = DP == 256 || LONG;
+    static constexpr bool PIN_SOFTMAX = DP == 256 || (LONG && DP == 128);
     // Tile coordinates by multiply and shift (sm90_tile_magic, the order
     // computed on the host by sm90_sched): measured on an H100 (perf notes,
     // session 18) +4-9 % on causal D = 64 at S <= 1k and +1-1.5 % at D = 256;
@@ -180,7 +190,7 @@ struct Sm90Tile {
     // in place of their own divisions between two tiles. Measured on an H100
     // (perf notes, session 22): +1-4 % at S <= 1k and causal D = 64; the D = 128
     // LONG kernel lost 1-2 % (ptxas rescheduled its loop) and keeps sm90_tile.
-    static constexpr bool TILE_INFO = !LONG;
+    static constexpr bool TILE_INFO = !(LONG && DP == 128);
     static constexpr uint32_t INFO_BYTES = TILE_INFO ? 16 * Q_BARS : 0;  // per Q barrier pair, its tile's b, h, row0, n_blocks
     __host__ __device__ static constexpr int stages(bool kv_split) { return kv_split ? SPLIT_STAGES : STAGES; }
     // q_full[], q_empty[], k_full[], v_full[], k_empty[], v_empty[]
@@ -201,7 +211,8 @@ struct Sm90Tile {
 
 template <int N, typename T>
 __device__ __forceinline__ void wgmma_qk(float (&d)[N / 2], uint64_t da, uint64_t db, int scale_d) {
-    if constexpr (N == 128) wgmma_ss_n128<T>(d, da, db, scale_d);
+    if constexpr (N == 192) wgmma_ss_n192<T>(d, da, db, scale_d);
+    else if constexpr (N == 128) wgmma_ss_n128<T>(d, da, db, scale_d);
     else wgmma_ss_n64<T>(d, da, db, scale_d);
 }
 template <int N, typename T>
