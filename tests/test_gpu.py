@@ -143,27 +143,35 @@ def test_gpu_wide_tiles(kernel, shape, D, mode, dtype, group):
     run_and_check(kernel, B, H, H // group, Sq, Sk, D, mode, dtype)
 
 
-# Non-causal D = 64 calls on three consumers whose key rows 192-key K/V tiles
-# cover with little padding take such tiles (Sm90Tile::WIDE_KV, sm90_wide_kv in
-# csrc/sm90/attn_fwd_sm90_launch.cuh): (B, H, Sq, Sk), each with a partial last K/V tile.
+# D = 64 calls on three consumers take 192-key K/V tiles (Sm90Tile::WIDE_KV,
+# sm90_wide_kv in csrc/sm90/attn_fwd_sm90_launch.cuh): non-causal ones whose key
+# rows such tiles cover with little padding, and causal ones in the dynamic order
+# (WIDE_SHAPES' (4, 32, 550, 2300)). Non-causal (B, H, Sq, Sk), each with a
+# partial last K/V tile.
 KV192_SHAPES = [(2, 32, 600, 2100), (2, 32, 1000, 3000)]
 
 
 def takes_192_key_tiles(B, H, Sq, Sk, causal, sms):
-    """sm90_wide_kv mirrored: three consumers, non-causal, Sk >= 2048, and 192-key
-    tiles cover Sk with at most 1.5 % more keys than 128-key tiles do."""
-    if causal or Sk < 2048 or not uses_three_consumers(B, H, Sq, sms):
+    """sm90_wide_kv mirrored: causal calls in the D = 64 dynamic order; non-causal
+    ones on three consumers from Sk = 2048 where 192-key tiles cover Sk with at
+    most 1.5 % more keys than 128-key tiles do."""
+    if causal:
+        return d64_takes_dynamic_order(B, H, Sq, Sk, sms)
+    if Sk < 2048 or not uses_three_consumers(B, H, Sq, sms):
         return False
     return -(-Sk // 192) * 192 * 1000 <= -(-Sk // 128) * 128 * 1015
 
 
 def test_192_key_tile_rule():
-    """The mirror on the standard grid: non-causal D = 64 at 8k and 16k take them,
-    2k and 4k not (3.1 % padding), causal never."""
-    assert takes_192_key_tiles(2, 32, 8192, 8192, False, 132) and takes_192_key_tiles(1, 32, 16384, 16384, False, 132)
-    assert not takes_192_key_tiles(8, 32, 2048, 2048, False, 132)
-    assert not takes_192_key_tiles(4, 32, 4096, 4096, False, 132)
-    assert not takes_192_key_tiles(2, 32, 8192, 8192, True, 132)
+    """The mirror on the standard grid: D = 64 at 8k and 16k take them, causal and
+    not; 2k and 4k not (3.1 % padding; causal: the static order). And the
+    dynamic-order entry of WIDE_SHAPES."""
+    for causal in (False, True):
+        assert takes_192_key_tiles(2, 32, 8192, 8192, causal, 132)
+        assert takes_192_key_tiles(1, 32, 16384, 16384, causal, 132)
+        assert not takes_192_key_tiles(8, 32, 2048, 2048, causal, 132)
+        assert not takes_192_key_tiles(4, 32, 4096, 4096, causal, 132)
+    assert takes_192_key_tiles(4, 32, 550, 2300, True, 132)
 
 
 @pytest.mark.parametrize("shape", KV192_SHAPES, ids=shape_id)

@@ -237,7 +237,10 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
     // ---------------- consumer warpgroups ----------------
     setmaxnreg_inc<Tile::CONSUMER_REGS>();
     // rows cw*64 .. cw*64+63 of the tile (key-split: all 64 rows, K/V tiles cw, cw+2, ...)
-    const int cw = (Tile::UNIFORM_CW ? __shfl_sync(0xffffffffu, wg, 0) : wg) - 1;
+    // UNIFORM_CW, and in the dynamic order's 192-key kernel: there the vector
+    // registers the consumer index's arithmetic took made ptxas spill 52 bytes.
+    constexpr bool uniform_cw = Tile::UNIFORM_CW || (DYN && Tile::WIDE_KV);
+    const int cw = (uniform_cw ? __shfl_sync(0xffffffffu, wg, 0) : wg) - 1;
     const int t128 = tid % 128, warp = t128 / 32, lane = tid % 32;
     const float scale_log2 = p.scale * FC_LOG2E;
     const bool causal = p.causal != FC_CAUSAL_NONE;
@@ -329,7 +332,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
                 // Without UNIFORM_CW ptxas cannot tell that nb is warp-uniform, and a
                 // loop bound it cannot moves the ring arithmetic out of the uniform
                 // datapath (about 40 more vector instructions per K/V step).
-                if constexpr (!Tile::UNIFORM_CW) nb = __shfl_sync(0xffffffffu, nb, 0);
+                if constexpr (!uniform_cw) nb = __shfl_sync(0xffffffffu, nb, 0);
             }
         }
         const bool any = first < nb;  // this warpgroup has a K/V tile

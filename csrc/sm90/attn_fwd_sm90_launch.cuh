@@ -249,17 +249,21 @@ static bool sm90_use_cons3(const fc_attn_params* p, int num_sms) {
     return false;
 }
 
-// Whether a non-causal call on three D = 64 consumers takes 192-key K/V tiles
-// (Sm90Tile::WIDE_KV, the D = 64 LONG instantiation): from SM90_WIDE_KV_MIN_SK
-// keys, where 192-key tiles cover Sk with at most SM90_WIDE_KV_SLACK_PERMILLE
-// more keys than 128-key tiles (the rest of the last tile is masked work).
-// Measured on an H100 (perf notes, session 36; REPS = 600): +2 % at 8k and 16k
-// (0.8 % more keys), flat at 4k and 1.6 % slower at 2k (3.1 %), 8-9 % slower
-// at 512-1k (12.5 %): about +2.8 % per key, less the padding.
+// Whether a call on three D = 64 consumers takes 192-key K/V tiles
+// (Sm90Tile::WIDE_KV, the D = 64 LONG instantiation). Non-causal: from
+// SM90_WIDE_KV_MIN_SK keys, where 192-key tiles cover Sk with at most
+// SM90_WIDE_KV_SLACK_PERMILLE more keys than 128-key tiles (the rest of the
+// last tile is masked work). Measured on an H100 (perf notes, session 36;
+// REPS = 600): +2 % at 8k and 16k (0.8 % more keys), flat at 4k and 1.6 %
+// slower at 2k (3.1 %), 8-9 % slower at 512-1k (12.5 %): about +2.8 % per key,
+// less the padding. Causal: in the dynamic order (fc_sm90_d64_dynamic: long
+// rows), +3 % at 8k and 16k; the static order's causal 2k and 4k were flat
+// (-0.6 %, +0.5 %) and 1k 4.5 % slower, so they keep 128-key tiles.
 static constexpr int SM90_WIDE_KV_MIN_SK = 2048;
 static constexpr int SM90_WIDE_KV_SLACK_PERMILLE = 15;
-static inline bool sm90_wide_kv(const fc_attn_params* p, bool cons3) {
-    if (!cons3 || p->causal != FC_CAUSAL_NONE || p->Sk < SM90_WIDE_KV_MIN_SK) return false;
+static inline bool sm90_wide_kv(const fc_attn_params* p, bool cons3, bool dyn) {
+    if (p->causal != FC_CAUSAL_NONE) return cons3 && dyn;
+    if (!cons3 || p->Sk < SM90_WIDE_KV_MIN_SK) return false;
     const long long wide = (p->Sk + 191) / 192 * 192ll, narrow = (p->Sk + 127) / 128 * 128ll;
     return wide * 1000 <= narrow * (1000 + SM90_WIDE_KV_SLACK_PERMILLE);
 }
@@ -281,7 +285,8 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     const bool cons3 = !kv_split && sm90_use_cons3<DP>(p, num_sms);
     const int br = kv_split ? Tile::WG_ROWS : cons3 ? 3 * Tile::WG_ROWS : Tile::BR;  // 3 consumers: Sm90Tile<DP, 3>::BR
     const int q_box = Tile::Q_HALVES ? Tile::WG_ROWS : br;  // rows of one Q load (Q_HALVES: a consumer's)
-    const bool wide_kv = DP == 64 && sm90_wide_kv(p, cons3);
+    const bool dyn = fc_sm90_dynamic_order(p, num_sms);  // the dynamic tile order (kernels.h)
+    const bool wide_kv = DP == 64 && sm90_wide_kv(p, cons3, dyn);
     static_assert(Sm90Tile<64, 3, true>::BC == 192, "sm90_wide_kv counts 192-key tiles");
     const int bc = wide_kv ? 192 : Tile::BC;  // keys per K/V tile (one K or V load)
     fc_status s = fc_sm90_tensor_map(&a.q_map, p->dtype, p->q, p->D, p->Sq, p->Hq, p->B, p->q_row_stride,
@@ -301,7 +306,6 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
                        (p->Sq + Tile::BR - 1) / Tile::BR % SM90_CLUSTER == 0;
     // The tile order (pairs: their own, in attn_fwd_sm90_run_cluster). Every kernel reads
     // its last_window; the divisors only the MAGIC_DIV kernels.
-    const bool dyn = fc_sm90_dynamic_order(p, num_sms);  // the dynamic tile order (kernels.h)
     a.sched = sm90_sched(p, br, (int)grid, (long long)p->Sk * DP * 4, sm90_merge_windows(dyn, cons3 ? 3 : 2),
                          sm90_magic_div(DP, cons3 ? 3 : 2) && !pairs, sm90_window_cap(dyn, cons3 ? 3 : 2));
     if constexpr (Tile::KV_SPLIT_OK) {
@@ -313,6 +317,9 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
         // (the kernel leaves the counter at zero: a workspace kept zero needs no memset)
         if (!p->counters_zeroed && cudaMemsetAsync(a.tile_counter, 0, sizeof(unsigned int), stream) != cudaSuccess)
             return FC_ERR_CUDA;
+        if constexpr (DP == 64) {
+            if (wide_kv) return attn_fwd_sm90_run<DP, 3, T, false, true, true>(a, grid, stream);
+        }
         if constexpr (DP <= 128) {
             if (cons3) return attn_fwd_sm90_run<DP, 3, T, false, false, true>(a, grid, stream);
         }
