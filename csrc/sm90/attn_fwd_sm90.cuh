@@ -7,8 +7,9 @@
 // are consumers owning query rows 0-63 and 64-127 of the tile. At D = 64, and
 // at D = 128 for causal long rows, a third consumer makes the tile 192 rows
 // (Sm90Tile<DP, 3>; the tile table and
-// the per-tile steps are in attn_sm90_parts.cuh); non-causal D = 64 calls with
-// long rows take 192-key K/V tiles there (Sm90Tile::WIDE_KV). The producer
+// the per-tile steps are in attn_sm90_parts.cuh); D = 64 calls with long rows
+// (non-causal, or causal in the dynamic order) take 192-key K/V tiles there
+// (Sm90Tile::WIDE_KV, sm90_wide_kv). The producer
 // loads Q into one of Q_BUFS buffers per tile (so the next tile's Q arrives
 // while this one runs; at D = 128 it is issued after the tile's second K/V
 // tile, Q_AHEAD; at D = 256, one buffer, each consumer's rows on barriers of
@@ -100,7 +101,7 @@
 // KV_SPLIT selects key-split mode at compile time: as a runtime flag the
 // extra paths cost the ordinary mode 13 % at D = 64 (perf notes, sm90 v4).
 // LONG: the instantiation for long key rows: at D = 128 Sm90Tile::PIN_SOFTMAX,
-// at D = 64 (three consumers, non-causal) Sm90Tile::WIDE_KV.
+// at D = 64 (three consumers; static or dynamic order) Sm90Tile::WIDE_KV.
 // DYN: the dynamic tile order (fc_sm90_dynamic_order): after tile blockIdx.x the
 // producer takes tile gridDim.x + atomicAdd(args.tile_counter, 1) and, when none
 // is left, hands the consumers a sentinel (a K/V tile count of -1) through the

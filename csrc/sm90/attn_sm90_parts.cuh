@@ -59,7 +59,7 @@ __host__ __device__ constexpr bool sm90_window_cap(bool dyn, int cons) { return 
 
 // LONG: the instantiation for long key rows, at D = 128 (two consumers) the
 // softmax pinned ahead of the P V wait (PIN_SOFTMAX), at D = 64 (three
-// consumers, non-causal) 192-key K/V tiles (WIDE_KV).
+// consumers) 192-key K/V tiles (WIDE_KV; which calls: sm90_wide_kv).
 template <int DP, int CONS = 2, bool LONG = false>
 struct Sm90Tile {
     static_assert(CONS == 2 || (CONS == 3 && DP <= 128), "three consumers fit their registers only at D <= 128");
