@@ -209,6 +209,8 @@ static int run_check(fc_kernel kernel, bool small) {
             cases.push_back({2, 32, 8, 1, 4100, 128, m, dt, false});    // decode: split-KV, GQA 4:1
             cases.push_back({1, 4, 1, 4, 1500, 256, m, dt, false});     // decode: Sq 4, MQA
         }
+    // sm90 D64 causal in the dynamic order on 192-key K/V tiles (long rows, GQA)
+    cases.push_back({4, 16, 4, 768, 8192, 64, FC_CAUSAL_BOTTOM_RIGHT, FC_DTYPE_FP16, false});
     for (int D : {8, 40, 72, 96, 136, 200, 248})
         cases.push_back({1, 2, 1, 150, 170, D, FC_CAUSAL_TOP_LEFT, FC_DTYPE_FP16, D % 16 == 8});
     if (small)
