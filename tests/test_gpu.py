@@ -145,21 +145,19 @@ def test_gpu_wide_tiles(kernel, shape, D, mode, dtype, group):
 
 # D = 64 calls on three consumers take 192-key K/V tiles (Sm90Tile::WIDE_KV,
 # sm90_wide_kv in csrc/sm90/attn_fwd_sm90_launch.cuh): non-causal ones whose key
-# rows such tiles cover with little padding, and causal ones in the dynamic order
-# whose middle row sees 4096 keys or more. Non-causal (B, H, Sq, Sk), each with a
-# partial last K/V tile; and a causal bottom-right shape.
+# rows such tiles cover with little padding, and causal ones in the dynamic order.
+# Non-causal (B, H, Sq, Sk), each with a partial last K/V tile; and a causal shape
+# (WIDE_SHAPES' dynamic-order entry is another).
 KV192_SHAPES = [(2, 32, 600, 2100), (2, 32, 1000, 3000)]
-KV192_CAUSAL_SHAPE = (4, 16, 768, 8192)  # bottom-right; top-left rows see at most 768 keys
+KV192_CAUSAL_SHAPE = (4, 16, 768, 8192)
 
 
 def takes_192_key_tiles(B, H, Sq, Sk, causal, sms):
-    """sm90_wide_kv mirrored: causal calls in the D = 64 dynamic order whose middle
-    row sees 4096 keys or more; non-causal ones on three consumers from Sk = 2048
-    where 192-key tiles cover Sk with at most 1.5 % more keys than 128-key tiles do.
-    causal: None, "top_left" or "bottom_right" (True: top-left)."""
+    """sm90_wide_kv mirrored: causal calls in the D = 64 dynamic order; non-causal
+    ones on three consumers from Sk = 2048 where 192-key tiles cover Sk with at
+    most 1.5 % more keys than 128-key tiles do. causal: None or a causal mode."""
     if causal:
-        mid = Sq // 2 + 1 + (Sk - Sq if causal == "bottom_right" else 0)
-        return d64_takes_dynamic_order(B, H, Sq, Sk, sms) and min(mid, Sk) >= 4096
+        return d64_takes_dynamic_order(B, H, Sq, Sk, sms)
     if Sk < 2048 or not uses_three_consumers(B, H, Sq, sms):
         return False
     return -(-Sk // 192) * 192 * 1000 <= -(-Sk // 128) * 128 * 1015
@@ -167,17 +165,15 @@ def takes_192_key_tiles(B, H, Sq, Sk, causal, sms):
 
 def test_192_key_tile_rule():
     """The mirror on the standard grid: D = 64 at 8k and 16k take them, causal and
-    not; 2k and 4k not (3.1 % padding; causal: the static order). The dynamic-order
-    entry of WIDE_SHAPES takes them non-causal only (causal, its middle row sees 276
-    or 2026 keys); the causal shape here bottom-right only."""
+    not; 2k and 4k not (3.1 % padding; causal: the static order). And the shapes
+    of the tests below."""
     for causal in (None, "top_left", "bottom_right"):
         assert takes_192_key_tiles(2, 32, 8192, 8192, causal, 132)
         assert takes_192_key_tiles(1, 32, 16384, 16384, causal, 132)
         assert not takes_192_key_tiles(8, 32, 2048, 2048, causal, 132)
         assert not takes_192_key_tiles(4, 32, 4096, 4096, causal, 132)
-        assert takes_192_key_tiles(4, 32, 550, 2300, causal, 132) == (causal is None)
-    assert takes_192_key_tiles(*KV192_CAUSAL_SHAPE, "bottom_right", 132)
-    assert not takes_192_key_tiles(*KV192_CAUSAL_SHAPE, "top_left", 132)
+        assert takes_192_key_tiles(4, 32, 550, 2300, causal, 132)
+        assert takes_192_key_tiles(*KV192_CAUSAL_SHAPE, causal, 132)
 
 
 @pytest.mark.parametrize("shape", KV192_SHAPES, ids=shape_id)
@@ -188,7 +184,7 @@ def test_kv192_shapes_take_them(shape):
 
 def test_kv192_causal_shape_takes_them():
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
-    assert takes_192_key_tiles(*KV192_CAUSAL_SHAPE, "bottom_right", sms)
+    assert takes_192_key_tiles(*KV192_CAUSAL_SHAPE, "top_left", sms)
 
 
 @dtype_param
@@ -201,11 +197,12 @@ def test_gpu_192_key_tiles(kernel, shape, dtype, group):
 
 
 @dtype_param
+@pytest.mark.parametrize("mode", ["top_left", "bottom_right"])
 @pytest.mark.parametrize("group", [1, 4], ids=lambda g: f"gqa{g}")
 @kernel_param
-def test_gpu_192_key_tiles_causal(kernel, dtype, group):
+def test_gpu_192_key_tiles_causal(kernel, mode, dtype, group):
     B, H, Sq, Sk = KV192_CAUSAL_SHAPE
-    run_and_check(kernel, B, H, H // group, Sq, Sk, 64, "bottom_right", dtype)
+    run_and_check(kernel, B, H, H // group, Sq, Sk, 64, mode, dtype)
 
 
 # D = 128 grids in the sm90 kernel's ordinary mode and static tile order (not

@@ -256,20 +256,15 @@ static bool sm90_use_cons3(const fc_attn_params* p, int num_sms) {
 // last tile is masked work). Measured on an H100 (perf notes, session 36;
 // REPS = 600): +2 % at 8k and 16k (0.8 % more keys), flat at 4k and 1.6 %
 // slower at 2k (3.1 %), 8-9 % slower at 512-1k (12.5 %): about +2.8 % per key,
-// less the padding. Causal: in the dynamic order (fc_sm90_d64_dynamic) where
-// the middle query row sees at least SM90_WIDE_KV_CAUSAL_MIN_KEYS keys: +3-4 %
-// at 8k and 16k; the causal diagonal costs more with wider tiles, and the
-// static order's causal 2k and 4k were flat (-0.6 %, +0.5 %) and 1k 4.5 %
-// slower, so shorter causal rows keep 128-key tiles.
+// less the padding. Causal: in the dynamic order (fc_sm90_d64_dynamic: many
+// heads of long K/V rows), +3-4 % at 8k and 16k, +4 % and +7 % on 550 x 2300
+// and 768 x 8192 bottom-right, flat on the same shapes top-left (rows of at
+// most 768 keys); the static order's causal 2k and 4k were flat (-0.6 %,
+// +0.5 %) and 1k 4.5 % slower, so they keep 128-key tiles.
 static constexpr int SM90_WIDE_KV_MIN_SK = 2048;
 static constexpr int SM90_WIDE_KV_SLACK_PERMILLE = 15;
-static constexpr int SM90_WIDE_KV_CAUSAL_MIN_KEYS = 4096;
 static inline bool sm90_wide_kv(const fc_attn_params* p, bool cons3, bool dyn) {
-    if (p->causal != FC_CAUSAL_NONE) {
-        const long long diag = p->causal == FC_CAUSAL_BOTTOM_RIGHT ? (long long)p->Sk - p->Sq : 0;
-        const long long mid = p->Sq / 2 + 1 + diag;  // keys the middle row sees (at most Sk)
-        return cons3 && dyn && (mid < p->Sk ? mid : p->Sk) >= SM90_WIDE_KV_CAUSAL_MIN_KEYS;
-    }
+    if (p->causal != FC_CAUSAL_NONE) return cons3 && dyn;
     if (!cons3 || p->Sk < SM90_WIDE_KV_MIN_SK) return false;
     const long long wide = (p->Sk + 191) / 192 * 192ll, narrow = (p->Sk + 127) / 128 * 128ll;
     return wide * 1000 <= narrow * (1000 + SM90_WIDE_KV_SLACK_PERMILLE);
