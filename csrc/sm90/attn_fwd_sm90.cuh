@@ -176,9 +176,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
                                                                          (long long)p.Sk * DP * 4, false);
     // Causal windows: the static order and the three-consumer dynamic one may merge
     // the last two (sm90_last_window; the host decides, in args.sched.last_window),
-    // except in the LONG kernel, whose consumers find their tiles themselves and
-    // whose code stays as measured.
-    constexpr bool MERGE = sm90_merge_windows(DYN, CONS) && !(LONG && DP == 128);
+    // except in the D = 128 LONG kernel, whose consumers find their tiles
+    // themselves (no TILE_INFO) and whose code stays as measured.
+    constexpr bool MERGE = sm90_merge_windows(DYN, CONS) && Tile::TILE_INFO;
     static_assert(!DYN || (Tile::TILE_INFO && !KV_SPLIT), "the dynamic order hands out tiles through TILE_INFO");
     // (With clusters: our half of the cluster's tile, and the K/V tile count of the whole.)
     auto tile_at = [&](int tile) {

@@ -263,10 +263,12 @@ static bool sm90_use_cons3(const fc_attn_params* p, int num_sms) {
 // +0.5 %) and 1k 4.5 % slower, so they keep 128-key tiles.
 static constexpr int SM90_WIDE_KV_MIN_SK = 2048;
 static constexpr int SM90_WIDE_KV_SLACK_PERMILLE = 15;
+using Sm90WideKv = Sm90Tile<64, 3, true>;
 static inline bool sm90_wide_kv(const fc_attn_params* p, bool cons3, bool dyn) {
     if (p->causal != FC_CAUSAL_NONE) return cons3 && dyn;
     if (!cons3 || p->Sk < SM90_WIDE_KV_MIN_SK) return false;
-    const long long wide = (p->Sk + 191) / 192 * 192ll, narrow = (p->Sk + 127) / 128 * 128ll;
+    constexpr long long WIDE = Sm90WideKv::BC, NARROW = Sm90Tile<64, 3>::BC;  // keys per K/V tile
+    const long long wide = (p->Sk + WIDE - 1) / WIDE * WIDE, narrow = (p->Sk + NARROW - 1) / NARROW * NARROW;
     return wide * 1000 <= narrow * (1000 + SM90_WIDE_KV_SLACK_PERMILLE);
 }
 
@@ -289,8 +291,7 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     const int q_box = Tile::Q_HALVES ? Tile::WG_ROWS : br;  // rows of one Q load (Q_HALVES: a consumer's)
     const bool dyn = fc_sm90_dynamic_order(p, num_sms);  // the dynamic tile order (kernels.h)
     const bool wide_kv = DP == 64 && sm90_wide_kv(p, cons3, dyn);
-    static_assert(Sm90Tile<64, 3, true>::BC == 192, "sm90_wide_kv counts 192-key tiles");
-    const int bc = wide_kv ? 192 : Tile::BC;  // keys per K/V tile (one K or V load)
+    const int bc = wide_kv ? Sm90WideKv::BC : Tile::BC;  // keys per K/V tile (one K or V load)
     fc_status s = fc_sm90_tensor_map(&a.q_map, p->dtype, p->q, p->D, p->Sq, p->Hq, p->B, p->q_row_stride,
                                      p->q_head_stride, p->q_batch_stride, q_box);
     if (s == FC_OK)
@@ -348,7 +349,7 @@ template <int DP>
 static constexpr size_t sm90_smem_max() {
     size_t m = Sm90Tile<DP>::smem_bytes(Sm90Tile<DP>::KV_SPLIT_OK);
     if constexpr (DP <= 128) m = m > Sm90Tile<DP, 3>::smem_bytes(false) ? m : Sm90Tile<DP, 3>::smem_bytes(false);
-    if constexpr (DP == 64) m = m > Sm90Tile<DP, 3, true>::smem_bytes(false) ? m : Sm90Tile<DP, 3, true>::smem_bytes(false);
+    if constexpr (DP == 64) m = m > Sm90WideKv::smem_bytes(false) ? m : Sm90WideKv::smem_bytes(false);
     return m;
 }
 
