@@ -9,7 +9,8 @@
 // (Sm90Tile<DP, 3>; the tile table and
 // the per-tile steps are in attn_sm90_parts.cuh); D = 64 calls with long rows
 // (non-causal, or causal in the dynamic order) take 192-key K/V tiles there
-// (Sm90Tile::WIDE_KV, sm90_wide_kv). The producer
+// (Sm90Tile::WIDE_KV, sm90_wide_kv; non-causal ones with the partial K/V tile
+// first, Sm90Tile::LEAD_TILE). The producer
 // loads Q into one of Q_BUFS buffers per tile (so the next tile's Q arrives
 // while this one runs; at D = 128 it is issued after the tile's second K/V
 // tile, Q_AHEAD; at D = 256, one buffer, each consumer's rows on barriers of
@@ -246,6 +247,10 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
     const float scale_log2 = p.scale * FC_LOG2E;
     const bool causal = p.causal != FC_CAUSAL_NONE;
     const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
+    // LEAD_TILE: K/V tile j starts at key j BC - lead (the producer's the same).
+    constexpr bool lead_tile = Tile::LEAD_TILE && !DYN;
+    static_assert(!lead_tile || (BC == 192 && !KV_SPLIT && !TAIL && CL == 1), "a lead of up to two 64-key groups");
+    const int lead = lead_tile && !causal ? sm90_lead(p.Sk, BC) : 0;
     const int step = split ? 2 : 1;      // K/V tiles from one of this warpgroup's to the next
     const int row_off = split ? 0 : cw * Tile::WG_ROWS;
     // Key-split mode runs in order: the pipelined order deadlocked there while K
@@ -329,7 +334,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
                 const int last_row = min(wrow0 + Tile::WG_ROWS, p.Sq) - 1;
                 int last_key = last_row + diag;  // the last key our rows see
                 if constexpr (Tile::PAD_SKIP) last_key = last_row < wrow0 ? -1 : causal ? last_key : p.Sk - 1;
-                nb = last_key < 0 ? 0 : min(nb, last_key / BC + 1);
+                nb = last_key < 0 ? 0 : min(nb, (last_key + lead) / BC + 1);
                 // Without UNIFORM_CW ptxas cannot tell that nb is warp-uniform, and a
                 // loop bound it cannot moves the ring arithmetic out of the uniform
                 // datapath (about 40 more vector instructions per K/V step).
@@ -354,10 +359,17 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
             wgmma_wait<0>();
             fence_regs(s);
             release(k_empty + 8 * (g % STAGES));  // this thread is done with K slot g % STAGES
-            if (needs_mask(first * BC)) mask_tile<BC>(s, first * BC, frow, p, causal, diag, lane);
-            float corr[2];
-            softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2);  // O is still 0: nothing to rescale
-            pack_p<BC, T>(pa, s);
+            if constexpr (lead_tile) {  // the softmax without the lead's whole 64-key groups
+                constexpr bool HV = Tile::HALF_VOTES;
+                if (lead >= 128) sm90_lead_softmax<BC, 2, T, HV>(s, pa, m_i, l_i, lead - 128, scale_log2, lane);
+                else if (lead >= 64) sm90_lead_softmax<BC, 1, T, HV>(s, pa, m_i, l_i, lead - 64, scale_log2, lane);
+                else sm90_lead_softmax<BC, 0, T, HV>(s, pa, m_i, l_i, lead, scale_log2, lane);
+            } else {
+                if (needs_mask(first * BC)) mask_tile<BC>(s, first * BC, frow, p, causal, diag, lane);
+                float corr[2];
+                softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2);  // O is still 0: nothing to rescale
+                pack_p<BC, T>(pa, s);
+            }
         }
         TR_SET(TR_PRO);
         // Steady state (OVERLAP): S of tile j+step and P_j V_j run on the tensor
@@ -381,7 +393,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
                 fence_regs(s);
                 release(k_empty + 8 * sn);  // this thread is done with K slot sn
                 TR_MARK(tr_soft);
-                if (needs_mask((j + step) * BC)) mask_tile<BC>(s, (j + step) * BC, frow, p, causal, diag, lane);
+                if (needs_mask((j + step) * BC - lead)) mask_tile<BC>(s, (j + step) * BC - lead, frow, p, causal, diag, lane);
                 rescale = softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2);
                 TR_SINCE(TR_SOFT, tr_soft);
                 if constexpr (Tile::PIN_SOFTMAX) {  // keeps the softmax ahead of the P V wait
@@ -399,7 +411,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
                 fence_regs(s);
                 release(k_empty + 8 * sn);  // this thread is done with K slot sn
                 TR_MARK(tr_soft);
-                if (needs_mask((j + step) * BC)) mask_tile<BC>(s, (j + step) * BC, frow, p, causal, diag, lane);
+                if (needs_mask((j + step) * BC - lead)) mask_tile<BC>(s, (j + step) * BC - lead, frow, p, causal, diag, lane);
                 rescale = softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2);
                 TR_SINCE(TR_SOFT, tr_soft);
             }

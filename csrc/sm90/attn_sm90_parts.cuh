@@ -74,6 +74,13 @@ struct Sm90Tile {
     // live at once: S 96 + O 32 registers fit the 160 of three consumers.
     static constexpr bool WIDE_KV = LONG && DP == 64;
     static constexpr int BC = WIDE_KV ? 192 : DP <= 128 ? 128 : 64;  // keys per K/V tile
+    // LEAD_TILE (WIDE_KV, static order, non-causal calls): the K/V tiles end at
+    // the row's last key, so the partial one is tile 0, which starts
+    // sm90_lead(Sk, BC) keys before key 0 (TMA zero-fills them). Its softmax
+    // skips the lead's whole 64-key groups (sm90_lead_softmax), so a row's
+    // softmax works on at most 63 masked keys, where with a partial last tile
+    // it took up to 191 (192-key tiles pad 2k and 4k by 3 %).
+    static constexpr bool LEAD_TILE = WIDE_KV;
     static constexpr int STAGES = DP <= 64 ? 3 : 2;   // K/V tiles in flight (ordinary mode)
     // Key-split mode: warpgroup c takes the ring positions of one parity. With an
     // even ring every slot then has one owner, which waits on every phase of the
@@ -286,6 +293,9 @@ __device__ __forceinline__ void mask_tile(float (&s)[BC / 2], int key0, int row,
     }
 }
 
+// The keys before key 0 in K/V tile 0 with LEAD_TILE: tiles of bc keys end at key sk - 1.
+__host__ __device__ constexpr int sm90_lead(int sk, int bc) { return (bc - sk % bc) % bc; }
+
 // Online softmax of one tile: new row max m, s <- P = exp2(s*scale_log2 - m),
 // l <- l*corr + rowsum(P). Returns a mask: bit hr is set when any of the
 // warp's rows hr*8 .. hr*8+7 has a new max (then O's registers of those rows,
@@ -329,6 +339,31 @@ __device__ __forceinline__ void pack_p(uint32_t (&pa)[BC / 16][4], const float (
     for (int kk = 0; kk < BC / 16; ++kk)
 #pragma unroll
         for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+}
+
+// LEAD_TILE's softmax of K/V tile 0 (O is still 0: no rescale) on the keys
+// from 64 SKIP on, the first `lo` of them masked; P of the skipped keys is 0.
+// (S is computed whole: a narrower wgmma into part of s made ptxas serialize
+// the kernel's wgmmas and spill, perf notes, session 37.)
+template <int BC, int SKIP, typename T, bool HALF_VOTES>
+__device__ __forceinline__ void sm90_lead_softmax(float (&s)[BC / 2], uint32_t (&pa)[BC / 16][4], float (&m_i)[2],
+                                                  float (&l_i)[2], int lo, float scale_log2, int lane) {
+    constexpr int N = BC - 64 * SKIP;
+    float(&sub)[N / 2] = *reinterpret_cast<float(*)[N / 2]>(&s[32 * SKIP]);
+    const int lim = lo - (lane % 4) * 2;
+#pragma unroll
+    for (int nt = 0; nt < N / 8; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            if (nt * 8 + i % 2 < lim) sub[4 * nt + i] = -INFINITY;
+    float corr[2];
+    softmax_tile<N, HALF_VOTES>(sub, m_i, l_i, corr, scale_log2);
+    uint32_t(&pa_sub)[N / 16][4] = *reinterpret_cast<uint32_t(*)[N / 16][4]>(&pa[4 * SKIP][0]);
+    pack_p<N, T>(pa_sub, sub);
+#pragma unroll
+    for (int kk = 0; kk < 4 * SKIP; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) pa[kk][r] = 0u;
 }
 
 // Key-split mode's end of a tile (attn_fwd_sm90.cuh): consumer 2 (cw = 1) leaves its

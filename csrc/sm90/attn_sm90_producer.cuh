@@ -44,6 +44,8 @@ __device__ __forceinline__ void sm90_producer(const Sm90Args& args, const Sm90Sm
     tma_prefetch_map(&args.k_map);
     tma_prefetch_map(&args.v_map);
     int it = 0;  // K/V tiles issued so far: position in the ring
+    // LEAD_TILE: K/V tile j starts at key j BC - lead (rows before 0 load as zeros).
+    const int lead = Tile::LEAD_TILE && !DYN && args.p.causal == FC_CAUSAL_NONE ? sm90_lead(args.p.Sk, BC) : 0;
     int local = 0;
     // One tile of `rows` rows (of tensor `map`, from row `row` of head h, batch b)
     // into smem at dst, one 64-column slab per TMA load, completing on mbarrier bar.
@@ -108,7 +110,7 @@ __device__ __forceinline__ void sm90_producer(const Sm90Args& args, const Sm90Sm
                                               (1u << CL) - 1);
                     }
                 } else {
-                    load_slabs(dst, map, bar, BC, j * BC, t.hk, t.b);
+                    load_slabs(dst, map, bar, BC, j * BC - lead, t.hk, t.b);
                 }
             };
             TR_TIME(TR_W_K, mbar_wait(k_empty + 8 * st, free_parity));  // K slot st is free (in both CTAs)
