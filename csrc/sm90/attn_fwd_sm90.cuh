@@ -248,6 +248,8 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
     const bool causal = p.causal != FC_CAUSAL_NONE;
     const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
     // LEAD_TILE: K/V tile j starts at key j BC - lead (the producer's the same).
+    // The static-order 192-key kernel runs non-causal calls only (sm90_wide_kv sends
+    // causal ones to the dynamic order's): its first tile's softmax has no causal mask.
     constexpr bool lead_tile = Tile::LEAD_TILE && !DYN;
     static_assert(!lead_tile || (BC == 192 && !KV_SPLIT && !TAIL && CL == 1), "a lead of up to two 64-key groups");
     const int lead = lead_tile && !causal ? sm90_lead(p.Sk, BC) : 0;

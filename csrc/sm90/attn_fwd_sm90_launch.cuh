@@ -267,7 +267,7 @@ static constexpr int SM90_WIDE_KV_MIN_SK = 2048;
 static constexpr int SM90_WIDE_KV_SLACK_PERMILLE = 32;
 using Sm90WideKv = Sm90Tile<64, 3, true>;
 static inline bool sm90_wide_kv(const fc_attn_params* p, bool cons3, bool dyn) {
-    if (p->causal != FC_CAUSAL_NONE) return cons3 && dyn;
+    if (p->causal != FC_CAUSAL_NONE) return cons3 && dyn;  // never the static order: LEAD_TILE is non-causal
     if (!cons3 || p->Sk < SM90_WIDE_KV_MIN_SK) return false;
     constexpr long long WIDE = Sm90WideKv::BC, NARROW = Sm90Tile<64, 3>::BC;  // keys per K/V tile
     const long long wide = (p->Sk + WIDE - 1) / WIDE * WIDE, narrow = (p->Sk + NARROW - 1) / NARROW * NARROW;
