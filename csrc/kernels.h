@@ -28,7 +28,8 @@ fc_status fc_sm90_fwd_d256(const fc_attn_params* p, int num_sms, fc_stream_t str
  * dynamic tile order) rather than round robin: causal calls at D > 64 with
  * Sk < 2048 and more 128-row tiles than SMs, causal D = 128 calls from
  * Sk = 2048 on three consumers (fc_sm90_d128_wide), and causal D = 64 calls
- * whose static-order windows would not fit the L2 (fc_sm90_d64_dynamic);
+ * with rows of 2048 keys or whose static-order windows would not fit the L2
+ * (fc_sm90_d64_dynamic);
  * key-split mode and the other long-row kernels keep the static order. The
  * counter is 16 bytes of workspace, zeroed by the launcher before each
  * launch unless the params say it is zero already (counters_zeroed): the
@@ -129,12 +130,17 @@ static inline int fc_sm90_window_heads(int grid, int n_mblocks, int n_bh, long l
  * whose windows are capped (sm90_window_cap): the static order's snake needs
  * its whole windows, and their K/V came from HBM again and again (1.53 GB
  * read at causal 8k, where Q, K and V are 201 MB). Measured on an H100 (perf
- * notes, session 34, REPS = 600): causal 8k +4 %, 16k +2-4 %. Where the
- * windows fit, the static order stays: the dynamic one measured 1-2 % slower
- * there (session 29). */
+ * notes, session 34, REPS = 600): causal 8k +4 %, 16k +2-4 %. So do calls
+ * whose rows reach FC_SM90_D64_DYN_MIN_KEYS keys (Sk, or Sq top-left when shorter),
+ * where the dynamic order runs 192-key K/V tiles: causal 2k flat, 4k +1 %,
+ * bottom-right 1500 x 2048 +1.2 % (session 37). Below that the static order
+ * stays: the dynamic one measured 1-2 % slower there (session 29). */
+#define FC_SM90_D64_DYN_MIN_KEYS 2048
 static inline int fc_sm90_d64_dynamic(const fc_attn_params* p, int num_sms) {
     if (p->causal == FC_CAUSAL_NONE || p->D > 64 || fc_sm90_key_split(p, num_sms) || !fc_sm90_cons3_grid(p, num_sms))
         return 0;
+    const int row_keys = p->causal == FC_CAUSAL_TOP_LEFT && p->Sq < p->Sk ? p->Sq : p->Sk;  /* the longest row's */
+    if (row_keys >= FC_SM90_D64_DYN_MIN_KEYS) return 1;
     const long long tiles = fc_sm90_tiles(p, 192), kv_head_bytes = (long long)p->Sk * 64 * 4;
     const int grid = tiles < num_sms ? (int)tiles : num_sms;
     return fc_sm90_window_heads(grid, (p->Sq + 191) / 192, p->B * p->Hq, kv_head_bytes) * kv_head_bytes >

@@ -106,22 +106,32 @@ def uses_three_consumers(B, H, Sq, sms):
     return Sq >= 512 and -(-Sq // 64) * B * H > sms and stripes(192) * 192 < stripes(128) * 128 * 1.15
 
 
-def d64_takes_dynamic_order(B, H, Sq, Sk, sms):
+def d64_takes_dynamic_order(B, H, Sq, Sk, sms, mode):
     """fc_sm90_d64_dynamic (csrc/kernels.h) for a causal D = 64 call, mirrored: three
-    consumers, and a static-order window (tile_model.causal_window, the mirror of
+    consumers, and rows of 2048 keys or more (Sk; top-left Sq when shorter) or a
+    static-order window (tile_model.causal_window, the mirror of
     fc_sm90_window_heads) of more than the cap's K/V."""
     n_mb, kv = -(-Sq // 192), Sk * 64 * 4
     heads = tile_model.causal_window(min(n_mb * B * H, sms), n_mb, B * H, kv)
-    return uses_three_consumers(B, H, Sq, sms) and heads * kv > tile_model.WINDOW_CAP_BYTES
+    row_keys = min(Sq, Sk) if mode == "top_left" else Sk
+    return uses_three_consumers(B, H, Sq, sms) and (row_keys >= 2048 or heads * kv > tile_model.WINDOW_CAP_BYTES)
 
 
 def test_d64_dynamic_order_mirror():
     """The mirror above on shapes worked by hand: the standard grid's causal D = 64
-    from S = 8k (one window of every head, 2 MB each), not below; the WIDE_SHAPES entry."""
-    assert d64_takes_dynamic_order(2, 32, 8192, 8192, 132) and d64_takes_dynamic_order(1, 32, 16384, 16384, 132)
-    assert not d64_takes_dynamic_order(4, 32, 4096, 4096, 132)  # 12-head windows of 1 MB
-    assert not d64_takes_dynamic_order(8, 32, 2048, 2048, 132)
-    assert d64_takes_dynamic_order(4, 32, 550, 2300, 132) and not d64_takes_dynamic_order(4, 32, 550, 2000, 132)
+    from S = 2k (rows of 2048 keys; from 8k one window of every head, 2 MB each), not
+    below; the WIDE_SHAPES entry (windows of 2.4 MB heads), and top-left rows shorter
+    than their keys."""
+    for mode in ("top_left", "bottom_right"):
+        assert d64_takes_dynamic_order(2, 32, 8192, 8192, 132, mode)
+        assert d64_takes_dynamic_order(1, 32, 16384, 16384, 132, mode)
+        assert d64_takes_dynamic_order(4, 32, 4096, 4096, 132, mode)
+        assert d64_takes_dynamic_order(8, 32, 2048, 2048, 132, mode)
+        assert not d64_takes_dynamic_order(16, 32, 1024, 1024, 132, mode)
+        assert d64_takes_dynamic_order(4, 32, 550, 2300, 132, mode)
+        assert not d64_takes_dynamic_order(4, 32, 550, 2000, 132, mode)
+    assert d64_takes_dynamic_order(4, 32, 1500, 2048, 132, "bottom_right")
+    assert not d64_takes_dynamic_order(4, 32, 1500, 2048, 132, "top_left")  # rows of at most 1500 keys
 
 
 @wide_param
@@ -130,7 +140,8 @@ def test_wide_shapes_take_the_wide_path(shape, D):
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     assert uses_three_consumers(B, H, Sq, sms) and Sq % 192 != 0
     assert D == 64 or Sk >= 2048, "D = 128: three consumers from 2048 keys"
-    assert D == 128 or d64_takes_dynamic_order(B, H, Sq, Sk, sms) == (shape == (4, 32, 550, 2300))
+    for mode in ("top_left", "bottom_right"):
+        assert D == 128 or d64_takes_dynamic_order(B, H, Sq, Sk, sms, mode) == (shape == (4, 32, 550, 2300))
 
 
 @dtype_param
@@ -152,6 +163,8 @@ def test_gpu_wide_tiles(kernel, shape, D, mode, dtype, group):
 # another).
 KV192_SHAPES = [(2, 32, 600, 2100), (2, 32, 1000, 3000), (2, 32, 600, 4050)]
 KV192_CAUSAL_SHAPE = (4, 16, 768, 8192)
+# Causal, in the dynamic order for its rows of 2100 keys (its windows would fit the L2).
+KV192_CAUSAL_ROWS_SHAPE = (2, 16, 2100, 2100)
 
 
 def takes_192_key_tiles(B, H, Sq, Sk, causal, sms):
@@ -159,22 +172,22 @@ def takes_192_key_tiles(B, H, Sq, Sk, causal, sms):
     ones on three consumers from Sk = 2048 where 192-key tiles cover Sk with at
     most 3.2 % more keys than 128-key tiles do. causal: None or a causal mode."""
     if causal:
-        return d64_takes_dynamic_order(B, H, Sq, Sk, sms)
+        return d64_takes_dynamic_order(B, H, Sq, Sk, sms, causal)
     if Sk < 2048 or not uses_three_consumers(B, H, Sq, sms):
         return False
     return -(-Sk // 192) * 192 * 1000 <= -(-Sk // 128) * 128 * 1032
 
 
 def test_192_key_tile_rule():
-    """The mirror on the standard grid: D = 64 at 8k and 16k take them, causal and
-    not; 2k and 4k non-causal only (3.1 % padding, a lead of 64 and 128 keys;
-    causal: the static order), 512 and 1k not. Not where the padding is larger
-    (Sk = 2113: 5.9 %). And the shapes of the tests below."""
+    """The mirror on the standard grid: D = 64 from 2k take them, causal and not
+    (2k and 4k non-causal: 3.1 % padding, a lead of 64 and 128 keys; causal: the
+    dynamic order), 512 and 1k not. Not where the padding is larger (Sk = 2113:
+    5.9 %). And the shapes of the tests below."""
     for causal in (None, "top_left", "bottom_right"):
         assert takes_192_key_tiles(2, 32, 8192, 8192, causal, 132)
         assert takes_192_key_tiles(1, 32, 16384, 16384, causal, 132)
-        assert takes_192_key_tiles(8, 32, 2048, 2048, causal, 132) == (causal is None)
-        assert takes_192_key_tiles(4, 32, 4096, 4096, causal, 132) == (causal is None)
+        assert takes_192_key_tiles(8, 32, 2048, 2048, causal, 132)
+        assert takes_192_key_tiles(4, 32, 4096, 4096, causal, 132)
         assert not takes_192_key_tiles(16, 32, 1024, 1024, causal, 132)
         assert not takes_192_key_tiles(32, 32, 512, 512, causal, 132)
         assert takes_192_key_tiles(4, 32, 550, 2300, causal, 132)
@@ -190,7 +203,13 @@ def test_kv192_shapes_take_them(shape):
 
 def test_kv192_causal_shape_takes_them():
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
-    assert takes_192_key_tiles(*KV192_CAUSAL_SHAPE, "top_left", sms)
+    for mode in ("top_left", "bottom_right"):
+        assert takes_192_key_tiles(*KV192_CAUSAL_SHAPE, mode, sms)
+        assert takes_192_key_tiles(*KV192_CAUSAL_ROWS_SHAPE, mode, sms)
+    B, H, Sq, Sk = KV192_CAUSAL_ROWS_SHAPE
+    n_mb, kv = -(-Sq // 192), Sk * 64 * 4
+    heads = tile_model.causal_window(min(n_mb * B * H, sms), n_mb, B * H, kv)
+    assert heads * kv <= tile_model.WINDOW_CAP_BYTES, "the rows, not the windows, take the dynamic order"
 
 
 @dtype_param
@@ -205,9 +224,10 @@ def test_gpu_192_key_tiles(kernel, shape, dtype, group):
 @dtype_param
 @pytest.mark.parametrize("mode", ["top_left", "bottom_right"])
 @pytest.mark.parametrize("group", [1, 4], ids=lambda g: f"gqa{g}")
+@pytest.mark.parametrize("shape", [KV192_CAUSAL_SHAPE, KV192_CAUSAL_ROWS_SHAPE], ids=shape_id)
 @kernel_param
-def test_gpu_192_key_tiles_causal(kernel, mode, dtype, group):
-    B, H, Sq, Sk = KV192_CAUSAL_SHAPE
+def test_gpu_192_key_tiles_causal(kernel, shape, mode, dtype, group):
+    B, H, Sq, Sk = shape
     run_and_check(kernel, B, H, H // group, Sq, Sk, 64, mode, dtype)
 
 

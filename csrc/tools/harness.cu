@@ -204,6 +204,7 @@ static int run_check(fc_kernel kernel, bool small) {
             cases.push_back({4, 16, 4, 1500, 3000, 64, m, dt, false}); // sm90 D64: 192-key K/V tiles (non-causal), GQA
             cases.push_back({2, 16, 4, 700, 4096, 64, m, dt, false});  // sm90 D64: 192-key tiles, a lead of 128 keys
             cases.push_back({2, 16, 4, 700, 4050, 64, m, dt, false});  // sm90 D64: 192-key tiles, a lead of 174 keys
+            cases.push_back({2, 16, 4, 2100, 2100, 64, m, dt, false}); // sm90 D64 causal: the dynamic order for its rows
             cases.push_back({2, 16, 4, 600, 2100, 128, m, dt, false});  // sm90 D128 causal: 192-row tiles, GQA
             cases.push_back({1, 16, 4, 2200, 2100, 128, m, dt, false}); // sm90 D128 causal: merged last window
             cases.push_back({2, 16, 4, 600, 4100, 128, m, dt, false});  // sm90 D128 causal: windows capped to the L2
