@@ -305,6 +305,21 @@ def test_gpu_strided_inputs(kernel, layouts, D, mode, dtype):
     assert torch.equal(lse, lse_c)
 
 
+@pytest.mark.parametrize("mode", [None, "top_left", "bottom_right"])
+@pytest.mark.parametrize("layouts", [LAYOUTS[0], LAYOUTS[2]], ids=lambda l: "-".join(l))
+@kernel_param
+def test_gpu_192_key_tiles_strided(kernel, layouts, mode):
+    """Strided views on the 192-key tiles: non-causal with a lead tile (its TMA rows
+    before key 0), causal in the dynamic order for its rows."""
+    B, H, Sq, Sk = KV192_SHAPES[0] if mode is None else KV192_CAUSAL_ROWS_SHAPE
+    q, k, v = make_qkv(B, H, H, Sq, Sk, 64, torch.float16, DEV, layouts=layouts)
+    out, lse = run_poisoned(q, k, v, mode, kernel=kernel)
+    check_attention(out, lse, q, k, v, None, mode)
+    out_c, lse_c = call(q.contiguous(), k.contiguous(), v.contiguous(), mode, kernel=kernel)
+    assert torch.equal(out, out_c)
+    assert torch.equal(lse, lse_c)
+
+
 @dtype_param
 @mode_param
 @pytest.mark.parametrize("D", [64, 128])
