@@ -28,14 +28,15 @@ fc_status fc_sm90_fwd_d256(const fc_attn_params* p, int num_sms, fc_stream_t str
  * dynamic tile order) rather than round robin: causal calls at D > 64 with
  * Sk < 2048 and more 128-row tiles than SMs, causal D = 128 calls from
  * Sk = 2048 on three consumers (fc_sm90_d128_wide), and causal D = 64 calls
- * with rows of 2048 keys or whose static-order windows would not fit the L2
- * (fc_sm90_d64_dynamic);
+ * with rows of 2048 keys or more, or whose static-order windows would not fit
+ * the L2 (fc_sm90_d64_dynamic);
  * key-split mode and the other long-row kernels keep the static order. The
  * counter is 16 bytes of workspace, zeroed by the launcher before each
  * launch unless the params say it is zero already (counters_zeroed): the
- * kernel's last ticket puts it back to zero. Measured on an H100 (perf notes, sessions 22, 28 and 34): causal
+ * kernel's last ticket puts it back to zero. Measured on an H100 (perf notes, sessions 22, 28, 34 and 37): causal
  * S = 512 +5-7 %, 1k +2-3 %, on three consumers 2k-4k +4-5 %, D = 64 causal
- * 8k +4 %; non-causal calls, and D = 64 ones whose windows fit, lose with it.
+ * 8k +4 %, 4k +1 %; non-causal calls, and D = 64 ones with shorter rows whose
+ * windows fit, lose with it.
  * dispatch.c sizes the workspace with this rule and the sm90 launcher
  * follows it. */
 #define FC_SM90_DYN_WORKSPACE 16

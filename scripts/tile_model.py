@@ -15,7 +15,7 @@ heads (sm90_causal_window) with the snake over odd stripes and the last two wind
 non-causal tiles head by head with ROTATE. The static order gives CTA c tiles c, c + grid, ...;
 the dynamic order gives each next tile to the first CTA to finish, with windows capped to the L2
 as the kernel caps them where the order balances any window (the three-consumer dynamic order at
-D = 128, and at D = 64 where the static order's windows exceed the cap, the D = 256 pairs' host
+D = 128, and at D = 64 for rows of 2048 keys or where the static order's windows exceed the cap, the D = 256 pairs' host
 plan; at other shapes this column is a what-if, and the
 two-consumer dynamic order keeps uncapped windows). Printed: max/mean CTA work,
 the launch's time over a perfectly even split.

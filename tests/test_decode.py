@@ -272,7 +272,8 @@ def test_c_api_workspace_checks():
 def test_c_api_tile_counter_workspace(D, shape):
     """Causal sm90 calls at D > 64 with Sk < 2048 and more 128-row tiles than SMs,
     causal D = 128 calls on three consumers from Sk = 2048 (the third shape), and
-    causal D = 64 calls whose static-order windows would not fit the L2 (the fourth),
+    causal D = 64 calls with rows of 2048 keys or more, or whose static-order windows
+    would not fit the L2 (the fourth),
     take their tiles from a 16-byte counter in the workspace (kernels.h,
     fc_sm90_dynamic_order): sized, refused when missing, zeroed by each launch."""
     lib = _lib()

@@ -157,14 +157,16 @@ def test_gpu_wide_tiles(kernel, shape, D, mode, dtype, group):
 # D = 64 calls on three consumers take 192-key K/V tiles (Sm90Tile::WIDE_KV,
 # sm90_wide_kv in csrc/sm90/attn_fwd_sm90_launch.cuh): non-causal ones whose key
 # rows such tiles cover with little padding, and causal ones in the dynamic order.
-# Non-causal (B, H, Sq, Sk), each with a partial K/V tile 0 (Sm90Tile::LEAD_TILE:
-# a lead of 12, 72 and 174 keys before key 0, so the softmax skips none, one and
-# two 64-key groups); and a causal shape (WIDE_SHAPES' dynamic-order entry is
-# another).
-KV192_SHAPES = [(2, 32, 600, 2100), (2, 32, 1000, 3000), (2, 32, 600, 4050)]
+# Non-causal (B, H, Sq, Sk), with K/V tile 0 partial (Sm90Tile::LEAD_TILE: a lead
+# of 12, 72, 174 and 64 keys before key 0, so the softmax skips none, one, two and
+# one 64-key groups) or whole (Sk = 3072); and a causal shape (WIDE_SHAPES'
+# dynamic-order entry is another).
+KV192_SHAPES = [(2, 32, 600, 2100), (2, 32, 1000, 3000), (2, 32, 600, 4050), (2, 32, 600, 2048), (2, 32, 600, 3072)]
 KV192_CAUSAL_SHAPE = (4, 16, 768, 8192)
-# Causal, in the dynamic order for its rows of 2100 keys (its windows would fit the L2).
+# Causal, in the dynamic order for its rows of 2100 keys (its windows would fit the L2);
+# and with Sq > Sk (bottom-right: the first 500 rows see no key, consumers of no K/V tile).
 KV192_CAUSAL_ROWS_SHAPE = (2, 16, 2100, 2100)
+KV192_CAUSAL_TALL_SHAPE = (2, 16, 2600, 2100)
 
 
 def takes_192_key_tiles(B, H, Sq, Sk, causal, sms):
@@ -198,7 +200,7 @@ def test_192_key_tile_rule():
 @pytest.mark.parametrize("shape", KV192_SHAPES, ids=shape_id)
 def test_kv192_shapes_take_them(shape):
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
-    assert takes_192_key_tiles(*shape, None, sms) and shape[3] % 192 != 0
+    assert takes_192_key_tiles(*shape, None, sms)
 
 
 def test_kv192_causal_shape_takes_them():
@@ -206,6 +208,7 @@ def test_kv192_causal_shape_takes_them():
     for mode in ("top_left", "bottom_right"):
         assert takes_192_key_tiles(*KV192_CAUSAL_SHAPE, mode, sms)
         assert takes_192_key_tiles(*KV192_CAUSAL_ROWS_SHAPE, mode, sms)
+        assert takes_192_key_tiles(*KV192_CAUSAL_TALL_SHAPE, mode, sms)
     B, H, Sq, Sk = KV192_CAUSAL_ROWS_SHAPE
     n_mb, kv = -(-Sq // 192), Sk * 64 * 4
     heads = tile_model.causal_window(min(n_mb * B * H, sms), n_mb, B * H, kv)
@@ -224,7 +227,8 @@ def test_gpu_192_key_tiles(kernel, shape, dtype, group):
 @dtype_param
 @pytest.mark.parametrize("mode", ["top_left", "bottom_right"])
 @pytest.mark.parametrize("group", [1, 4], ids=lambda g: f"gqa{g}")
-@pytest.mark.parametrize("shape", [KV192_CAUSAL_SHAPE, KV192_CAUSAL_ROWS_SHAPE], ids=shape_id)
+@pytest.mark.parametrize("shape", [KV192_CAUSAL_SHAPE, KV192_CAUSAL_ROWS_SHAPE, KV192_CAUSAL_TALL_SHAPE],
+                         ids=shape_id)
 @kernel_param
 def test_gpu_192_key_tiles_causal(kernel, shape, mode, dtype, group):
     B, H, Sq, Sk = shape

@@ -71,10 +71,11 @@
 // merges them by their maxima and writes the tile.
 //
 // Limits. D is any multiple of 8 up to DP (64, 128 or 256): TMA zero-fills the
-// columns past D and the rows past Sq or Sk, and those rows/keys are masked or
-// never stored. Any Sq, Sk >= 1; both causal alignments; strided inputs whose
-// strides are multiples of 8 elements (a TMA rule, checked by dispatch); GQA
-// reads KV head h / (Hq / Hkv) in place. Rows that see no key give O = 0 and
+// columns past D and the rows past Sq or Sk (and, with LEAD_TILE, the K/V rows
+// before key 0), and those rows/keys are masked or never stored. Any Sq, Sk >= 1;
+// both causal alignments; strided inputs whose strides are multiples of 8
+// elements (a TMA rule, checked by dispatch); GQA reads KV head h / (Hq / Hkv)
+// in place. Rows that see no key give O = 0 and
 // LSE = -inf. Needs sm_90a (H100, H200); the body is empty in other passes.
 #pragma once
 
@@ -247,12 +248,13 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
     const float scale_log2 = p.scale * FC_LOG2E;
     const bool causal = p.causal != FC_CAUSAL_NONE;
     const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
-    // LEAD_TILE: K/V tile j starts at key j BC - lead (the producer's the same).
-    // The static-order 192-key kernel runs non-causal calls only (sm90_wide_kv sends
-    // causal ones to the dynamic order's): its first tile's softmax has no causal mask.
+    // LEAD_TILE: K/V tile j starts at key j BC - lead (sm90_kv_lead). The static-order
+    // 192-key kernel runs non-causal calls only (the launcher sends causal ones to the
+    // dynamic order's): its first tile's softmax has no causal mask.
     constexpr bool lead_tile = Tile::LEAD_TILE && !DYN;
-    static_assert(!lead_tile || (BC == 192 && !KV_SPLIT && !TAIL && CL == 1), "a lead of up to two 64-key groups");
-    const int lead = lead_tile && !causal ? sm90_lead(p.Sk, BC) : 0;
+    static_assert(!lead_tile || (BC == 3 * Tile::LEAD_GROUP && !KV_SPLIT && !TAIL && CL == 1),
+                  "LEAD_TILE: at most two skipped groups, tile 0 first for every consumer, no multicast");
+    const int lead = sm90_kv_lead<Tile, DYN>(p);
     const int step = split ? 2 : 1;      // K/V tiles from one of this warpgroup's to the next
     const int row_off = split ? 0 : cw * Tile::WG_ROWS;
     // Key-split mode runs in order: the pipelined order deadlocked there while K
@@ -305,7 +307,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
         const int wrow0 = t.row0 + row_off;             // first query row of this warpgroup
         const int frow = wrow0 + warp * 16 + lane / 4;  // this thread's first fragment row
         // Masking is needed on the key tail and on tiles reaching past the diagonal.
-        auto needs_mask = [&](int key0) { return key0 + BC > p.Sk || (causal && key0 + BC - 1 > wrow0 + diag); };
+        auto needs_mask = [&](int k0) { return k0 + BC > p.Sk || (causal && k0 + BC - 1 > wrow0 + diag); };
 
         float o[PV_PARTS][PV_N / 2];
 #pragma unroll
@@ -363,9 +365,10 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
             release(k_empty + 8 * (g % STAGES));  // this thread is done with K slot g % STAGES
             if constexpr (lead_tile) {  // the softmax without the lead's whole 64-key groups
                 constexpr bool HV = Tile::HALF_VOTES;
-                if (lead >= 128) sm90_lead_softmax<BC, 2, T, HV>(s, pa, m_i, l_i, lead - 128, scale_log2, lane);
-                else if (lead >= 64) sm90_lead_softmax<BC, 1, T, HV>(s, pa, m_i, l_i, lead - 64, scale_log2, lane);
-                else sm90_lead_softmax<BC, 0, T, HV>(s, pa, m_i, l_i, lead, scale_log2, lane);
+                constexpr int G = Tile::LEAD_GROUP;
+                if (lead >= 2 * G) sm90_lead_softmax<BC, G, 2, T, HV>(s, pa, m_i, l_i, lead - 2 * G, scale_log2, lane);
+                else if (lead >= G) sm90_lead_softmax<BC, G, 1, T, HV>(s, pa, m_i, l_i, lead - G, scale_log2, lane);
+                else sm90_lead_softmax<BC, G, 0, T, HV>(s, pa, m_i, l_i, lead, scale_log2, lane);
             } else {
                 if (needs_mask(first * BC)) mask_tile<BC>(s, first * BC, frow, p, causal, diag, lane);
                 float corr[2];

@@ -261,8 +261,9 @@ static bool sm90_use_cons3(const fc_attn_params* p, int num_sms) {
 // +2.8 % per key, less the padding. Causal: in the dynamic order
 // (fc_sm90_d64_dynamic: many heads of long K/V rows), +3-4 % at 8k and 16k, +4 %
 // and +7 % on 550 x 2300 and 768 x 8192 bottom-right, flat on the same shapes
-// top-left (rows of at most 768 keys); the static order's causal 2k and 4k
-// were flat (-0.6 %, +0.5 %) and 1k 4.5 % slower, so they keep 128-key tiles.
+// top-left (rows of at most 768 keys); in the static order causal 2k and 4k
+// were flat (-0.6 %, +0.5 %) and 1k 4.5 % slower, so the static order keeps
+// 128-key tiles (causal rows from 2048 keys take the dynamic order, session 37).
 static constexpr int SM90_WIDE_KV_MIN_SK = 2048;
 static constexpr int SM90_WIDE_KV_SLACK_PERMILLE = 32;
 using Sm90WideKv = Sm90Tile<64, 3, true>;
@@ -331,6 +332,8 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
         if constexpr (DP >= 128) return attn_fwd_sm90_run<DP, 2, T, false, false, true>(a, grid, stream);
     }  // (at D = 64 the dynamic order implies three consumers, fc_sm90_d64_dynamic)
     if constexpr (DP == 64) {
+        // (sm90_wide_kv sends no causal call here: this kernel's lead tile has no causal mask)
+        if (wide_kv && p->causal != FC_CAUSAL_NONE) return FC_ERR_ARCH;
         if (wide_kv) return attn_fwd_sm90_run<DP, 3, T, false, true>(a, grid, stream);
         if (cons3) return attn_fwd_sm90_run<DP, 3, T, false>(a, grid, stream);
     }

@@ -81,6 +81,9 @@ struct Sm90Tile {
     // softmax works on at most 63 masked keys, where with a partial last tile
     // it took up to 191 (192-key tiles pad 2k and 4k by 3 %).
     static constexpr bool LEAD_TILE = WIDE_KV;
+    // The lead's skipped unit: whole 64-key groups (at most two with BC = 192),
+    // one softmax instantiation per count, where 16-key steps would take twelve.
+    static constexpr int LEAD_GROUP = 64;
     static constexpr int STAGES = DP <= 64 ? 3 : 2;   // K/V tiles in flight (ordinary mode)
     // Key-split mode: warpgroup c takes the ring positions of one parity. With an
     // even ring every slot then has one owner, which waits on every phase of the
@@ -342,28 +345,36 @@ __device__ __forceinline__ void pack_p(uint32_t (&pa)[BC / 16][4], const float (
 }
 
 // LEAD_TILE's softmax of K/V tile 0 (O is still 0: no rescale) on the keys
-// from 64 SKIP on, the first `lo` of them masked; P of the skipped keys is 0.
-// (S is computed whole: a narrower wgmma into part of s made ptxas serialize
-// the kernel's wgmmas and spill, perf notes, session 37.)
-template <int BC, int SKIP, typename T, bool HALF_VOTES>
+// from SKIP groups of GROUP keys on (Sm90Tile::LEAD_GROUP), the first `lo` of
+// them masked; P of the skipped keys is 0. (S is computed whole: a narrower wgmma into part of s made ptxas
+// serialize the kernel's wgmmas and spill, perf notes, session 37.)
+template <int BC, int GROUP, int SKIP, typename T, bool HALF_VOTES>
 __device__ __forceinline__ void sm90_lead_softmax(float (&s)[BC / 2], uint32_t (&pa)[BC / 16][4], float (&m_i)[2],
                                                   float (&l_i)[2], int lo, float scale_log2, int lane) {
-    constexpr int N = BC - 64 * SKIP;
-    float(&sub)[N / 2] = *reinterpret_cast<float(*)[N / 2]>(&s[32 * SKIP]);
+    constexpr int N = BC - GROUP * SKIP;  // keys left
+    float(&sub)[N / 2] = *reinterpret_cast<float(*)[N / 2]>(&s[GROUP / 2 * SKIP]);
     const int lim = lo - (lane % 4) * 2;
 #pragma unroll
-    for (int nt = 0; nt < N / 8; ++nt)
+    for (int nt = 0; nt < N / 8; ++nt)  // (only nt < GROUP / 8 can mask; that bound changed the SASS throughout)
 #pragma unroll
         for (int i = 0; i < 4; ++i)
             if (nt * 8 + i % 2 < lim) sub[4 * nt + i] = -INFINITY;
     float corr[2];
     softmax_tile<N, HALF_VOTES>(sub, m_i, l_i, corr, scale_log2);
-    uint32_t(&pa_sub)[N / 16][4] = *reinterpret_cast<uint32_t(*)[N / 16][4]>(&pa[4 * SKIP][0]);
+    uint32_t(&pa_sub)[N / 16][4] = *reinterpret_cast<uint32_t(*)[N / 16][4]>(&pa[GROUP / 16 * SKIP][0]);
     pack_p<N, T>(pa_sub, sub);
 #pragma unroll
-    for (int kk = 0; kk < 4 * SKIP; ++kk)
+    for (int kk = 0; kk < GROUP / 16 * SKIP; ++kk)
 #pragma unroll
         for (int r = 0; r < 4; ++r) pa[kk][r] = 0u;
+}
+
+// LEAD_TILE's lead of a call, the producer's and the consumers': K/V tile j
+// starts at key j BC - lead. 0 in every other kernel and in causal calls, which
+// the launcher never gives the static-order 192-key kernel.
+template <typename Tile, bool DYN>
+__device__ __forceinline__ int sm90_kv_lead(const fc_attn_params& p) {
+    return Tile::LEAD_TILE && !DYN && p.causal == FC_CAUSAL_NONE ? sm90_lead(p.Sk, Tile::BC) : 0;
 }
 
 // Key-split mode's end of a tile (attn_fwd_sm90.cuh): consumer 2 (cw = 1) leaves its

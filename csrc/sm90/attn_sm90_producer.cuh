@@ -44,8 +44,9 @@ __device__ __forceinline__ void sm90_producer(const Sm90Args& args, const Sm90Sm
     tma_prefetch_map(&args.k_map);
     tma_prefetch_map(&args.v_map);
     int it = 0;  // K/V tiles issued so far: position in the ring
-    // LEAD_TILE: K/V tile j starts at key j BC - lead (rows before 0 load as zeros).
-    const int lead = Tile::LEAD_TILE && !DYN && args.p.causal == FC_CAUSAL_NONE ? sm90_lead(args.p.Sk, BC) : 0;
+    // LEAD_TILE: K/V tile j starts at key j BC - lead; the rows before key 0 load as
+    // zeros, and TMA counts their bytes toward the full barrier's transaction as well.
+    const int lead = sm90_kv_lead<Tile, DYN>(args.p);
     int local = 0;
     // One tile of `rows` rows (of tensor `map`, from row `row` of head h, batch b)
     // into smem at dst, one 64-column slab per TMA load, completing on mbarrier bar.

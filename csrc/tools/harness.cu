@@ -202,9 +202,12 @@ static int run_check(fc_kernel kernel, bool small) {
             cases.push_back({4, 16, 4, 4100, 128, 64, m, dt, false});  // sm90 D64: 192-row tiles, causal too
             cases.push_back({8, 16, 8, 1000, 700, 64, m, dt, false});  // sm90 D64: two padding consumers, rotated blocks
             cases.push_back({4, 16, 4, 1500, 3000, 64, m, dt, false}); // sm90 D64: 192-key K/V tiles (non-causal), GQA
-            cases.push_back({2, 16, 4, 700, 4096, 64, m, dt, false});  // sm90 D64: 192-key tiles, a lead of 128 keys
-            cases.push_back({2, 16, 4, 700, 4050, 64, m, dt, false});  // sm90 D64: 192-key tiles, a lead of 174 keys
-            cases.push_back({2, 16, 4, 2100, 2100, 64, m, dt, false}); // sm90 D64 causal: the dynamic order for its rows
+            // sm90 D64 on 192-key tiles: non-causal with leads of 128, 174 and 64 keys; causal in
+            // the dynamic order for rows of 2100 and 2048 keys (2600 x 2048 bottom-right: rows of no key)
+            cases.push_back({2, 16, 4, 700, 4096, 64, m, dt, false});
+            cases.push_back({2, 16, 4, 700, 4050, 64, m, dt, false});
+            cases.push_back({2, 16, 4, 2100, 2100, 64, m, dt, false});
+            cases.push_back({2, 16, 4, 2600, 2048, 64, m, dt, false});
             cases.push_back({2, 16, 4, 600, 2100, 128, m, dt, false});  // sm90 D128 causal: 192-row tiles, GQA
             cases.push_back({1, 16, 4, 2200, 2100, 128, m, dt, false}); // sm90 D128 causal: merged last window
             cases.push_back({2, 16, 4, 600, 4100, 128, m, dt, false});  // sm90 D128 causal: windows capped to the L2
