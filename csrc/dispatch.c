@@ -424,9 +424,9 @@ fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
     /* A workspace kept zero (counters_zeroed) is left zero: the dynamic order's
      * kernel zeroes its counter itself; partials (split-KV, the split tail) are
      * zeroed again behind their kernels. */
-    const size_t partials = c.dyn ? 0 : choice_workspace_bytes(p, &c);
-    if (s == FC_OK && p->counters_zeroed && partials > 0 &&
-        cudaMemsetAsync(p->workspace, 0, partials, (cudaStream_t)stream) != cudaSuccess)
+    if (s != FC_OK || !p->counters_zeroed || c.dyn) return s;
+    const size_t partials = choice_workspace_bytes(p, &c);
+    if (partials > 0 && cudaMemsetAsync(p->workspace, 0, partials, (cudaStream_t)stream) != cudaSuccess)
         return FC_ERR_CUDA;
     return s;
 }

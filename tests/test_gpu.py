@@ -106,15 +106,20 @@ def uses_three_consumers(B, H, Sq, sms):
     return Sq >= 512 and -(-Sq // 64) * B * H > sms and stripes(192) * 192 < stripes(128) * 128 * 1.15
 
 
+def d64_window_over_cap(B, H, Sq, Sk, sms):
+    """Whether a causal D = 64 call's static-order window (tile_model.causal_window,
+    the mirror of fc_sm90_window_heads) holds more than the cap's K/V."""
+    n_mb, kv = -(-Sq // 192), Sk * 64 * 4
+    heads = tile_model.causal_window(min(n_mb * B * H, sms), n_mb, B * H, kv)
+    return heads * kv > tile_model.WINDOW_CAP_BYTES
+
+
 def d64_takes_dynamic_order(B, H, Sq, Sk, sms, mode):
     """fc_sm90_d64_dynamic (csrc/kernels.h) for a causal D = 64 call, mirrored: three
     consumers, and rows of 2048 keys or more (Sk; top-left Sq when shorter) or a
-    static-order window (tile_model.causal_window, the mirror of
-    fc_sm90_window_heads) of more than the cap's K/V."""
-    n_mb, kv = -(-Sq // 192), Sk * 64 * 4
-    heads = tile_model.causal_window(min(n_mb * B * H, sms), n_mb, B * H, kv)
+    static-order window over the cap."""
     row_keys = min(Sq, Sk) if mode == "top_left" else Sk
-    return uses_three_consumers(B, H, Sq, sms) and (row_keys >= 2048 or heads * kv > tile_model.WINDOW_CAP_BYTES)
+    return uses_three_consumers(B, H, Sq, sms) and (row_keys >= 2048 or d64_window_over_cap(B, H, Sq, Sk, sms))
 
 
 def test_d64_dynamic_order_mirror():
@@ -209,10 +214,7 @@ def test_kv192_causal_shape_takes_them():
         assert takes_192_key_tiles(*KV192_CAUSAL_SHAPE, mode, sms)
         assert takes_192_key_tiles(*KV192_CAUSAL_ROWS_SHAPE, mode, sms)
         assert takes_192_key_tiles(*KV192_CAUSAL_TALL_SHAPE, mode, sms)
-    B, H, Sq, Sk = KV192_CAUSAL_ROWS_SHAPE
-    n_mb, kv = -(-Sq // 192), Sk * 64 * 4
-    heads = tile_model.causal_window(min(n_mb * B * H, sms), n_mb, B * H, kv)
-    assert heads * kv <= tile_model.WINDOW_CAP_BYTES, "the rows, not the windows, take the dynamic order"
+    assert not d64_window_over_cap(*KV192_CAUSAL_ROWS_SHAPE, sms), "the rows, not the windows, take the dynamic order"
 
 
 @dtype_param

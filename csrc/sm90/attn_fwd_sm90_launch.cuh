@@ -268,7 +268,9 @@ static constexpr int SM90_WIDE_KV_MIN_SK = 2048;
 static constexpr int SM90_WIDE_KV_SLACK_PERMILLE = 32;
 using Sm90WideKv = Sm90Tile<64, 3, true>;
 static inline bool sm90_wide_kv(const fc_attn_params* p, bool cons3, bool dyn) {
-    if (p->causal != FC_CAUSAL_NONE) return cons3 && dyn;  // never the static order: LEAD_TILE is non-causal
+    // Causal calls only in the dynamic order: the static-order kernel's lead tile
+    // (LEAD_TILE) has no causal mask.
+    if (p->causal != FC_CAUSAL_NONE) return cons3 && dyn;
     if (!cons3 || p->Sk < SM90_WIDE_KV_MIN_SK) return false;
     constexpr long long WIDE = Sm90WideKv::BC, NARROW = Sm90Tile<64, 3>::BC;  // keys per K/V tile
     const long long wide = (p->Sk + WIDE - 1) / WIDE * WIDE, narrow = (p->Sk + NARROW - 1) / NARROW * NARROW;
@@ -332,8 +334,6 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
         if constexpr (DP >= 128) return attn_fwd_sm90_run<DP, 2, T, false, false, true>(a, grid, stream);
     }  // (at D = 64 the dynamic order implies three consumers, fc_sm90_d64_dynamic)
     if constexpr (DP == 64) {
-        // (sm90_wide_kv sends no causal call here: this kernel's lead tile has no causal mask)
-        if (wide_kv && p->causal != FC_CAUSAL_NONE) return FC_ERR_ARCH;
         if (wide_kv) return attn_fwd_sm90_run<DP, 3, T, false, true>(a, grid, stream);
         if (cons3) return attn_fwd_sm90_run<DP, 3, T, false>(a, grid, stream);
     }

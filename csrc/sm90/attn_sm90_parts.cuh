@@ -346,8 +346,9 @@ __device__ __forceinline__ void pack_p(uint32_t (&pa)[BC / 16][4], const float (
 
 // LEAD_TILE's softmax of K/V tile 0 (O is still 0: no rescale) on the keys
 // from SKIP groups of GROUP keys on (Sm90Tile::LEAD_GROUP), the first `lo` of
-// them masked; P of the skipped keys is 0. (S is computed whole: a narrower wgmma into part of s made ptxas
-// serialize the kernel's wgmmas and spill, perf notes, session 37.)
+// them masked; P of the skipped keys is 0. (S is computed whole: a narrower
+// wgmma into part of s made ptxas serialize the kernel's wgmmas and spill,
+// perf notes, session 37.)
 template <int BC, int GROUP, int SKIP, typename T, bool HALF_VOTES>
 __device__ __forceinline__ void sm90_lead_softmax(float (&s)[BC / 2], uint32_t (&pa)[BC / 16][4], float (&m_i)[2],
                                                   float (&l_i)[2], int lo, float scale_log2, int lane) {
