@@ -6,6 +6,7 @@ the working tree, without a GPU.
     python scripts/sass_diff.py --ref HEAD~1 csrc/sm80/attn_fwd_sm80_d128.cu --arch sm_80
     python scripts/sass_diff.py --ref HEAD~1 --show 20             # print the first 20 differing blocks
     python scripts/sass_diff.py --ref 74b0e18 --rename 'Lb0E='     # kernel gained a template argument
+    python scripts/sass_diff.py --ref HEAD --rename-both 'v8Sm90Args.*=v'  # a parameter's type changed
 
 For each file, both versions are compiled to a cubin with nvcc (same flags) and
 disassembled with nvdisasm. Per kernel it prints the instruction counts and whether the
@@ -112,6 +113,8 @@ def main(argv=None):
     ap.add_argument("--show", type=int, default=0, help="print this many differing blocks per kernel")
     ap.add_argument("--rename", default=None, metavar="REGEX=REPL",
                     help="rewrite working-tree kernel names before pairing them with the reference's")
+    ap.add_argument("--rename-both", default=None, metavar="REGEX=REPL",
+                    help="rewrite the kernel names of both versions before pairing them")
     ap.add_argument("--fail-on-diff", action="store_true", help="exit 1 when any kernel differs")
     ap.add_argument("files", nargs="*", help="kernel .cu files (default csrc/sm90/attn_fwd_sm90_d*.cu)")
     args = ap.parse_args(argv)
@@ -137,6 +140,10 @@ def main(argv=None):
             new = disassemble(ROOT, f, args.arch, nvdisasm, tmp, "new")
             if args.rename:
                 pat, _, repl = args.rename.partition("=")
+                new = {re.sub(pat, repl, k): v for k, v in new.items()}
+            if args.rename_both:
+                pat, _, repl = args.rename_both.partition("=")
+                ref = {re.sub(pat, repl, k): v for k, v in ref.items()}
                 new = {re.sub(pat, repl, k): v for k, v in new.items()}
             for name in sorted(set(ref) | set(new)):
                 if name not in ref or name not in new:

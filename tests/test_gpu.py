@@ -165,8 +165,10 @@ def test_gpu_wide_tiles(kernel, shape, D, mode, dtype, group):
 # Non-causal (B, H, Sq, Sk), with K/V tile 0 partial (Sm90Tile::LEAD_TILE: a lead
 # of 12, 72, 174 and 64 keys before key 0, so the softmax skips none, one, two and
 # one 64-key groups) or whole (Sk = 3072); and a causal shape (WIDE_SHAPES'
-# dynamic-order entry is another).
-KV192_SHAPES = [(2, 32, 600, 2100), (2, 32, 1000, 3000), (2, 32, 600, 4050), (2, 32, 600, 2048), (2, 32, 600, 3072)]
+# dynamic-order entry is another). Every non-causal one runs a row plan
+# (sm90_row_plan): its last query block is short (24, 40 and 80 rows).
+KV192_SHAPES = [(2, 32, 600, 2100), (2, 32, 1000, 3000), (2, 32, 600, 4050), (2, 32, 600, 2048), (2, 32, 600, 3072),
+                (2, 32, 2000, 2100)]
 KV192_CAUSAL_SHAPE = (4, 16, 768, 8192)
 # Causal, in the dynamic order for its rows of 2100 keys (its windows would fit the L2);
 # and with Sq > Sk (bottom-right: the first 500 rows see no key, consumers of no K/V tile).
@@ -202,10 +204,35 @@ def test_192_key_tile_rule():
     assert not takes_192_key_tiles(8, 32, 2048, 2113, None, 132)
 
 
+def takes_row_plan(B, H, Sq, Sk, sms):
+    """sm90_row_plans mirrored (csrc/sm90/attn_fwd_sm90_launch.cuh): a non-causal
+    call on 192-key tiles whose last 192-row query block is short enough for a
+    consumer to skip it (at most 128 rows), with more tiles than SMs and at most
+    SM90_ROW_PLAN_TILES of them."""
+    rows, n_tiles = Sq % 192, -(-Sq // 192) * B * H
+    return (takes_192_key_tiles(B, H, Sq, Sk, None, sms) and Sq > 192 and 0 < rows <= 128
+            and sms < n_tiles <= 4096)
+
+
+def test_row_plan_rule():
+    """The mirror on the standard grid: D = 64 2k (short blocks of 128 rows) and 4k
+    (64 rows) are planned; 8k and 16k too (2752 tiles); not the 128-key calls (512,
+    1k), not a last block of 129-191 rows (all three consumers at work), not more
+    tiles than a plan holds."""
+    assert takes_row_plan(8, 32, 2048, 2048, 132) and takes_row_plan(4, 32, 4096, 4096, 132)
+    assert takes_row_plan(2, 32, 8192, 8192, 132) and takes_row_plan(1, 32, 16384, 16384, 132)
+    assert not takes_row_plan(16, 32, 1024, 1024, 132) and not takes_row_plan(32, 32, 512, 512, 132)
+    assert not takes_row_plan(2, 32, 1100, 2100, 132)  # 140 rows
+    assert not takes_row_plan(32, 32, 2048, 2048, 132)  # 11264 tiles
+    for shape in KV192_SHAPES:
+        assert takes_row_plan(*shape, 132), shape
+
+
 @pytest.mark.parametrize("shape", KV192_SHAPES, ids=shape_id)
 def test_kv192_shapes_take_them(shape):
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     assert takes_192_key_tiles(*shape, None, sms)
+    assert takes_row_plan(*shape, sms)
 
 
 def test_kv192_causal_shape_takes_them():

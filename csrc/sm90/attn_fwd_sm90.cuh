@@ -46,7 +46,9 @@
 // order instead (DYN, fc_sm90_dynamic_order in kernels.h): after its first tile
 // a CTA takes the next one from a counter as it finishes. Causal CTA pairs at
 // D = 256 take a plan made on the host instead (Sm90Plan, sm90_plan): the same
-// numbering, each tile given in turn to the cluster with the least work. The host side (which
+// numbering, each tile given in turn to the cluster with the least work.
+// Non-causal calls on 192-key D = 64 tiles whose last query block is short
+// take a host plan too (Sm90RowPlan, sm90_row_plan). The host side (which
 // instantiation, tensor maps, tile order) is in attn_fwd_sm90_launch.cuh, the producer
 // thread's loop in attn_sm90_producer.cuh. A build with
 // -DFC_SM90_TRACE records where each tile's cycles go (trace.cuh, TR_* marks).
@@ -114,7 +116,8 @@
 // one arrival per consumer warp of either CTA.
 template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false, bool DYN = false, int CL = 1>
 __global__ void __launch_bounds__(Sm90Tile<DP, CONS>::THREADS, 1)
-attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constant__ Sm90PlanOf<DP, CL> plan) {
+attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
+                     const __grid_constant__ Sm90PlanOf<DP, CONS, LONG, CL, DYN, KV_SPLIT> plan) {
 #ifdef FC_SM90_BODY
     using Tile = Sm90Tile<DP, CONS, LONG>;
     static_assert(CL == 1 || (CL == 2 && !KV_SPLIT && !DYN && Tile::SLABS % CL == 0),
@@ -196,7 +199,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args, const __grid_constan
     constexpr bool TAIL = sm90_tail_kernel(DP, CONS, CL, KV_SPLIT, DYN, LONG);
     static_assert(!TAIL || !Tile::TILE_INFO, "tail pieces: the consumers find their K/V range themselves");
     // This CTA's (cluster's) positions in the tile order (Sm90Pos).
-    const Sm90Pos<CL, Sm90PlanOf<DP, CL>, TAIL> pos{plan, n_tiles, args.tail};
+    const Sm90Pos<CL, Sm90PlanOf<DP, CONS, LONG, CL, DYN, KV_SPLIT>, TAIL> pos{plan, n_tiles, args.tail};
     // The tile at position x with its K/V tiles kv0 .. n_blocks - 1: all of them,
     // or a tail piece's.
     auto coord_at = [&](int x) {

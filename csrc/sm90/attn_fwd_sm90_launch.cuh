@@ -11,13 +11,15 @@
 // Launcher and the C entry points of one padded head dim (see kernels.h)
 
 // Sets the smem limit of one instantiation and launches it.
-template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false, bool DYN = false>
-static fc_status attn_fwd_sm90_run(const Sm90Args& a, unsigned grid, cudaStream_t stream) {
+// plan: the instantiation's Sm90PlanOf (n = 0 or Sm90NoPlan: the static order).
+template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false, bool DYN = false, typename Plan = Sm90NoPlan>
+static fc_status attn_fwd_sm90_run(const Sm90Args& a, unsigned grid, cudaStream_t stream, const Plan& plan = {}) {
     using Tile = Sm90Tile<DP, CONS, LONG>;
+    static_assert(std::is_same_v<Plan, Sm90PlanOf<DP, CONS, LONG, 1, DYN, KV_SPLIT>>, "the instantiation's plan type");
     constexpr size_t smem = Tile::smem_bytes(KV_SPLIT);
     if (fc_smem_limit_once<attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT, LONG, DYN>>((int)smem) != cudaSuccess)
         return FC_ERR_CUDA;
-    attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT, LONG, DYN><<<grid, Tile::THREADS, smem, stream>>>(a, Sm90NoPlan{});
+    attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT, LONG, DYN><<<grid, Tile::THREADS, smem, stream>>>(a, plan);
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 
@@ -105,6 +107,84 @@ static inline void sm90_plan(const fc_attn_params* p, const Sm90Sched& o, int gr
         const bool rev = (stripe & 1) && (stripe + 1) * grid <= n;
         plan->tile[next[owner[u]]++] = (uint16_t)(rev ? stripe * grid + grid - 1 - (u - stripe * grid) : u);
     }
+}
+
+// The row plan (Sm90RowPlan) of a non-causal call on 192-key K/V tiles (three
+// D = 64 consumers) whose last query block of each head is short (Sq % BR rows:
+// one or two consumers at work, the others skip it, PAD_SKIP). The static order
+// gives every CTA every grid-th tile, so the r = n % grid CTAs that run one tile
+// more end last, whatever short tiles they hold. A short tile costs less:
+// measured on an H100 with one short block per CTA (perf notes, session 38),
+// two consumers 0.78-0.88 of a whole tile, one 0.56-0.8. The plan keeps the
+// static order's tile counts and gives each CTA as many short tiles as bring it
+// nearest the common end (water-filling from the CTAs that end last, in
+// SM90_ROW_COST units), spread evenly over its run; it hands out the whole
+// tiles and the short ones in head order, slot by slot, so the CTAs at work at
+// one time share a few heads' K/V in L2 as in the static order (a head's short
+// tile runs about when its whole ones do). Measured on an
+// H100 (REPS = 600): S = 2k +1-2 %, 4k +1.2-1.5 %, B4 H16 2000 x 2100 +2.3 %
+// (the model: +2.7 %, +1.5 %). The 128-key kernel (S = 512-1k) gained nothing
+// with it, 1k 1 % slower than its code without the plan, and keeps the static order.
+// Plans nothing (plan->n stays 0) for causal calls, when the last block keeps
+// all three consumers at work, for no more tiles than CTAs, and where the plan
+// does not fit.
+static constexpr int SM90_ROW_COST[4] = {0, 11, 13, 16};  // a tile's time by consumers at work (sixteenths)
+static inline bool sm90_row_plans(const fc_attn_params* p, int br, long long n_tiles, int grid) {
+    const int rows = p->Sq % br;  // the short block's (0: none)
+    return p->causal == FC_CAUSAL_NONE && p->Sq > br && rows != 0 && (rows + 63) / 64 < 3 && n_tiles > grid &&
+           n_tiles <= SM90_ROW_PLAN_TILES;
+}
+static inline void sm90_row_plan(const fc_attn_params* p, const Sm90Sched& o, int grid, Sm90RowPlan* plan) {
+    const int n = o.n_tiles, m = o.n_mblocks, n_short = p->B * p->Hq;  // one short tile per head
+    if (!sm90_row_plans(p, o.br, n, grid)) return;
+    const int full = SM90_ROW_COST[3];
+    const int save = full - SM90_ROW_COST[(p->Sq - (m - 1) * o.br + 63) / 64];  // what a short tile saves
+    const int q = n / grid, r = n % grid;
+    auto count = [&](int c) { return c < r ? q + 1 : q; };  // tiles of CTA c (the static order's)
+    // Short tiles CTA c needs to end by level L.
+    auto need = [&](int c, int L) {
+        const int w = count(c) * full - L, k = w <= 0 ? 0 : (w + save - 1) / save;
+        return k < count(c) ? k : count(c);
+    };
+    auto needed = [&](int L) {
+        int t = 0;
+        for (int c = 0; c < grid; ++c) t += need(c, L);
+        return t;
+    };
+    int lo = 0, hi = (q + 1) * full;  // the lowest level with needed(L) <= n_short: needed(hi) = 0
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (needed(mid) <= n_short) hi = mid;
+        else lo = mid + 1;
+    }
+    int shorts[SM90_ROW_PLAN_TILES], left = n_short;  // (grid < n_tiles)
+    for (int c = 0; c < grid; ++c) left -= shorts[c] = need(c, lo);
+    // The rest (fewer than needed(lo - 1) - needed(lo)) to CTAs at the level.
+    for (int c = 0; c < grid && left > 0 && lo > 0; ++c)
+        if (need(c, lo - 1) > shorts[c]) ++shorts[c], --left;
+    // CTA c's short tiles spread evenly over its run, from a phase that differs
+    // by CTA (phase[c] of count(c), spread over the CTAs that run short tiles),
+    // so that as many short tiles run in each slot as heads' whole ones end.
+    int phase[SM90_ROW_PLAN_TILES], with = 0;
+    for (int c = 0; c < grid; ++c) with += shorts[c] > 0;
+    for (int c = 0, i = 0; c < grid; ++c) phase[c] = shorts[c] > 0 ? i++ * count(c) / with : 0;
+    plan->n = n;
+    int next_full = 0, next_short = 0;  // the next whole and short tile, head by head
+    for (int k = 0; k <= q; ++k)
+        for (int c = 0; c < grid && k < count(c); ++c) {  // CTA c's k-th tile: static position k grid + c
+            const int x = shorts[c], ph = phase[c];
+            const bool is_short = ((k + 1) * x + ph) / count(c) > (k * x + ph) / count(c);
+            int bh, mb;
+            if (is_short) {
+                bh = next_short++;
+                mb = m - 1;
+            } else {
+                bh = next_full / (m - 1);
+                mb = next_full++ % (m - 1);
+            }
+            // sm90_tile's number for (bh, mb): it rotates block u % m by bh m / grid (ROTATE)
+            plan->tile[k * grid + c] = (uint16_t)(bh * m + ((mb - bh * m / grid) % m + m) % m);
+        }
 }
 
 // The split tail of a non-causal call (attn_sm90_tail.cuh) of n_tiles tiles of
@@ -198,11 +278,12 @@ static fc_status attn_fwd_sm90_run_cluster(Sm90Args a, long long n_pair_tiles, u
     }
     const long long clusters = n_pair_tiles < max_clusters ? n_pair_tiles : max_clusters;
     cfg.gridDim = dim3((unsigned)(clusters * SM90_CLUSTER));
-    constexpr bool has_plan = std::is_same_v<Sm90PlanOf<DP, SM90_CLUSTER>, Sm90Plan>;
+    using Plan = Sm90PlanOf<DP, 2, LONG, SM90_CLUSTER, false, false>;
+    constexpr bool has_plan = Plan::PLAN;
     const bool planned = has_plan && sm90_plans(&a.p, n_pair_tiles, (int)clusters);  // (its windows capped)
     a.sched = sm90_sched(&a.p, SM90_CLUSTER * Tile::BR, (int)clusters, (long long)a.p.Sk * DP * 4, true,
                          Tile::MAGIC_DIV, planned);  // pair tiles over clusters
-    Sm90PlanOf<DP, SM90_CLUSTER> plan{};  // (n = 0: the static order)
+    Plan plan{};  // (n = 0: the static order)
     if constexpr (has_plan) {
         static_assert(Tile::MAGIC_DIV, "sm90_plan numbers tiles as sm90_tile_magic does");
         sm90_plan(&a.p, a.sched, (int)clusters, Tile::BC, &plan);
@@ -334,7 +415,12 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
         if constexpr (DP >= 128) return attn_fwd_sm90_run<DP, 2, T, false, false, true>(a, grid, stream);
     }  // (at D = 64 the dynamic order implies three consumers, fc_sm90_d64_dynamic)
     if constexpr (DP == 64) {
-        if (wide_kv) return attn_fwd_sm90_run<DP, 3, T, false, true>(a, grid, stream);
+        if (wide_kv) {
+            Sm90RowPlan plan;
+            plan.n = 0;  // (the static order unless planned; the rest is read only below n)
+            sm90_row_plan(p, a.sched, (int)grid, &plan);
+            return attn_fwd_sm90_run<DP, 3, T, false, true>(a, grid, stream, plan);
+        }
         if (cons3) return attn_fwd_sm90_run<DP, 3, T, false>(a, grid, stream);
     }
     if constexpr (sm90_cluster_min_sk(DP) > 0) {

@@ -58,7 +58,7 @@ struct Sm90Sched {
     Sm90Div by_last;     // causal: last_heads
 };
 
-// A tile order planned on the host (sm90_plan) for the causal CTA pairs at
+// A tile order planned on the host (sm90_plan), for the causal CTA pairs at
 // D = 256, passed as a second kernel parameter: cluster c takes the tiles
 // numbered tile[first[c]] .. tile[first[c + 1] - 1] (sm90_tile_magic's
 // numbering, snake included), in that order. The static order gives each
@@ -68,24 +68,45 @@ struct Sm90Sched {
 static constexpr int SM90_PLAN_TILES = 1024;  // most tiles a plan holds (the grid's D = 256 pair calls: 512)
 static constexpr int SM90_PLAN_GRID = 192;    // most clusters a plan holds
 struct Sm90Plan {
+    static constexpr bool PLAN = true, PERM = false;
     int n;                                  // tiles planned; 0: the static order
     uint16_t first[SM90_PLAN_GRID + 1];     // cluster c's tiles start at tile[first[c]]
     uint16_t tile[SM90_PLAN_TILES];         // tile numbers, cluster by cluster
 };
-struct Sm90NoPlan {};  // the second kernel parameter of every other instantiation
-template <int DP, int CL>
-using Sm90PlanOf = std::conditional_t<DP == 256 && CL == 2, Sm90Plan, Sm90NoPlan>;
+// The static order's positions with other tiles at them (sm90_row_plan), for
+// non-causal calls on 192-key K/V tiles (three D = 64 consumers) whose last
+// query block is short:
+// a CTA runs as many tiles as in the static order, so only the producer, which
+// hands each tile's coordinates to the consumers (TILE_INFO), reads the plan.
+static constexpr int SM90_ROW_PLAN_TILES = 4096;  // the grid's D = 64 calls: 2752-3072 (8 KB of kernel parameters)
+struct Sm90RowPlan {
+    static constexpr bool PLAN = false, PERM = true;
+    int n;                               // tiles planned; 0: the static order
+    uint16_t tile[SM90_ROW_PLAN_TILES];  // the tile at static position x (sm90_tile's numbering, rotation included)
+};
+struct Sm90NoPlan {  // the second kernel parameter of every other instantiation
+    static constexpr bool PLAN = false, PERM = false;
+};
+// Which plan an instantiation takes: the D = 256 pairs a Sm90Plan, the static
+// order's 192-key D = 64 kernel (Sm90Tile::WIDE_KV) a Sm90RowPlan. (With one,
+// the 128-key three-consumer kernel's consumers compiled differently and
+// S = 512-1k gained nothing; perf notes, session 38.)
+template <int DP, int CONS, bool LONG, int CL, bool DYN, bool KV_SPLIT>
+using Sm90PlanOf = std::conditional_t<
+    DP == 256 && CL == 2, Sm90Plan,
+    std::conditional_t<DP == 64 && CONS == 3 && LONG && CL == 1 && !DYN && !KV_SPLIT, Sm90RowPlan, Sm90NoPlan>>;
 
 // A CTA's (cluster's) positions in the tile order: first(), then next(pos), ...
 // below end(), and the tile at each, at(pos). The static order takes every
 // (gridDim.x / CL)-th position, a tile each; a host plan hands each cluster its
-// own run of the plan's list. (Without a plan these are the expressions the
+// own run of the plan's list; a row plan (Sm90RowPlan) only puts other tiles at
+// the static order's positions. (Without a plan these are the expressions the
 // kernel always had: ptxas keeps those kernels' code as measured.) TAIL: the
 // kernel may split its last stripe (Sm90Tail): the positions past tail.main are
 // the cluster's tail pieces (sm90_piece), and end() follows them.
 template <int CL, typename Plan, bool TAIL = false>
 struct Sm90Pos {
-    static constexpr bool PLAN = std::is_same_v<Plan, Sm90Plan>;
+    static constexpr bool PLAN = Plan::PLAN;
     const Plan& plan;      // the kernel's plan parameter
     int n_tiles;           // tiles in the static order
     const Sm90Tail& tail;  // the launch's split tail (TAIL kernels read it)
@@ -111,7 +132,7 @@ struct Sm90Pos {
         return (int)(pos + gridDim.x / CL);  // (unsigned, as it always was)
     }
     __device__ __forceinline__ int at(int pos) const {
-        if constexpr (PLAN) {
+        if constexpr (PLAN || Plan::PERM) {
             if (plan.n > 0) return plan.tile[pos];
         }
         return pos;

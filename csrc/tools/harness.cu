@@ -202,6 +202,7 @@ static int run_check(fc_kernel kernel, bool small) {
             cases.push_back({4, 16, 4, 4100, 128, 64, m, dt, false});  // sm90 D64: 192-row tiles, causal too
             cases.push_back({8, 16, 8, 1000, 700, 64, m, dt, false});  // sm90 D64: two padding consumers, rotated blocks
             cases.push_back({4, 16, 4, 1500, 3000, 64, m, dt, false}); // sm90 D64: 192-key K/V tiles (non-causal), GQA
+            cases.push_back({4, 16, 4, 2000, 2100, 64, m, dt, false}); // sm90 D64: non-causal, a row plan (blocks of 80 rows)
             // sm90 D64 on 192-key tiles: non-causal with leads of 128, 174 and 64 keys; causal in
             // the dynamic order for rows of 2100 and 2048 keys (2600 x 2048 bottom-right: rows of no key)
             cases.push_back({2, 16, 4, 700, 4096, 64, m, dt, false});
