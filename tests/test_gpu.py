@@ -24,6 +24,20 @@ import tile_model  # noqa: E402  (the sm90 tile order's CPU model)
 pytestmark = requires_gpu
 
 DEV = "cuda"
+# The path guards below (test_*_take_*, test_*_shapes_*) check that a test's shapes
+# reach the sm90 path they were chosen for; the choice depends on the SM count,
+# and the shapes were chosen for the 132 SMs of an H100 SXM or H200.
+DESIGN_SMS = 132
+
+
+def guard_sms():
+    """The SM count for a path guard: skips the guard on a GPU without the sm90
+    kernel or of another size, where the shapes may take other kernels (the
+    correctness tests still run them there)."""
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    if "sm90" not in GPU_KERNELS or sms != DESIGN_SMS:
+        pytest.skip(f"the shapes were chosen for the sm90 kernel on {DESIGN_SMS} SMs; this GPU has {sms}")
+    return sms
 DTYPES = [torch.float16, torch.bfloat16]
 KERNELS = GPU_KERNELS
 
@@ -75,7 +89,7 @@ LARGE_GRID_SHAPES = [(2, 16, 640, 700), (3, 12, 1025, 1000), (4, 24, 1024, 1000)
 @pytest.mark.parametrize("shape", LARGE_GRID_SHAPES, ids=shape_id)
 def test_large_grid_shapes_leave_key_split_mode(shape):
     B, H, Sq, Sk = shape
-    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    sms = guard_sms()
     assert -(-Sq // 64) * B * H > sms, "shape must have more 64-row tiles than SMs"
 
 
@@ -142,7 +156,7 @@ def test_d64_dynamic_order_mirror():
 @wide_param
 def test_wide_shapes_take_the_wide_path(shape, D):
     B, H, Sq, Sk = shape
-    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    sms = guard_sms()
     assert uses_three_consumers(B, H, Sq, sms) and Sq % 192 != 0
     assert D == 64 or Sk >= 2048, "D = 128: three consumers from 2048 keys"
     for mode in ("top_left", "bottom_right"):
@@ -230,13 +244,13 @@ def test_row_plan_rule():
 
 @pytest.mark.parametrize("shape", KV192_SHAPES, ids=shape_id)
 def test_kv192_shapes_take_them(shape):
-    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    sms = guard_sms()
     assert takes_192_key_tiles(*shape, None, sms)
     assert takes_row_plan(*shape, sms)
 
 
 def test_kv192_causal_shape_takes_them():
-    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    sms = guard_sms()
     for mode in ("top_left", "bottom_right"):
         assert takes_192_key_tiles(*KV192_CAUSAL_SHAPE, mode, sms)
         assert takes_192_key_tiles(*KV192_CAUSAL_ROWS_SHAPE, mode, sms)
@@ -276,7 +290,7 @@ Q_AHEAD_SHAPES = [(2, 8, 900, 300), (2, 8, 700, 2100)]
 @pytest.mark.parametrize("shape", Q_AHEAD_SHAPES, ids=shape_id)
 def test_q_ahead_shapes_run_the_static_order(shape):
     B, H, Sq, Sk = shape
-    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    sms = guard_sms()
     assert -(-Sq // 64) * B * H > sms, "more 64-row tiles than SMs: not key-split"
     assert -(-Sq // 128) * B * H <= sms or Sk >= 2048, "causal calls keep the static order"
 
@@ -413,7 +427,7 @@ Q_HALVES_SHAPES = [(2, 8, 900, 300), (4, 16, 900, 300), (2, 8, 700, 2100)]
 @pytest.mark.parametrize("shape", Q_HALVES_SHAPES, ids=shape_id)
 def test_q_halves_shapes_cover_both_tile_orders(shape):
     B, H, Sq, Sk = shape
-    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    sms = guard_sms()
     dynamic = Sk < 2048 and -(-Sq // 128) * B * H > sms  # fc_sm90_dynamic_order (kernels.h), causal
     assert dynamic == (shape == Q_HALVES_SHAPES[1])
 
@@ -447,7 +461,7 @@ CLUSTER_MIN_SK = {128: 4096, 256: 2048}
 @pytest.mark.parametrize("shape,D", CLUSTER_SHAPES, ids=lambda x: f"D{x}" if isinstance(x, int) else shape_id(x))
 def test_cluster_shapes_run_cta_pairs(shape, D):
     B, H, Sq, Sk = shape
-    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    sms = guard_sms()
     assert Sk >= CLUSTER_MIN_SK[D] and -(-Sq // 128) % 2 == 0
     assert D > 128 or -(-Sq // 64) * B * H > sms, "key-split mode (D <= 128) takes grids this small"
 
@@ -482,7 +496,7 @@ def tail_pieces(B, H, Sq, Sk, clusters):
 @pytest.mark.parametrize("shape,D", TAIL_SHAPES, ids=lambda x: f"D{x}" if isinstance(x, int) else shape_id(x))
 def test_tail_shapes_split(shape, D):
     B, H, Sq, Sk = shape
-    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    sms = guard_sms()
     assert Sk >= CLUSTER_MIN_SK[128] and -(-Sq // 128) % 2 == 0, "CTA pairs"
     assert tail_pieces(B, H, Sq, Sk, sms // 2) >= 2, "no split tail on this GPU (one cluster per two SMs)"
 
