@@ -14,7 +14,7 @@ machine's clocks and neighbours (GUIDE.md, section 4).
 
 Timing: triton.testing.do_bench(warmup=25, rep=200, return_mode="median"),
 which flushes L2 and times with CUDA events. Each shape's impls are timed in
---rounds rounds (default 3), the order reversed every other round, and a row
+--rounds rounds (default 5), the order reversed every other round, and a row
 reports the median round: under these loads the GPU sits at its power limit
 and its clock drifts over seconds, so a single reading depends on its place in
 the run (benchmarks/clocks.py measures this). Seed shapes also get a host-clock
@@ -55,7 +55,10 @@ DEVICE = "cuda"
 # do_bench parameters fixed by the benchmark protocol.
 WARMUP_MS = 25
 REP_MS = 200
-ROUNDS = 3               # do_bench readings per impl and shape, in alternating order; rows give the median
+# do_bench readings per impl and shape, in alternating order; rows give the median. Single
+# readings of one kernel spread by up to 13 % at D = 128 16k on an H100, and with three rounds
+# the same kernel under two names (fc, fc:sm90) read up to 6 % apart (perf notes, session 38).
+ROUNDS = 5
 
 # Host-clock and graph loops for the seed shapes.
 EAGER_CALLS = 1000       # back-to-back eager calls timed with perf_counter
