@@ -127,12 +127,12 @@ static inline void sm90_plan(const fc_attn_params* p, const Sm90Sched& o, int gr
 // with it, 1k 1 % slower than its code without the plan, and keeps the static order.
 // Plans nothing (plan->n stays 0) for causal calls, when the last block keeps
 // all three consumers at work, for no more tiles than CTAs, and where the plan
-// does not fit.
+// does not fit (more tiles than Sm90RowPlan holds, more CTAs than SM90_PLAN_GRID).
 static constexpr int SM90_ROW_COST[4] = {0, 11, 13, 16};  // a tile's time by consumers at work (sixteenths)
 static inline bool sm90_row_plans(const fc_attn_params* p, int br, long long n_tiles, int grid) {
     const int rows = p->Sq % br;  // the short block's (0: none)
     return p->causal == FC_CAUSAL_NONE && p->Sq > br && rows != 0 && (rows + 63) / 64 < 3 && n_tiles > grid &&
-           n_tiles <= SM90_ROW_PLAN_TILES;
+           n_tiles <= SM90_ROW_PLAN_TILES && grid <= SM90_PLAN_GRID;
 }
 static inline void sm90_row_plan(const fc_attn_params* p, const Sm90Sched& o, int grid, Sm90RowPlan* plan) {
     const int n = o.n_tiles, m = o.n_mblocks, n_short = p->B * p->Hq;  // one short tile per head
@@ -157,7 +157,7 @@ static inline void sm90_row_plan(const fc_attn_params* p, const Sm90Sched& o, in
         if (needed(mid) <= n_short) hi = mid;
         else lo = mid + 1;
     }
-    int shorts[SM90_ROW_PLAN_TILES], left = n_short;  // (grid < n_tiles)
+    int shorts[SM90_PLAN_GRID], left = n_short;
     for (int c = 0; c < grid; ++c) left -= shorts[c] = need(c, lo);
     // The rest (fewer than needed(lo - 1) - needed(lo)) to CTAs at the level.
     for (int c = 0; c < grid && left > 0 && lo > 0; ++c)
@@ -165,7 +165,7 @@ static inline void sm90_row_plan(const fc_attn_params* p, const Sm90Sched& o, in
     // CTA c's short tiles spread evenly over its run, from a phase that differs
     // by CTA (phase[c] of count(c), spread over the CTAs that run short tiles),
     // so that as many short tiles run in each slot as heads' whole ones end.
-    int phase[SM90_ROW_PLAN_TILES], with = 0;
+    int phase[SM90_PLAN_GRID], with = 0;
     for (int c = 0; c < grid; ++c) with += shorts[c] > 0;
     for (int c = 0, i = 0; c < grid; ++c) phase[c] = shorts[c] > 0 ? i++ * count(c) / with : 0;
     plan->n = n;
