@@ -125,7 +125,7 @@ static inline void sm90_plan(const fc_attn_params* p, const Sm90Sched& o, int gr
 // H100 (REPS = 600): S = 2k +1-2 %, 4k +1.2-1.5 %, B4 H16 2000 x 2100 +2.3 %
 // (the model: +2.7 %, +1.5 %). The 128-key kernel (S = 512-1k) gained nothing
 // with it, 1k 1 % slower than its code without the plan, and keeps the static order.
-// Plans nothing (plan->n stays 0) for causal calls, when the last block keeps
+// Plans nothing (a plan of n = 0) for causal calls, when the last block keeps
 // all three consumers at work, for no more tiles than CTAs, and where the plan
 // does not fit (more tiles than Sm90RowPlan holds, more CTAs than SM90_PLAN_GRID).
 static constexpr int SM90_ROW_COST[4] = {0, 11, 13, 16};  // a tile's time by consumers at work (sixteenths)
@@ -134,11 +134,20 @@ static inline bool sm90_row_plans(const fc_attn_params* p, int br, long long n_t
     return p->causal == FC_CAUSAL_NONE && p->Sq > br && rows != 0 && (rows + 63) / 64 < 3 && n_tiles > grid &&
            n_tiles <= SM90_ROW_PLAN_TILES && grid <= SM90_PLAN_GRID;
 }
-static inline void sm90_row_plan(const fc_attn_params* p, const Sm90Sched& o, int grid, Sm90RowPlan* plan) {
-    const int n = o.n_tiles, m = o.n_mblocks, n_short = p->B * p->Hq;  // one short tile per head
-    if (!sm90_row_plans(p, o.br, n, grid)) return;
+// The plan depends only on the tile count, the query blocks per head, the CTAs
+// and the short block's consumers; planning takes about 12 us of host time, so
+// the last plan is kept per host thread for the calls of one shape that follow
+// (a model's layers). The launch copies it into the kernel's parameters.
+static inline const Sm90RowPlan& sm90_row_plan(const fc_attn_params* p, const Sm90Sched& o, int grid) {
+    static const Sm90RowPlan none = {};  // n = 0: the static order
+    const int n = o.n_tiles, m = o.n_mblocks, n_short = n / m;  // one short tile per head
+    if (!sm90_row_plans(p, o.br, n, grid)) return none;
+    const int consumers = (p->Sq - (m - 1) * o.br + 63) / 64;  // at work on a short tile
+    static thread_local Sm90RowPlan kept;                    // n = 0 until a plan is made
+    static thread_local int kept_m = 0, kept_grid = 0, kept_consumers = 0;
+    if (kept.n == n && kept_m == m && kept_grid == grid && kept_consumers == consumers) return kept;
     const int full = SM90_ROW_COST[3];
-    const int save = full - SM90_ROW_COST[(p->Sq - (m - 1) * o.br + 63) / 64];  // what a short tile saves
+    const int save = full - SM90_ROW_COST[consumers];  // what a short tile saves
     const int q = n / grid, r = n % grid;
     auto count = [&](int c) { return c < r ? q + 1 : q; };  // tiles of CTA c (the static order's)
     // Short tiles CTA c needs to end by level L.
@@ -168,7 +177,7 @@ static inline void sm90_row_plan(const fc_attn_params* p, const Sm90Sched& o, in
     int phase[SM90_PLAN_GRID], with = 0;
     for (int c = 0; c < grid; ++c) with += shorts[c] > 0;
     for (int c = 0, i = 0; c < grid; ++c) phase[c] = shorts[c] > 0 ? i++ * count(c) / with : 0;
-    plan->n = n;
+    kept.n = n;
     int next_full = 0, next_short = 0;  // the next whole and short tile, head by head
     for (int k = 0; k <= q; ++k)
         for (int c = 0; c < grid && k < count(c); ++c) {  // CTA c's k-th tile: static position k grid + c
@@ -183,8 +192,12 @@ static inline void sm90_row_plan(const fc_attn_params* p, const Sm90Sched& o, in
                 mb = next_full++ % (m - 1);
             }
             // sm90_tile's number for (bh, mb): it rotates block u % m by bh m / grid (ROTATE)
-            plan->tile[k * grid + c] = (uint16_t)(bh * m + ((mb - bh * m / grid) % m + m) % m);
+            kept.tile[k * grid + c] = (uint16_t)(bh * m + ((mb - bh * m / grid) % m + m) % m);
         }
+    kept_m = m;
+    kept_grid = grid;
+    kept_consumers = consumers;
+    return kept;
 }
 
 // The split tail of a non-causal call (attn_sm90_tail.cuh) of n_tiles tiles of
@@ -415,12 +428,7 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
         if constexpr (DP >= 128) return attn_fwd_sm90_run<DP, 2, T, false, false, true>(a, grid, stream);
     }  // (at D = 64 the dynamic order implies three consumers, fc_sm90_d64_dynamic)
     if constexpr (DP == 64) {
-        if (wide_kv) {
-            Sm90RowPlan plan;
-            plan.n = 0;  // (the static order unless planned; the rest is read only below n)
-            sm90_row_plan(p, a.sched, (int)grid, &plan);
-            return attn_fwd_sm90_run<DP, 3, T, false, true>(a, grid, stream, plan);
-        }
+        if (wide_kv) return attn_fwd_sm90_run<DP, 3, T, false, true>(a, grid, stream, sm90_row_plan(p, a.sched, (int)grid));
         if (cons3) return attn_fwd_sm90_run<DP, 3, T, false>(a, grid, stream);
     }
     if constexpr (sm90_cluster_min_sk(DP) > 0) {
