@@ -362,17 +362,29 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
         if (any) {  // prologue: P of tile `first`
             const int g = split ? base + first : it;
             mbar_wait(k_full + 8 * (g % STAGES), (g / STAGES) & 1);  // K of tile `first` has landed
-            issue_qk<DP, BR, BC, T, Tile::DESC_ADD>(s, q_rows, sK + (g % STAGES) * Tile::KV_BYTES);
-            wgmma_wait<0>();
-            fence_regs(s);
-            release(k_empty + 8 * (g % STAGES));  // this thread is done with K slot g % STAGES
-            if constexpr (lead_tile) {  // the softmax without the lead's whole 64-key groups
-                constexpr bool HV = Tile::HALF_VOTES;
+            if constexpr (lead_tile) {
+                // S and the softmax without the lead's whole 64-key groups: S of the
+                // tile's last BC - SKIP G keys, into registers of its own.
                 constexpr int G = Tile::LEAD_GROUP;
-                if (lead >= 2 * G) sm90_lead_softmax<BC, G, 2, T, HV>(s, pa, m_i, l_i, lead - 2 * G, scale_log2, lane);
-                else if (lead >= G) sm90_lead_softmax<BC, G, 1, T, HV>(s, pa, m_i, l_i, lead - G, scale_log2, lane);
-                else sm90_lead_softmax<BC, G, 0, T, HV>(s, pa, m_i, l_i, lead, scale_log2, lane);
+                auto lead_prologue = [&](auto skip) {
+                    constexpr int SKIP = decltype(skip)::value, N = BC - G * SKIP;
+                    float sl[N / 2];
+                    issue_qk<DP, BR, N, T, Tile::DESC_ADD, BC>(sl, q_rows,
+                                                               sK + (g % STAGES) * Tile::KV_BYTES + SKIP * G * ROWB);
+                    wgmma_wait<0>();
+                    fence_regs(sl);
+                    release(k_empty + 8 * (g % STAGES));  // this thread is done with K slot g % STAGES
+                    sm90_lead_softmax<BC, G, SKIP, T, Tile::HALF_VOTES>(sl, pa, m_i, l_i, lead - SKIP * G, scale_log2,
+                                                                        lane);
+                };
+                if (lead >= 2 * G) lead_prologue(Sm90Count<2>{});
+                else if (lead >= G) lead_prologue(Sm90Count<1>{});
+                else lead_prologue(Sm90Count<0>{});
             } else {
+                issue_qk<DP, BR, BC, T, Tile::DESC_ADD>(s, q_rows, sK + (g % STAGES) * Tile::KV_BYTES);
+                wgmma_wait<0>();
+                fence_regs(s);
+                release(k_empty + 8 * (g % STAGES));  // this thread is done with K slot g % STAGES
                 if (needs_mask(first * BC)) mask_tile<BC>(s, first * BC, frow, p, causal, diag, lane);
                 float corr[2];
                 softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2);  // O is still 0: nothing to rescale

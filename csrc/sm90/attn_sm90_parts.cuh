@@ -237,8 +237,9 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[N / 2], const uint32_t a[4],
 
 // Issues S = Q K^T for one K tile (DP/16 k steps; a step inside a slab moves
 // 32 bytes) as one wgmma group. q_rows: this warpgroup's rows of slab 0.
-// DESC_ADD: see Sm90Tile::DESC_ADD.
-template <int DP, int BR, int BC, typename T, bool DESC_ADD>
+// DESC_ADD: see Sm90Tile::DESC_ADD. KROWS: the K tile's rows (its slab
+// stride), when S covers only its last BC of them (k_tile then points there).
+template <int DP, int BR, int BC, typename T, bool DESC_ADD, int KROWS = BC>
 __device__ __forceinline__ void issue_qk(float (&s)[BC / 2], uint32_t q_rows, uint32_t k_tile) {
     wgmma_fence();  // orders earlier register use of s before the async writes
     if constexpr (DESC_ADD) {
@@ -246,17 +247,23 @@ __device__ __forceinline__ void issue_qk(float (&s)[BC / 2], uint32_t q_rows, ui
 #pragma unroll
         for (int kk = 0; kk < DP / 16; ++kk)
             wgmma_qk<BC, T>(s, wgmma_desc_add(qd, (kk / 4) * BR * FC_SWZ_ROW_BYTES + (kk % 4) * 32),
-                            wgmma_desc_add(kd, (kk / 4) * BC * FC_SWZ_ROW_BYTES + (kk % 4) * 32), kk > 0);
+                            wgmma_desc_add(kd, (kk / 4) * KROWS * FC_SWZ_ROW_BYTES + (kk % 4) * 32), kk > 0);
     } else {
 #pragma unroll
         for (int kk = 0; kk < DP / 16; ++kk) {
             const uint32_t qa = q_rows + (kk / 4) * BR * FC_SWZ_ROW_BYTES + (kk % 4) * 32;
-            const uint32_t kb = k_tile + (kk / 4) * BC * FC_SWZ_ROW_BYTES + (kk % 4) * 32;
+            const uint32_t kb = k_tile + (kk / 4) * KROWS * FC_SWZ_ROW_BYTES + (kk % 4) * 32;
             wgmma_qk<BC, T>(s, wgmma_desc(qa, 16, FC_SWZ_GROUP_BYTES), wgmma_desc(kb, 16, FC_SWZ_GROUP_BYTES), kk > 0);
         }
     }
     wgmma_commit();
 }
+
+// A compile-time count chosen at run time (a lambda's `auto` argument).
+template <int N>
+struct Sm90Count {
+    static constexpr int value = N;
+};
 
 // Issues O += P V for one V tile as one wgmma group. V is N-major: a 16-key
 // step moves 16 rows, a part (PV_N = 128 columns) moves 2 slabs.
@@ -344,16 +351,15 @@ __device__ __forceinline__ void pack_p(uint32_t (&pa)[BC / 16][4], const float (
         for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
 }
 
-// LEAD_TILE's softmax of K/V tile 0 (O is still 0: no rescale) on the keys
-// from SKIP groups of GROUP keys on (Sm90Tile::LEAD_GROUP), the first `lo` of
-// them masked; P of the skipped keys is 0. (S is computed whole: a narrower
-// wgmma into part of s made ptxas serialize the kernel's wgmmas and spill,
-// perf notes, session 37.)
+// LEAD_TILE's softmax of K/V tile 0 (O is still 0: no rescale). sub: S of the
+// tile's keys from SKIP groups of GROUP keys on (Sm90Tile::LEAD_GROUP; the
+// skipped ones are not computed), the first `lo` of them masked; P of the
+// skipped keys is 0.
 template <int BC, int GROUP, int SKIP, typename T, bool HALF_VOTES>
-__device__ __forceinline__ void sm90_lead_softmax(float (&s)[BC / 2], uint32_t (&pa)[BC / 16][4], float (&m_i)[2],
-                                                  float (&l_i)[2], int lo, float scale_log2, int lane) {
+__device__ __forceinline__ void sm90_lead_softmax(float (&sub)[(BC - GROUP * SKIP) / 2], uint32_t (&pa)[BC / 16][4],
+                                                  float (&m_i)[2], float (&l_i)[2], int lo, float scale_log2,
+                                                  int lane) {
     constexpr int N = BC - GROUP * SKIP;  // keys left
-    float(&sub)[N / 2] = *reinterpret_cast<float(*)[N / 2]>(&s[GROUP / 2 * SKIP]);
     const int lim = lo - (lane % 4) * 2;
 #pragma unroll
     for (int nt = 0; nt < N / 8; ++nt)  // (only nt < GROUP / 8 can mask; that bound changed the SASS throughout)
