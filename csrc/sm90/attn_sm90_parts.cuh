@@ -76,10 +76,12 @@ struct Sm90Tile {
     static constexpr int BC = WIDE_KV ? 192 : DP <= 128 ? 128 : 64;  // keys per K/V tile
     // LEAD_TILE (WIDE_KV, static order, non-causal calls): the K/V tiles end at
     // the row's last key, so the partial one is tile 0, which starts
-    // sm90_lead(Sk, BC) keys before key 0 (TMA zero-fills them). Its softmax
-    // skips the lead's whole 64-key groups (sm90_lead_softmax), so a row's
-    // softmax works on at most 63 masked keys, where with a partial last tile
-    // it took up to 191 (192-key tiles pad 2k and 4k by 3 %).
+    // sm90_lead(Sk, BC) keys before key 0 (TMA zero-fills them). Its S (an
+    // n128 or n64 wgmma on the K tile's last rows) and softmax skip the lead's
+    // whole 64-key groups (sm90_lead_softmax), so a row's softmax works on at
+    // most 63 masked keys, where with a partial last tile it took up to 191
+    // (192-key tiles pad 2k and 4k by 3 %). Its first P V still runs on the
+    // skipped groups' zero P (inside the loop).
     static constexpr bool LEAD_TILE = WIDE_KV;
     // The lead's skipped unit: whole 64-key groups (at most two with BC = 192),
     // one softmax instantiation per count, where 16-key steps would take twelve.
