@@ -377,9 +377,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
                     sm90_lead_softmax<BC, G, SKIP, T, Tile::HALF_VOTES>(sl, pa, m_i, l_i, lead - SKIP * G, scale_log2,
                                                                         lane);
                 };
-                if (lead >= 2 * G) lead_prologue(Sm90Count<2>{});
-                else if (lead >= G) lead_prologue(Sm90Count<1>{});
-                else lead_prologue(Sm90Count<0>{});
+                if (lead >= 2 * G) lead_prologue(std::integral_constant<int, 2>{});
+                else if (lead >= G) lead_prologue(std::integral_constant<int, 1>{});
+                else lead_prologue(std::integral_constant<int, 0>{});
             } else {
                 issue_qk<DP, BR, BC, T, Tile::DESC_ADD>(s, q_rows, sK + (g % STAGES) * Tile::KV_BYTES);
                 wgmma_wait<0>();

@@ -347,8 +347,8 @@ static bool sm90_use_cons3(const fc_attn_params* p, int num_sms) {
 // (Sm90Tile::WIDE_KV, the D = 64 LONG instantiation). Non-causal: from
 // SM90_WIDE_KV_MIN_SK keys, where 192-key tiles cover Sk with at most
 // SM90_WIDE_KV_SLACK_PERMILLE more keys than 128-key tiles (the lead of K/V
-// tile 0, Sm90Tile::LEAD_TILE, whose S and P V run on zeros; its softmax skips
-// the lead's whole 64-key groups). Measured on an H100 (perf notes, sessions
+// tile 0, Sm90Tile::LEAD_TILE, whose first P V runs on zeros; its S and softmax
+// skip the lead's whole 64-key groups). Measured on an H100 (perf notes, sessions
 // 36-37; REPS = 600): +2 % at 8k and 16k (0.8 % more keys); with the lead tile
 // +1.7 % at 2k and +1.1 % at 4k (3.1 %; 1.6 % slower at 2k and flat at 4k with
 // a partial last tile), 2-4 % slower at 1k (12.5 %) and 1.5 % at 512: about

@@ -261,12 +261,6 @@ __device__ __forceinline__ void issue_qk(float (&s)[BC / 2], uint32_t q_rows, ui
     wgmma_commit();
 }
 
-// A compile-time count chosen at run time (a lambda's `auto` argument).
-template <int N>
-struct Sm90Count {
-    static constexpr int value = N;
-};
-
 // Issues O += P V for one V tile as one wgmma group. V is N-major: a 16-key
 // step moves 16 rows, a part (PV_N = 128 columns) moves 2 slabs.
 template <int BC, int PV_N, int PV_PARTS, typename T, bool DESC_ADD>
