@@ -1,6 +1,6 @@
 """clocks.py -- SM clock and board power during each do_bench measurement.
 
-    python benchmarks/clocks.py [--shapes D:S:causal,...] [--order fc,cudnn,...] [--rounds 3]
+    python benchmarks/clocks.py [--shapes D:S:causal[:dtype],...] [--order fc,cudnn,...] [--rounds 3]
 
 Why: two readings of the same kernel in one bench.py run (flashcore and
 flashcore:sm90, which dispatch identically at S >= 2k) differed by up to 6 %,
@@ -115,17 +115,23 @@ def sustained(fn, flop, nvml, sampler, seconds):
 
 
 def parse_shapes(text):
+    """D:S:causal items, with an optional fourth field fp16 (the default) or bf16."""
     out = []
     for item in text.split(","):
-        D, S, c = (int(x) for x in item.split(":"))
+        f = item.split(":")
+        if len(f) not in (3, 4) or (len(f) == 4 and f[3] not in bench.DTYPES):
+            raise SystemExit(f"--shapes: '{item}' is not D:S:causal or D:S:causal:dtype "
+                             f"(dtype one of {', '.join(bench.DTYPES)})")
+        D, S, c = (int(x) for x in f[:3])
         B, H = bench.GRID_TOKENS // S, bench.GRID_HIDDEN // D
-        out.append(bench.shape("grid", B, H, H, S, S, D, bool(c), "fp16"))
+        out.append(bench.shape("grid", B, H, H, S, S, D, bool(c), f[3] if len(f) == 4 else "fp16"))
     return out
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="D:S:causal items (standard-grid B and H)")
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES,
+                    help="D:S:causal[:dtype] items (standard-grid B and H; dtype fp16 or bf16, default fp16)")
     ap.add_argument("--order", default="fc,sm90,cudnn", help="implementations of round 1; later rounds alternate")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sustained", type=float, default=0.0,
@@ -142,9 +148,10 @@ def main(argv=None):
     print(f"{'shape':34s} {'rd':>2s} {'impl':15s} {'TFLOP/s':>8s} {'MHz':>6s} {'W':>5s} {'cap%':>5s} "
           f"{'therm%':>6s} {'TF/GHz':>7s}" + (f" {'GFLOP/J':>7s}" if args.sustained > 0 else ""))
     for s in parse_shapes(args.shapes):
-        q = torch.randn(s["B"], s["Hq"], s["Sq"], s["D"], device="cuda", dtype=torch.float16)
-        k = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device="cuda", dtype=torch.float16)
-        v = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device="cuda", dtype=torch.float16)
+        dt = bench.DTYPES[s["dtype"]]
+        q = torch.randn(s["B"], s["Hq"], s["Sq"], s["D"], device="cuda", dtype=dt)
+        k = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device="cuda", dtype=dt)
+        v = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device="cuda", dtype=dt)
         for r in range(args.rounds):
             for name in (impls if r % 2 == 0 else impls[::-1]):
                 ctx, fn = bench.make_impl(name, q, k, v, s["causal"], fc, None)
