@@ -321,6 +321,15 @@ def _settle(e):
         raise CudaBroken(f"{first_line(e)} / then {first_line(e2)}") from e
 
 
+def make_inputs(s):
+    """Fresh random q, k, v of shape s ((B, H, S, D), s's dtype) on the GPU."""
+    dtype = DTYPES[s["dtype"]]
+    q = torch.randn(s["B"], s["Hq"], s["Sq"], s["D"], device=DEVICE, dtype=dtype)
+    k = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device=DEVICE, dtype=dtype)
+    v = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device=DEVICE, dtype=dtype)
+    return q, k, v
+
+
 def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, rounds=1):
     """Probes every impl once (output checked against sdpa-default), then times
     them in `rounds` rounds, the order reversed every other round; a row's us
@@ -328,10 +337,7 @@ def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, round
     power limit under these loads and its clock drifts over seconds, so one
     reading depends on when in the run it was taken (perf notes, session 16);
     alternating rounds give every impl the same mix of early and late."""
-    dtype = DTYPES[s["dtype"]]
-    q = torch.randn(s["B"], s["Hq"], s["Sq"], s["D"], device=DEVICE, dtype=dtype)
-    k = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device=DEVICE, dtype=dtype)
-    v = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device=DEVICE, dtype=dtype)
+    q, k, v = make_inputs(s)
     ref = None
     try:  # every impl's output is compared with SDPA's choice on the same inputs
         with warnings.catch_warnings():

@@ -148,10 +148,7 @@ def main(argv=None):
     print(f"{'shape':34s} {'rd':>2s} {'impl':15s} {'TFLOP/s':>8s} {'MHz':>6s} {'W':>5s} {'cap%':>5s} "
           f"{'therm%':>6s} {'TF/GHz':>7s}" + (f" {'GFLOP/J':>7s}" if args.sustained > 0 else ""))
     for s in parse_shapes(args.shapes):
-        dt = bench.DTYPES[s["dtype"]]
-        q = torch.randn(s["B"], s["Hq"], s["Sq"], s["D"], device="cuda", dtype=dt)
-        k = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device="cuda", dtype=dt)
-        v = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device="cuda", dtype=dt)
+        q, k, v = bench.make_inputs(s)
         for r in range(args.rounds):
             for name in (impls if r % 2 == 0 else impls[::-1]):
                 ctx, fn = bench.make_impl(name, q, k, v, s["causal"], fc, None)

@@ -46,10 +46,7 @@ def child(args):
 
     fc = bench.import_flashcore()
     for s in clocks.parse_shapes(args.shapes):
-        dt = bench.DTYPES[s["dtype"]]
-        q = torch.randn(s["B"], s["Hq"], s["Sq"], s["D"], device="cuda", dtype=dt)
-        k = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device="cuda", dtype=dt)
-        v = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device="cuda", dtype=dt)
+        q, k, v = bench.make_inputs(s)
         for name in args.impls.split(","):
             ctx, fn = bench.make_impl(name, q, k, v, s["causal"], fc, None)
             with ctx():
