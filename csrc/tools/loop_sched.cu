@@ -1,0 +1,259 @@
+// loop_sched.cu -- microbenchmark: the D = 128 consumer loop of the Hopper
+// kernel under three issue schedules and register budgets (sm90a), no torch,
+// no TMA, no barriers.
+//
+//   nvcc -O3 -std=c++17 -Icsrc -DFC_HAVE_SM90 -gencode=arch=compute_90a,code=sm_90a -cudart static \
+//        -o build/loop_sched csrc/tools/loop_sched.cu
+//   build/loop_sched          # on the GPU machine
+//
+// One CTA per SM, two consumer warpgroups, each running K/V steps of the
+// kernel's loop on one Q, K and V tile that stay in shared memory (zeros: the
+// timing does not depend on the values, and with S = 0 the row maxima settle
+// after the first step, as they mostly do in a real row), with the kernel's
+// own pieces (issue_qk, issue_pv, softmax_tile, pack_p) and its sink store
+// (PIN_SOFTMAX). What it leaves out: the K/V barriers, the tile boundary and
+// the rest of the kernel's live registers. Schedules, per step j:
+//   now    S_{j+1} and P_j V_j issued together, the softmax of S_{j+1}, the P V
+//          wait, the rescale, P packed (the kernel's loop);
+//   ahead  P_j V_j issued, the softmax of S_{j+1} (issued a step earlier) into
+//          a second P set, S_{j+2} issued, the P V wait, the rescale;
+//   split  as ahead, with S_{j+2} issued between the two row halves of the
+//          softmax (two S sets as well);
+//   mma    S and P V issued and waited for, no softmax: the tensor work alone.
+// Registers: 255 (two warpgroups of 256 threads), or the kernel's split with an
+// idle producer warpgroup (384 threads, setmaxnreg: 232 or 200 per consumer).
+// Prints mean cycles per step and warpgroup. Measured on an H100 (perf notes,
+// session 41): mma 1550, now 2358 (2366 at 232, 2376 at 200), ahead 2165 at 255
+// but 3283 at 232 (ptxas serializes its wgmmas, C7512), split serialized at 255.
+#include <cuda_fp16.h>
+#include <stdio.h>
+
+#include <type_traits>
+
+#include "sm90/attn_sm90_parts.cuh"
+
+static constexpr int MAX_SMS = 1024;   // output slots; the grid is one CTA per SM
+static constexpr int STEPS = 64;       // timed steps per warpgroup (even: split and ahead run pairs)
+static constexpr int WARMUP = 4;       // steps before the clock starts
+static constexpr int DP = 128, BR = 128, BC = 128;
+static constexpr uint32_t Q_BYTES = BR * DP * 2, KV_BYTES = BC * DP * 2;
+static constexpr int SMEM_BYTES = FC_SWZ_GROUP_BYTES + Q_BYTES + 2 * KV_BYTES + 64;
+using T = __half;
+
+enum { MODE_NOW = 0, MODE_AHEAD = 1, MODE_SPLIT = 2, MODE_MMA = 3 };
+
+// The softmax of s in two parts (split): row maxima, corr and the rescale vote,
+// then P of row half HR into pn's A fragments, returning that half's row sum.
+__device__ __forceinline__ unsigned soft_max(const float (&s)[BC / 2], float (&m_i)[2], float (&m_use)[2],
+                                             float (&corr)[2], float scale_log2) {
+    unsigned rescale = 0;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * hr], s[4 * nt + 2 * hr + 1]));
+        const float m_new = fmaxf(m_i[hr], quad_max(mx) * scale_log2);
+        m_use[hr] = m_new == -INFINITY ? 0.f : m_new;
+        corr[hr] = fast_exp2(m_i[hr] - m_use[hr]);
+        rescale |= (unsigned)__any_sync(0xffffffffu, m_new != m_i[hr]) << hr;
+        m_i[hr] = m_new;
+    }
+    return rescale;
+}
+template <int HR>
+__device__ __forceinline__ float soft_half(const float (&s)[BC / 2], uint32_t (&pn)[BC / 16][4], float m_use,
+                                           float scale_log2) {
+    float rs = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int i = 8 * kk + 4 * h + 2 * HR;
+            const float p0 = fast_exp2(fmaf(s[i], scale_log2, -m_use));
+            const float p1 = fast_exp2(fmaf(s[i + 1], scale_log2, -m_use));
+            rs += p0;
+            rs += p1;
+            pn[kk][2 * h + HR] = pack2<T>(p0, p1);
+        }
+    return rs;
+}
+
+__device__ __forceinline__ void rescale_o(float (&o)[1][64], unsigned rescale, const float (&corr)[2]) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr)
+        if (rescale & (1u << hr))
+#pragma unroll
+            for (int i = 2 * hr; i < 64; i += 4) {
+                o[0][i] *= corr[hr];
+                o[0][i + 1] *= corr[hr];
+            }
+}
+
+// out[cta * 2 + warpgroup]: mean cycles per step. sink_out (null here) would take a checksum
+// per thread; as a runtime pointer it keeps the compiler from dropping any wgmma.
+template <int MODE, int REGS>
+__global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long long* out, float* sink_out, uint32_t fill, int steps) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ unsigned char smem[];
+    const uint32_t sQ = (smem_u32(smem) + FC_SWZ_GROUP_BYTES - 1) & ~(FC_SWZ_GROUP_BYTES - 1);
+    const uint32_t sK = sQ + Q_BYTES, sV = sK + KV_BYTES, sink = sV + KV_BYTES;
+    for (uint32_t a = sQ + 16 * threadIdx.x; a < sink; a += 16 * blockDim.x)
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(a), "r"(fill) : "memory");
+    fence_proxy_async();  // the zeros (generic proxy) before the wgmmas read them (async proxy)
+    __syncthreads();      // every thread's zeros are written before any wgmma
+    if constexpr (REGS > 0) {  // the kernel's register split: an idle producer warpgroup gives its registers away
+        if (threadIdx.x < 128) {
+            setmaxnreg_dec<REGS == 240 ? 24 : 40>();
+            return;
+        }
+        setmaxnreg_inc<REGS>();
+    }
+    const int cw = threadIdx.x / 128 - (REGS > 0), warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    const uint32_t q_rows = sQ + cw * 64 * FC_SWZ_ROW_BYTES;
+    const float scale_log2 = 0.125f * FC_LOG2E;
+    float o[1][64], s[64], s2[64];
+    uint32_t pa[8][4], pb[8][4];
+    float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[0][i] = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) pa[k][r] = pb[k][r] = fill;
+    auto pin = [&]() {  // the kernel's PIN_SOFTMAX store
+        if (lane == 0) st_shared_f32(sink + 4 * (cw * 4 + warp), l_i[0] + l_i[1]);
+    };
+    long long t0 = 0;
+    if constexpr (MODE == MODE_NOW || MODE == MODE_MMA) {
+        for (int j = 0; j < steps + WARMUP; ++j) {
+            if (j == WARMUP) t0 = clock64();
+#pragma unroll
+            for (int pp = 0; pp < 1; ++pp) fence_regs(o[pp]);
+            issue_qk<DP, BR, BC, T, true>(s, q_rows, sK);
+            issue_pv<BC, 128, 1, T, true>(o, pa, sV);
+            wgmma_wait<1>();
+            fence_regs(s);
+            float corr[2] = {1.f, 1.f};
+            unsigned rescale = 0;
+            if constexpr (MODE == MODE_NOW) {
+                rescale = softmax_tile<BC, true>(s, m_i, l_i, corr, scale_log2);
+                pin();
+            }
+            wgmma_wait<0>();
+            fence_regs(o[0]);
+            rescale_o(o, rescale, corr);
+            if constexpr (MODE == MODE_NOW) pack_p<BC, T>(pa, s);
+        }
+    } else {
+        // S_{j+1} in sc (issued a step earlier), P_j in pc; P_{j+1} into pn, S_{j+2} into sx.
+        auto step = [&](auto& sc, auto& sx, auto& pc, auto& pn, auto issue) {
+            constexpr bool ISSUE = decltype(issue)::value;
+            fence_regs(o[0]);
+            issue_pv<BC, 128, 1, T, true>(o, pc, sV);
+            wgmma_wait<1>();  // S_{j+1} is done
+            fence_regs(sc);
+            float corr[2];
+            unsigned rescale;
+            if constexpr (MODE == MODE_SPLIT) {
+                float m_use[2];
+                rescale = soft_max(sc, m_i, m_use, corr, scale_log2);
+                const float rs0 = soft_half<0>(sc, pn, m_use[0], scale_log2);
+                if constexpr (ISSUE) issue_qk<DP, BR, BC, T, true>(sx, q_rows, sK);
+                const float rs1 = soft_half<1>(sc, pn, m_use[1], scale_log2);
+                l_i[0] = l_i[0] * corr[0] + rs0;
+                l_i[1] = l_i[1] * corr[1] + rs1;
+                pin();
+            } else {
+                rescale = softmax_tile<BC, true>(sc, m_i, l_i, corr, scale_log2);
+                pack_p<BC, T>(pn, sc);
+                pin();
+                if constexpr (ISSUE) issue_qk<DP, BR, BC, T, true>(sx, q_rows, sK);
+            }
+            if constexpr (ISSUE) wgmma_wait<1>();  // P_j V_j is done
+            else wgmma_wait<0>();
+            fence_regs(o[0]);
+            rescale_o(o, rescale, corr);
+        };
+        // The kernel's loop shape: two steps a turn, the register sets trading roles,
+        // and the last step (no S issued) and a last P V peeled off at either exit.
+        using Yes = std::integral_constant<bool, true>;
+        using No = std::integral_constant<bool, false>;
+        auto last_pv = [&](auto& pc) {
+            fence_regs(o[0]);
+            issue_pv<BC, 128, 1, T, true>(o, pc, sV);
+            wgmma_wait<0>();
+            fence_regs(o[0]);
+        };
+        issue_qk<DP, BR, BC, T, true>(s, q_rows, sK);
+        t0 = clock64();
+        for (int j = 0;;) {
+            if (j + 2 >= steps) {
+                step(s, s2, pa, pb, No{});
+                last_pv(pb);
+                break;
+            }
+            if (MODE == MODE_SPLIT) step(s, s2, pa, pb, Yes{});
+            else step(s, s, pa, pb, Yes{});
+            ++j;
+            if (j + 2 >= steps) {
+                if (MODE == MODE_SPLIT) step(s2, s, pb, pa, No{});
+                else step(s, s, pb, pa, No{});
+                last_pv(pa);
+                break;
+            }
+            if (MODE == MODE_SPLIT) step(s2, s, pb, pa, Yes{});
+            else step(s, s, pb, pa, Yes{});
+            ++j;
+        }
+        wgmma_wait<0>();
+        fence_regs(s);
+    }
+    const long long t1 = clock64();
+    float sum = l_i[0] + l_i[1];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) sum += o[0][i] + s[i] + (MODE == MODE_SPLIT ? s2[i] : 0.f);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) sum += (float)(pa[k][0] ^ pb[k][3]);
+    if (sink_out) sink_out[blockIdx.x * blockDim.x + threadIdx.x] = sum;  // (never: keeps every register live)
+    if (threadIdx.x % 128 == 0) out[blockIdx.x * 2 + cw] = (t1 - t0) / steps;
+#endif
+}
+
+static int check(cudaError_t e, const char* what) {
+    if (e != cudaSuccess) fprintf(stderr, "loop_sched: %s: %s\n", what, cudaGetErrorString(e));
+    return e != cudaSuccess;
+}
+
+template <int MODE, int REGS>
+static int run(long long* dout, int grid) {
+    static long long h[MAX_SMS * 2];
+    static const char* names[4] = {"now", "ahead", "split", "mma"};
+    if (check(cudaFuncSetAttribute(loop_sched_kernel<MODE, REGS>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES),
+              "smem attribute") ||
+        check(cudaMemset(dout, 0, sizeof(h)), "memset"))
+        return 1;
+    for (int rep = 0; rep < 2; ++rep) {  // the first launch warms the clocks
+        loop_sched_kernel<MODE, REGS><<<grid, REGS ? 384 : 256, SMEM_BYTES>>>(dout, nullptr, 0u, STEPS);
+        if (check(cudaGetLastError(), "launch") || check(cudaDeviceSynchronize(), "kernel")) return 1;
+    }
+    if (check(cudaMemcpy(h, dout, sizeof(h), cudaMemcpyDeviceToHost), "copy")) return 1;
+    double a = 0;
+    for (int i = 0; i < 2 * grid; ++i) a += (double)h[i];
+    printf("%-6s %3d registers  %6.0f cycles per step and warpgroup\n", names[MODE], REGS ? REGS : 255, a / (2 * grid));
+    return 0;
+}
+
+int main() {
+    long long* dout = nullptr;
+    int grid = 0;
+    if (check(cudaDeviceGetAttribute(&grid, cudaDevAttrMultiProcessorCount, 0), "SM count")) return 1;
+    if (grid > MAX_SMS) grid = MAX_SMS;
+    if (check(cudaMalloc(&dout, MAX_SMS * 2 * sizeof(long long)), "malloc")) return 1;
+    int bad = 0;
+    for (int round = 0; round < 2; ++round)
+        bad |= run<MODE_MMA, 0>(dout, grid) | run<MODE_NOW, 0>(dout, grid) | run<MODE_AHEAD, 0>(dout, grid) |
+               run<MODE_SPLIT, 0>(dout, grid) | run<MODE_NOW, 232>(dout, grid) | run<MODE_AHEAD, 232>(dout, grid) |
+               run<MODE_NOW, 200>(dout, grid) | run<MODE_AHEAD, 200>(dout, grid);
+    cudaFree(dout);
+    return bad;
+}
