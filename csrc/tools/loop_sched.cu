@@ -22,9 +22,11 @@
 //   mma    S and P V issued and waited for, no softmax: the tensor work alone.
 // Registers: 255 (two warpgroups of 256 threads), or the kernel's split with an
 // idle producer warpgroup (384 threads, setmaxnreg: 232 or 200 per consumer).
-// Prints mean cycles per step and warpgroup. Measured on an H100 (perf notes,
-// session 41): mma 1550, now 2358 (2366 at 232, 2376 at 200), ahead 2165 at 255
-// but 3283 at 232 (ptxas serializes its wgmmas, C7512), split serialized at 255.
+// Keys per step: 128 (the kernel's), or 64, where every schedule fits 232.
+// Prints mean cycles per 128 keys and warpgroup. Measured on an H100 (perf
+// notes, session 41): 128 keys: mma 1550, now 2361 (2373 at 232, 2384 at 200),
+// ahead 2164 at 255 but 3283 at 232 (ptxas serializes its wgmmas, C7512), split
+// serialized at 255; 64 keys at 232: now 2720, ahead 2630, split 2480.
 #include <cuda_fp16.h>
 #include <stdio.h>
 
@@ -35,8 +37,8 @@
 static constexpr int MAX_SMS = 1024;   // output slots; the grid is one CTA per SM
 static constexpr int STEPS = 64;       // timed steps per warpgroup (even: split and ahead run pairs)
 static constexpr int WARMUP = 4;       // steps before the clock starts
-static constexpr int DP = 128, BR = 128, BC = 128;
-static constexpr uint32_t Q_BYTES = BR * DP * 2, KV_BYTES = BC * DP * 2;
+static constexpr int DP = 128, BR = 128, BC_MAX = 128;  // BC, the keys per step: 128 (the kernel's) or 64
+static constexpr uint32_t Q_BYTES = BR * DP * 2, KV_BYTES = BC_MAX * DP * 2;
 static constexpr int SMEM_BYTES = FC_SWZ_GROUP_BYTES + Q_BYTES + 2 * KV_BYTES + 64;
 using T = __half;
 
@@ -44,6 +46,7 @@ enum { MODE_NOW = 0, MODE_AHEAD = 1, MODE_SPLIT = 2, MODE_MMA = 3 };
 
 // The softmax of s in two parts (split): row maxima, corr and the rescale vote,
 // then P of row half HR into pn's A fragments, returning that half's row sum.
+template <int BC>
 __device__ __forceinline__ unsigned soft_max(const float (&s)[BC / 2], float (&m_i)[2], float (&m_use)[2],
                                              float (&corr)[2], float scale_log2) {
     unsigned rescale = 0;
@@ -60,7 +63,7 @@ __device__ __forceinline__ unsigned soft_max(const float (&s)[BC / 2], float (&m
     }
     return rescale;
 }
-template <int HR>
+template <int BC, int HR>
 __device__ __forceinline__ float soft_half(const float (&s)[BC / 2], uint32_t (&pn)[BC / 16][4], float m_use,
                                            float scale_log2) {
     float rs = 0.f;
@@ -91,7 +94,7 @@ __device__ __forceinline__ void rescale_o(float (&o)[1][64], unsigned rescale, c
 
 // out[cta * 2 + warpgroup]: mean cycles per step. sink_out (null here) would take a checksum
 // per thread; as a runtime pointer it keeps the compiler from dropping any wgmma.
-template <int MODE, int REGS>
+template <int MODE, int REGS, int BC>
 __global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long long* out, float* sink_out, uint32_t fill, int steps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem[];
@@ -111,13 +114,13 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long lo
     const int cw = threadIdx.x / 128 - (REGS > 0), warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     const uint32_t q_rows = sQ + cw * 64 * FC_SWZ_ROW_BYTES;
     const float scale_log2 = 0.125f * FC_LOG2E;
-    float o[1][64], s[64], s2[64];
-    uint32_t pa[8][4], pb[8][4];
+    float o[1][64], s[BC / 2], s2[BC / 2];
+    uint32_t pa[BC / 16][4], pb[BC / 16][4];
     float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[0][i] = 0.f;
 #pragma unroll
-    for (int k = 0; k < 8; ++k)
+    for (int k = 0; k < BC / 16; ++k)
 #pragma unroll
         for (int r = 0; r < 4; ++r) pa[k][r] = pb[k][r] = fill;
     auto pin = [&]() {  // the kernel's PIN_SOFTMAX store
@@ -156,10 +159,10 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long lo
             unsigned rescale;
             if constexpr (MODE == MODE_SPLIT) {
                 float m_use[2];
-                rescale = soft_max(sc, m_i, m_use, corr, scale_log2);
-                const float rs0 = soft_half<0>(sc, pn, m_use[0], scale_log2);
+                rescale = soft_max<BC>(sc, m_i, m_use, corr, scale_log2);
+                const float rs0 = soft_half<BC, 0>(sc, pn, m_use[0], scale_log2);
                 if constexpr (ISSUE) issue_qk<DP, BR, BC, T, true>(sx, q_rows, sK);
-                const float rs1 = soft_half<1>(sc, pn, m_use[1], scale_log2);
+                const float rs1 = soft_half<BC, 1>(sc, pn, m_use[1], scale_log2);
                 l_i[0] = l_i[0] * corr[0] + rs0;
                 l_i[1] = l_i[1] * corr[1] + rs1;
                 pin();
@@ -211,9 +214,11 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long lo
     const long long t1 = clock64();
     float sum = l_i[0] + l_i[1];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) sum += o[0][i] + s[i] + (MODE == MODE_SPLIT ? s2[i] : 0.f);
+    for (int i = 0; i < 64; ++i) sum += o[0][i];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) sum += (float)(pa[k][0] ^ pb[k][3]);
+    for (int i = 0; i < BC / 2; ++i) sum += s[i] + (MODE == MODE_SPLIT ? s2[i] : 0.f);
+#pragma unroll
+    for (int k = 0; k < BC / 16; ++k) sum += (float)(pa[k][0] ^ pb[k][3]);
     if (sink_out) sink_out[blockIdx.x * blockDim.x + threadIdx.x] = sum;  // (never: keeps every register live)
     if (threadIdx.x % 128 == 0) out[blockIdx.x * 2 + cw] = (t1 - t0) / steps;
 #endif
@@ -224,22 +229,23 @@ static int check(cudaError_t e, const char* what) {
     return e != cudaSuccess;
 }
 
-template <int MODE, int REGS>
+template <int MODE, int REGS, int BC = 128>
 static int run(long long* dout, int grid) {
     static long long h[MAX_SMS * 2];
     static const char* names[4] = {"now", "ahead", "split", "mma"};
-    if (check(cudaFuncSetAttribute(loop_sched_kernel<MODE, REGS>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES),
+    if (check(cudaFuncSetAttribute(loop_sched_kernel<MODE, REGS, BC>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES),
               "smem attribute") ||
         check(cudaMemset(dout, 0, sizeof(h)), "memset"))
         return 1;
     for (int rep = 0; rep < 2; ++rep) {  // the first launch warms the clocks
-        loop_sched_kernel<MODE, REGS><<<grid, REGS ? 384 : 256, SMEM_BYTES>>>(dout, nullptr, 0u, STEPS);
+        loop_sched_kernel<MODE, REGS, BC><<<grid, REGS ? 384 : 256, SMEM_BYTES>>>(dout, nullptr, 0u, STEPS * 128 / BC);
         if (check(cudaGetLastError(), "launch") || check(cudaDeviceSynchronize(), "kernel")) return 1;
     }
     if (check(cudaMemcpy(h, dout, sizeof(h), cudaMemcpyDeviceToHost), "copy")) return 1;
     double a = 0;
     for (int i = 0; i < 2 * grid; ++i) a += (double)h[i];
-    printf("%-6s %3d registers  %6.0f cycles per step and warpgroup\n", names[MODE], REGS ? REGS : 255, a / (2 * grid));
+    printf("%-6s %3d registers  BC %3d  %6.0f cycles per 128 keys and warpgroup\n", names[MODE], REGS ? REGS : 255, BC,
+           a / (2 * grid) * 128 / BC);
     return 0;
 }
 
@@ -253,7 +259,8 @@ int main() {
     for (int round = 0; round < 2; ++round)
         bad |= run<MODE_MMA, 0>(dout, grid) | run<MODE_NOW, 0>(dout, grid) | run<MODE_AHEAD, 0>(dout, grid) |
                run<MODE_SPLIT, 0>(dout, grid) | run<MODE_NOW, 232>(dout, grid) | run<MODE_AHEAD, 232>(dout, grid) |
-               run<MODE_NOW, 200>(dout, grid) | run<MODE_AHEAD, 200>(dout, grid);
+               run<MODE_NOW, 200>(dout, grid) | run<MODE_AHEAD, 200>(dout, grid) | run<MODE_MMA, 0, 64>(dout, grid) |
+               run<MODE_NOW, 232, 64>(dout, grid) | run<MODE_AHEAD, 232, 64>(dout, grid) | run<MODE_SPLIT, 232, 64>(dout, grid);
     cudaFree(dout);
     return bad;
 }
