@@ -436,18 +436,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
                 TR_SINCE(TR_SOFT, tr_soft);
             }
             TR_MARK(tr_tail);
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-                if (rescale & (1u << hr)) {  // skipped once the maxima of these 8 rows settle
-#pragma unroll
-                    for (int pp = 0; pp < PV_PARTS; ++pp)
-#pragma unroll
-                        for (int i = 2 * hr; i < PV_N / 2; i += 4) {
-                            o[pp][i] *= corr[hr];
-                            o[pp][i + 1] *= corr[hr];
-                        }
-                }
-            }
+            rescale_o<PV_PARTS, PV_N>(o, rescale, corr);
             pack_p<BC, T>(pa, s);
             TR_SINCE(TR_TAIL, tr_tail);
         }

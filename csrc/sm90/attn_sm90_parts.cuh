@@ -302,27 +302,40 @@ __device__ __forceinline__ void mask_tile(float (&s)[BC / 2], int key0, int row,
 // The keys before key 0 in K/V tile 0 with LEAD_TILE: tiles of bc keys end at key sk - 1.
 __host__ __device__ constexpr int sm90_lead(int sk, int bc) { return (bc - sk % bc) % bc; }
 
+// Row half hr's new running max (m_i[hr]) from one tile's S, with corr[hr] =
+// exp2(old max - new max). Returns the max the exponentials subtract (0 while no
+// key is visible, so that exp2 gives 0, not NaN); changed: whether this
+// thread's rows of the half got a new max (for the rescale vote).
+template <int BC>
+__device__ __forceinline__ float softmax_row_max(const float (&s)[BC / 2], int hr, float (&m_i)[2], float (&corr)[2],
+                                                 float scale_log2, bool& changed) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * hr], s[4 * nt + 2 * hr + 1]));
+    const float m_new = fmaxf(m_i[hr], quad_max(mx) * scale_log2);
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;
+    corr[hr] = fast_exp2(m_i[hr] - m_use);
+    changed = m_new != m_i[hr];
+    m_i[hr] = m_new;
+    return m_use;
+}
+
 // Online softmax of one tile: new row max m, s <- P = exp2(s*scale_log2 - m),
 // l <- l*corr + rowsum(P). Returns a mask: bit hr is set when any of the
 // warp's rows hr*8 .. hr*8+7 has a new max (then O's registers of those rows,
-// (i / 2) % 2 == hr, must be multiplied by corr[hr]). One vote per half skips
-// more of the rescale than one per warp: 8 rows settle sooner than 16. With
-// !HALF_VOTES one vote covers the warp: the mask is 3 or 0.
+// (i / 2) % 2 == hr, must be multiplied by corr[hr]: rescale_o). One vote per
+// half skips more of the rescale than one per warp: 8 rows settle sooner than
+// 16. With !HALF_VOTES one vote covers the warp: the mask is 3 or 0.
 template <int BC, bool HALF_VOTES>
 __device__ __forceinline__ unsigned softmax_tile(float (&s)[BC / 2], float (&m_i)[2], float (&l_i)[2],
                                                  float (&corr)[2], float scale_log2) {
     unsigned rescale = 0;
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * hr], s[4 * nt + 2 * hr + 1]));
-        const float m_new = fmaxf(m_i[hr], quad_max(mx) * scale_log2);
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no visible key yet: exp2 gives 0, not NaN
-        corr[hr] = fast_exp2(m_i[hr] - m_use);
-        if constexpr (HALF_VOTES) rescale |= (unsigned)__any_sync(0xffffffffu, m_new != m_i[hr]) << hr;
-        else rescale |= m_new != m_i[hr];
-        m_i[hr] = m_new;
+        bool changed;
+        const float m_use = softmax_row_max<BC>(s, hr, m_i, corr, scale_log2, changed);
+        if constexpr (HALF_VOTES) rescale |= (unsigned)__any_sync(0xffffffffu, changed) << hr;
+        else rescale |= changed;
         float rs = 0.f;
 #pragma unroll
         for (int nt = 0; nt < BC / 8; ++nt)
@@ -336,6 +349,23 @@ __device__ __forceinline__ unsigned softmax_tile(float (&s)[BC / 2], float (&m_i
     }
     if constexpr (HALF_VOTES) return rescale;
     else return __any_sync(0xffffffffu, rescale) ? 3u : 0u;
+}
+
+// O *= corr for the row halves whose bit is set in rescale (softmax_tile's mask).
+template <int PV_PARTS, int PV_N>
+__device__ __forceinline__ void rescale_o(float (&o)[PV_PARTS][PV_N / 2], unsigned rescale, const float (&corr)[2]) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        if (rescale & (1u << hr)) {  // skipped once the maxima of these 8 rows settle
+#pragma unroll
+            for (int pp = 0; pp < PV_PARTS; ++pp)
+#pragma unroll
+                for (int i = 2 * hr; i < PV_N / 2; i += 4) {
+                    o[pp][i] *= corr[hr];
+                    o[pp][i + 1] *= corr[hr];
+                }
+        }
+    }
 }
 
 // P as the wgmma A operand: keys 16kk.. are S column tiles 2kk and 2kk+1.

@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "sm90/attn_sm90_parts.cuh"
+#include "tools/tool_util.h"
 
 static constexpr int MAX_SMS = 1024;   // output slots; the grid is one CTA per SM
 static constexpr int STEPS = 64;       // timed steps per warpgroup (even: split and ahead run pairs)
@@ -44,22 +45,18 @@ using T = __half;
 
 enum { MODE_NOW = 0, MODE_AHEAD = 1, MODE_SPLIT = 2, MODE_MMA = 3 };
 
-// The softmax of s in two parts (split): row maxima, corr and the rescale vote,
-// then P of row half HR into pn's A fragments, returning that half's row sum.
+// The softmax of s in two parts (split): row maxima, corr and the rescale vote
+// (softmax_tile's), then P of row half HR into pn's A fragments, returning that
+// half's row sum.
 template <int BC>
 __device__ __forceinline__ unsigned soft_max(const float (&s)[BC / 2], float (&m_i)[2], float (&m_use)[2],
                                              float (&corr)[2], float scale_log2) {
     unsigned rescale = 0;
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * hr], s[4 * nt + 2 * hr + 1]));
-        const float m_new = fmaxf(m_i[hr], quad_max(mx) * scale_log2);
-        m_use[hr] = m_new == -INFINITY ? 0.f : m_new;
-        corr[hr] = fast_exp2(m_i[hr] - m_use[hr]);
-        rescale |= (unsigned)__any_sync(0xffffffffu, m_new != m_i[hr]) << hr;
-        m_i[hr] = m_new;
+        bool changed;
+        m_use[hr] = softmax_row_max<BC>(s, hr, m_i, corr, scale_log2, changed);
+        rescale |= (unsigned)__any_sync(0xffffffffu, changed) << hr;
     }
     return rescale;
 }
@@ -79,17 +76,6 @@ __device__ __forceinline__ float soft_half(const float (&s)[BC / 2], uint32_t (&
             pn[kk][2 * h + HR] = pack2<T>(p0, p1);
         }
     return rs;
-}
-
-__device__ __forceinline__ void rescale_o(float (&o)[1][64], unsigned rescale, const float (&corr)[2]) {
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr)
-        if (rescale & (1u << hr))
-#pragma unroll
-            for (int i = 2 * hr; i < 64; i += 4) {
-                o[0][i] *= corr[hr];
-                o[0][i + 1] *= corr[hr];
-            }
 }
 
 // out[cta * 2 + warpgroup]: mean cycles per step. sink_out (null here) would take a checksum
@@ -144,7 +130,7 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long lo
             }
             wgmma_wait<0>();
             fence_regs(o[0]);
-            rescale_o(o, rescale, corr);
+            rescale_o<1, 128>(o, rescale, corr);
             if constexpr (MODE == MODE_NOW) pack_p<BC, T>(pa, s);
         }
     } else {
@@ -175,7 +161,7 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long lo
             if constexpr (ISSUE) wgmma_wait<1>();  // P_j V_j is done
             else wgmma_wait<0>();
             fence_regs(o[0]);
-            rescale_o(o, rescale, corr);
+            rescale_o<1, 128>(o, rescale, corr);
         };
         // The kernel's loop shape: two steps a turn, the register sets trading roles,
         // and the last step (no S issued) and a last P V peeled off at either exit.
@@ -224,10 +210,7 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long lo
 #endif
 }
 
-static int check(cudaError_t e, const char* what) {
-    if (e != cudaSuccess) fprintf(stderr, "loop_sched: %s: %s\n", what, cudaGetErrorString(e));
-    return e != cudaSuccess;
-}
+static int check(cudaError_t e, const char* what) { return tool_check("loop_sched", e, what); }
 
 template <int MODE, int REGS, int BC = 128>
 static int run(long long* dout, int grid) {
@@ -252,8 +235,7 @@ static int run(long long* dout, int grid) {
 int main() {
     long long* dout = nullptr;
     int grid = 0;
-    if (check(cudaDeviceGetAttribute(&grid, cudaDevAttrMultiProcessorCount, 0), "SM count")) return 1;
-    if (grid > MAX_SMS) grid = MAX_SMS;
+    if (tool_sm_grid("loop_sched", MAX_SMS, &grid)) return 1;
     if (check(cudaMalloc(&dout, MAX_SMS * 2 * sizeof(long long)), "malloc")) return 1;
     int bad = 0;
     for (int round = 0; round < 2; ++round)

@@ -21,6 +21,7 @@
 #include "common/ptx.cuh"
 #include "sm90/hopper.cuh"
 #include "sm90/wgmma_ops.cuh"
+#include "tools/tool_util.h"
 
 static constexpr int MAX_SMS = 1024;       // output slots; the grid is one CTA per SM
 static constexpr int ITERS = 64;          // timed iterations per warpgroup
@@ -103,10 +104,7 @@ __global__ void wgmma_queue_kernel(long long* out) {
     }
 }
 
-static int check(cudaError_t e, const char* what) {
-    if (e != cudaSuccess) fprintf(stderr, "wgmma_queue: %s: %s\n", what, cudaGetErrorString(e));
-    return e != cudaSuccess;
-}
+static int check(cudaError_t e, const char* what) { return tool_check("wgmma_queue", e, what); }
 
 template <int MODE, int N>
 static int run(long long* dout, int grid, int warpgroups) {
@@ -133,8 +131,7 @@ static int run(long long* dout, int grid, int warpgroups) {
 int main() {
     long long* dout = nullptr;
     int grid = 0;
-    if (check(cudaDeviceGetAttribute(&grid, cudaDevAttrMultiProcessorCount, 0), "SM count")) return 1;
-    if (grid > MAX_SMS) grid = MAX_SMS;
+    if (tool_sm_grid("wgmma_queue", MAX_SMS, &grid)) return 1;
     if (check(cudaMalloc(&dout, MAX_SMS * 2 * (SLOTS + 1) * sizeof(long long)), "malloc")) return 1;
     int bad = 0;
     for (int wgs = 1; wgs <= 2; ++wgs) {
