@@ -7,12 +7,11 @@
 //   build/loop_sched          # on the GPU machine
 //
 // One CTA per SM, two consumer warpgroups, each running K/V steps of the
-// kernel's loop on one Q, K and V tile that stay in shared memory (zeros: the
-// timing does not depend on the values, and with S = 0 the row maxima settle
-// after the first step, as they mostly do in a real row), with the kernel's
-// own pieces (issue_qk, issue_pv, softmax_tile, pack_p) and its sink store
-// (PIN_SOFTMAX). What it leaves out: the K/V barriers, the tile boundary and
-// the rest of the kernel's live registers. Schedules, per step j:
+// kernel's loop on one Q, K and V tile that stay in shared memory (zeros, then
+// hashed random values: operand_word), with the kernel's own pieces (issue_qk,
+// issue_pv, softmax_tile, pack_p) and its sink store (PIN_SOFTMAX). What it
+// leaves out: the K/V barriers, the tile boundary and the rest of the
+// kernel's live registers. Schedules, per step j:
 //   now    S_{j+1} and P_j V_j issued together, the softmax of S_{j+1}, the P V
 //          wait, the rescale, P packed (the kernel's loop);
 //   ahead  P_j V_j issued, the softmax of S_{j+1} (issued a step earlier) into
@@ -21,12 +20,16 @@
 //          softmax (two S sets as well);
 //   mma    S and P V issued and waited for, no softmax: the tensor work alone.
 // Registers: 255 (two warpgroups of 256 threads), or the kernel's split with an
-// idle producer warpgroup (384 threads, setmaxnreg: 232 or 200 per consumer).
+// idle producer warpgroup (384 threads, setmaxnreg: 240, 232 or 200 per consumer).
 // Keys per step: 128 (the kernel's), or 64, where every schedule fits 232.
-// Prints mean cycles per 128 keys and warpgroup. Measured on an H100 (perf
-// notes, session 41): 128 keys: mma 1550, now 2361 (2373 at 232, 2384 at 200),
-// ahead 2164 at 255 but 3283 at 232 (ptxas serializes its wgmmas, C7512), split
-// serialized at 255; 64 keys at 232: now 2720, ahead 2630, split 2480.
+// Prints cycles per 128 keys: the CTA's span (first warpgroup start to last
+// end) and each warpgroup's own time, means over the CTAs. ptxas's choices
+// move between builds of this file (which schedules it serializes, C7512), so
+// read a build's numbers together. Measured on an H100 (perf notes, session
+// 42; zeros and random operands within 1 %, span within 1 % of the
+// warpgroups'): 128 keys: mma 1564, now 2405 (2427 at 232 and 240, 2438 at
+// 200), ahead 2205 (2227 at 232, 2232 at 240, 3047 at 200: serialized), split
+// 2845; 64 keys at 232: now 2712, ahead 2503-2613, split 2754-2769.
 #include <cuda_fp16.h>
 #include <stdio.h>
 
@@ -78,8 +81,21 @@ __device__ __forceinline__ float soft_half(const float (&s)[BC / 2], uint32_t (&
     return rs;
 }
 
-// out[cta * 2 + warpgroup]: mean cycles per step. sink_out (null here) would take a checksum
-// per thread; as a runtime pointer it keeps the compiler from dropping any wgmma.
+// Two fp16 operands for the 4-byte word at a: zeros (fill 0), or with fill 1
+// hashed values of random sign and magnitude in [0.5, 1) (exponent 14), so
+// that S has a spread of about +-6 and the row maxima move now and then.
+__device__ __forceinline__ uint32_t operand_word(uint32_t fill, uint32_t a) {
+    if (fill == 0) return 0u;
+    uint32_t x = a * 0x9E3779B1u;
+    x ^= x >> 15;
+    x *= 0x85EBCA77u;
+    x ^= x >> 13;
+    return (x & 0x83ff83ffu) | 0x38003800u;
+}
+
+// out[(cta * 2 + warpgroup) * 2 + {0, 1}]: the warpgroup's first and last timed
+// clock64. sink_out (null here) would take a checksum per thread; as a runtime
+// pointer it keeps the compiler from dropping any wgmma.
 template <int MODE, int REGS, int BC>
 __global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long long* out, float* sink_out, uint32_t fill, int steps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -87,7 +103,9 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long lo
     const uint32_t sQ = (smem_u32(smem) + FC_SWZ_GROUP_BYTES - 1) & ~(FC_SWZ_GROUP_BYTES - 1);
     const uint32_t sK = sQ + Q_BYTES, sV = sK + KV_BYTES, sink = sV + KV_BYTES;
     for (uint32_t a = sQ + 16 * threadIdx.x; a < sink; a += 16 * blockDim.x)
-        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(a), "r"(fill) : "memory");
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(operand_word(fill, a)),
+                     "r"(operand_word(fill, a + 4)), "r"(operand_word(fill, a + 8)), "r"(operand_word(fill, a + 12))
+                     : "memory");
     fence_proxy_async();  // the zeros (generic proxy) before the wgmmas read them (async proxy)
     __syncthreads();      // every thread's zeros are written before any wgmma
     if constexpr (REGS > 0) {  // the kernel's register split: an idle producer warpgroup gives its registers away
@@ -108,7 +126,7 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long lo
 #pragma unroll
     for (int k = 0; k < BC / 16; ++k)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) pa[k][r] = pb[k][r] = fill;
+        for (int r = 0; r < 4; ++r) pa[k][r] = pb[k][r] = operand_word(fill, threadIdx.x * 64 + k * 4 + r);
     auto pin = [&]() {  // the kernel's PIN_SOFTMAX store
         if (lane == 0) st_shared_f32(sink + 4 * (cw * 4 + warp), l_i[0] + l_i[1]);
     };
@@ -206,29 +224,39 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long lo
 #pragma unroll
     for (int k = 0; k < BC / 16; ++k) sum += (float)(pa[k][0] ^ pb[k][3]);
     if (sink_out) sink_out[blockIdx.x * blockDim.x + threadIdx.x] = sum;  // (never: keeps every register live)
-    if (threadIdx.x % 128 == 0) out[blockIdx.x * 2 + cw] = (t1 - t0) / steps;
+    if (threadIdx.x % 128 == 0) {  // this warpgroup's first and last timed clock (one SM clock for both)
+        out[(blockIdx.x * 2 + cw) * 2] = t0;
+        out[(blockIdx.x * 2 + cw) * 2 + 1] = t1;
+    }
 #endif
 }
 
 static int check(cudaError_t e, const char* what) { return tool_check("loop_sched", e, what); }
 
 template <int MODE, int REGS, int BC = 128>
-static int run(long long* dout, int grid) {
-    static long long h[MAX_SMS * 2];
+static int run(long long* dout, int grid, uint32_t fill) {
+    static long long h[MAX_SMS * 4];
     static const char* names[4] = {"now", "ahead", "split", "mma"};
     if (check(cudaFuncSetAttribute(loop_sched_kernel<MODE, REGS, BC>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES),
               "smem attribute") ||
         check(cudaMemset(dout, 0, sizeof(h)), "memset"))
         return 1;
     for (int rep = 0; rep < 2; ++rep) {  // the first launch warms the clocks
-        loop_sched_kernel<MODE, REGS, BC><<<grid, REGS ? 384 : 256, SMEM_BYTES>>>(dout, nullptr, 0u, STEPS * 128 / BC);
+        loop_sched_kernel<MODE, REGS, BC><<<grid, REGS ? 384 : 256, SMEM_BYTES>>>(dout, nullptr, fill, STEPS * 128 / BC);
         if (check(cudaGetLastError(), "launch") || check(cudaDeviceSynchronize(), "kernel")) return 1;
     }
     if (check(cudaMemcpy(h, dout, sizeof(h), cudaMemcpyDeviceToHost), "copy")) return 1;
-    double a = 0;
-    for (int i = 0; i < 2 * grid; ++i) a += (double)h[i];
-    printf("%-6s %3d registers  BC %3d  %6.0f cycles per 128 keys and warpgroup\n", names[MODE], REGS ? REGS : 255, BC,
-           a / (2 * grid) * 128 / BC);
+    // span: from the CTA's first warpgroup start to its last warpgroup end; wg:
+    // each warpgroup's own time (the two differ when one runs ahead of the other)
+    double span = 0, wg = 0;
+    for (int c = 0; c < grid; ++c) {
+        const long long* w = h + 4 * c;  // t0, t1 of warpgroup 0, then of warpgroup 1
+        span += (double)((w[1] > w[3] ? w[1] : w[3]) - (w[0] < w[2] ? w[0] : w[2]));
+        wg += (double)(w[1] - w[0]) + (double)(w[3] - w[2]);
+    }
+    const double per = 128.0 / BC / (double)(STEPS * 128 / BC) / grid;  // per 128 keys, mean over CTAs
+    printf("%-6s %3d registers  BC %3d  %-6s span %6.0f  warpgroup %6.0f cycles per 128 keys\n", names[MODE],
+           REGS ? REGS : 255, BC, fill ? "random" : "zeros", span * per, wg * per / 2);
     return 0;
 }
 
@@ -236,13 +264,20 @@ int main() {
     long long* dout = nullptr;
     int grid = 0;
     if (tool_sm_grid("loop_sched", MAX_SMS, &grid)) return 1;
-    if (check(cudaMalloc(&dout, MAX_SMS * 2 * sizeof(long long)), "malloc")) return 1;
+    if (check(cudaMalloc(&dout, MAX_SMS * 4 * sizeof(long long)), "malloc")) return 1;
     int bad = 0;
-    for (int round = 0; round < 2; ++round)
-        bad |= run<MODE_MMA, 0>(dout, grid) | run<MODE_NOW, 0>(dout, grid) | run<MODE_AHEAD, 0>(dout, grid) |
-               run<MODE_SPLIT, 0>(dout, grid) | run<MODE_NOW, 232>(dout, grid) | run<MODE_AHEAD, 232>(dout, grid) |
-               run<MODE_NOW, 200>(dout, grid) | run<MODE_AHEAD, 200>(dout, grid) | run<MODE_MMA, 0, 64>(dout, grid) |
-               run<MODE_NOW, 232, 64>(dout, grid) | run<MODE_AHEAD, 232, 64>(dout, grid) | run<MODE_SPLIT, 232, 64>(dout, grid);
+    for (uint32_t fill = 0; fill < 2; ++fill) {  // operands: zeros, then random (operand_word)
+        for (int round = 0; round < 2; ++round) {
+            const int g = grid;
+            const uint32_t f = fill;
+            bad |= run<MODE_MMA, 0>(dout, g, f) | run<MODE_NOW, 0>(dout, g, f) | run<MODE_AHEAD, 0>(dout, g, f) |
+                   run<MODE_SPLIT, 0>(dout, g, f) | run<MODE_NOW, 232>(dout, g, f) | run<MODE_AHEAD, 232>(dout, g, f) |
+                   run<MODE_NOW, 240>(dout, g, f) | run<MODE_AHEAD, 240>(dout, g, f) | run<MODE_NOW, 200>(dout, g, f) |
+                   run<MODE_AHEAD, 200>(dout, g, f) | run<MODE_MMA, 0, 64>(dout, g, f) |
+                   run<MODE_NOW, 232, 64>(dout, g, f) | run<MODE_AHEAD, 232, 64>(dout, g, f) |
+                   run<MODE_SPLIT, 232, 64>(dout, g, f);
+        }
+    }
     cudaFree(dout);
     return bad;
 }
