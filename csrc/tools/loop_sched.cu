@@ -93,8 +93,8 @@ __device__ __forceinline__ uint32_t operand_word(uint32_t fill, uint32_t a) {
     return (x & 0x83ff83ffu) | 0x38003800u;
 }
 
-// out[(cta * 2 + warpgroup) * 2 + {0, 1}]: the warpgroup's first and last timed
-// clock64. sink_out (null here) would take a checksum per thread; as a runtime
+// out[(cta * 2 + warpgroup) * 4 + {0, 1, 2, 3}]: the warpgroup's first and last
+// timed clock64, then the same two moments' globaltimer (ns). sink_out (null here) would take a checksum per thread; as a runtime
 // pointer it keeps the compiler from dropping any wgmma.
 template <int MODE, int REGS, int BC>
 __global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long long* out, float* sink_out, uint32_t fill, int steps) {
@@ -130,10 +130,10 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long lo
     auto pin = [&]() {  // the kernel's PIN_SOFTMAX store
         if (lane == 0) st_shared_f32(sink + 4 * (cw * 4 + warp), l_i[0] + l_i[1]);
     };
-    long long t0 = 0;
+    long long t0 = 0, g0 = 0;
     if constexpr (MODE == MODE_NOW || MODE == MODE_MMA) {
         for (int j = 0; j < steps + WARMUP; ++j) {
-            if (j == WARMUP) t0 = clock64();
+            if (j == WARMUP) t0 = clock64(), g0 = globaltimer_ns();
 #pragma unroll
             for (int pp = 0; pp < 1; ++pp) fence_regs(o[pp]);
             issue_qk<DP, BR, BC, T, true>(s, q_rows, sK);
@@ -145,6 +145,10 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long lo
             if constexpr (MODE == MODE_NOW) {
                 rescale = softmax_tile<BC, true>(s, m_i, l_i, corr, scale_log2);
                 pin();
+            } else {
+                // Reads this step's S: with no reader ptxas drops the S wgmmas of
+                // every other step as dead (their S is overwritten unread).
+                l_i[0] += s[0];
             }
             wgmma_wait<0>();
             fence_regs(o[0]);
@@ -192,7 +196,7 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long lo
             fence_regs(o[0]);
         };
         issue_qk<DP, BR, BC, T, true>(s, q_rows, sK);
-        t0 = clock64();
+        t0 = clock64(), g0 = globaltimer_ns();
         for (int j = 0;;) {
             if (j + 2 >= steps) {
                 step(s, s2, pa, pb, No{});
@@ -215,7 +219,7 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long lo
         wgmma_wait<0>();
         fence_regs(s);
     }
-    const long long t1 = clock64();
+    const long long t1 = clock64(), g1 = globaltimer_ns();
     float sum = l_i[0] + l_i[1];
 #pragma unroll
     for (int i = 0; i < 64; ++i) sum += o[0][i];
@@ -225,8 +229,11 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long lo
     for (int k = 0; k < BC / 16; ++k) sum += (float)(pa[k][0] ^ pb[k][3]);
     if (sink_out) sink_out[blockIdx.x * blockDim.x + threadIdx.x] = sum;  // (never: keeps every register live)
     if (threadIdx.x % 128 == 0) {  // this warpgroup's first and last timed clock (one SM clock for both)
-        out[(blockIdx.x * 2 + cw) * 2] = t0;
-        out[(blockIdx.x * 2 + cw) * 2 + 1] = t1;
+        long long* w = out + (blockIdx.x * 2 + cw) * 4;
+        w[0] = t0;
+        w[1] = t1;
+        w[2] = g0;
+        w[3] = g1;
     }
 #endif
 }
@@ -235,7 +242,7 @@ static int check(cudaError_t e, const char* what) { return tool_check("loop_sche
 
 template <int MODE, int REGS, int BC = 128>
 static int run(long long* dout, int grid, uint32_t fill) {
-    static long long h[MAX_SMS * 4];
+    static long long h[MAX_SMS * 8];
     static const char* names[4] = {"now", "ahead", "split", "mma"};
     if (check(cudaFuncSetAttribute(loop_sched_kernel<MODE, REGS, BC>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES),
               "smem attribute") ||
@@ -248,15 +255,22 @@ static int run(long long* dout, int grid, uint32_t fill) {
     if (check(cudaMemcpy(h, dout, sizeof(h), cudaMemcpyDeviceToHost), "copy")) return 1;
     // span: from the CTA's first warpgroup start to its last warpgroup end; wg:
     // each warpgroup's own time (the two differ when one runs ahead of the other)
-    double span = 0, wg = 0;
+    // ns: the same span in globaltimer time, so that span / ns is the SM clock
+    // and the tensor work over ns a rate (TFLOP/s over all CTAs)
+    double span = 0, wg = 0, ns = 0;
     for (int c = 0; c < grid; ++c) {
-        const long long* w = h + 4 * c;  // t0, t1 of warpgroup 0, then of warpgroup 1
-        span += (double)((w[1] > w[3] ? w[1] : w[3]) - (w[0] < w[2] ? w[0] : w[2]));
-        wg += (double)(w[1] - w[0]) + (double)(w[3] - w[2]);
+        const long long* a = h + 8 * c;  // warpgroup 0: t0, t1, g0, g1
+        const long long* b = a + 4;      // warpgroup 1
+        span += (double)((a[1] > b[1] ? a[1] : b[1]) - (a[0] < b[0] ? a[0] : b[0]));
+        ns += (double)((a[3] > b[3] ? a[3] : b[3]) - (a[2] < b[2] ? a[2] : b[2]));
+        wg += (double)(a[1] - a[0]) + (double)(b[1] - b[0]);
     }
-    const double per = 128.0 / BC / (double)(STEPS * 128 / BC) / grid;  // per 128 keys, mean over CTAs
-    printf("%-6s %3d registers  BC %3d  %-6s span %6.0f  warpgroup %6.0f cycles per 128 keys\n", names[MODE],
-           REGS ? REGS : 255, BC, fill ? "random" : "zeros", span * per, wg * per / 2);
+    const int steps = STEPS * 128 / BC;
+    const double per = 128.0 / BC / (double)steps / grid;  // per 128 keys, mean over CTAs
+    const double flop = 2.0 * 4.0 * 64 * DP * BC * steps;  // one CTA's timed S and P V work
+    printf("%-6s %3d registers  BC %3d  %-6s span %6.0f  warpgroup %6.0f cycles per 128 keys, %4.0f MHz, %4.0f TFLOP/s\n",
+           names[MODE], REGS ? REGS : 255, BC, fill ? "random" : "zeros", span * per, wg * per / 2, span / ns * 1e3,
+           flop * grid / (ns / grid) * 1e-3);
     return 0;
 }
 
@@ -264,7 +278,7 @@ int main() {
     long long* dout = nullptr;
     int grid = 0;
     if (tool_sm_grid("loop_sched", MAX_SMS, &grid)) return 1;
-    if (check(cudaMalloc(&dout, MAX_SMS * 4 * sizeof(long long)), "malloc")) return 1;
+    if (check(cudaMalloc(&dout, MAX_SMS * 8 * sizeof(long long)), "malloc")) return 1;
     int bad = 0;
     for (uint32_t fill = 0; fill < 2; ++fill) {  // operands: zeros, then random (operand_word)
         for (int round = 0; round < 2; ++round) {
