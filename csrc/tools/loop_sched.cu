@@ -22,14 +22,19 @@
 // Registers: 255 (two warpgroups of 256 threads), or the kernel's split with an
 // idle producer warpgroup (384 threads, setmaxnreg: 240, 232 or 200 per consumer).
 // Keys per step: 128 (the kernel's), or 64, where every schedule fits 232.
+// Stream mode (stream_rounds): the producer warpgroup lands 64 KB rounds in a
+// shared-memory scratch area by bulk copies from one global buffer, one round in
+// flight, every 2600 cycles or back to back, as the kernel's producer lands K and V.
 // Prints cycles per 128 keys: the CTA's span (first warpgroup start to last
 // end) and each warpgroup's own time, means over the CTAs. ptxas's choices
 // move between builds of this file (which schedules it serializes, C7512), so
 // read a build's numbers together. Measured on an H100 (perf notes, session
 // 42; zeros and random operands within 1 %, span within 1 % of the
-// warpgroups'): 128 keys: mma 1564, now 2405 (2427 at 232 and 240, 2438 at
-// 200), ahead 2205 (2227 at 232, 2232 at 240, 3047 at 200: serialized), split
-// 2845; 64 keys at 232: now 2712, ahead 2503-2613, split 2754-2769.
+// warpgroups'): 128 keys: mma 2048-2070 (the full tensor rate, 4096 FLOP per
+// clock and SM), now 2390-2449, ahead 2188-2248 (2196-2233 at 240, 3047 at
+// 200: serialized), split 2955; 64 keys: mma 2049-2057, now 2695-2706 (232),
+// ahead 2533-2540, split 2750-2760. Stream mode (26-29 bytes per clock
+// landing, about the kernel's rate) moves none of them by more than 0.5 %.
 #include <cuda_fp16.h>
 #include <stdio.h>
 
@@ -43,7 +48,9 @@ static constexpr int STEPS = 64;       // timed steps per warpgroup (even: split
 static constexpr int WARMUP = 4;       // steps before the clock starts
 static constexpr int DP = 128, BR = 128, BC_MAX = 128;  // BC, the keys per step: 128 (the kernel's) or 64
 static constexpr uint32_t Q_BYTES = BR * DP * 2, KV_BYTES = BC_MAX * DP * 2;
-static constexpr int SMEM_BYTES = FC_SWZ_GROUP_BYTES + Q_BYTES + 2 * KV_BYTES + 64;
+static constexpr int STREAM_BYTES = 64 * 1024;  // stream mode: bytes a producer round lands (one D = 128 K and V tile)
+static constexpr int STREAM_CHUNK = 16 * 1024;  // ... in bulk copies of this size
+static constexpr int SMEM_BYTES = FC_SWZ_GROUP_BYTES + Q_BYTES + 2 * KV_BYTES + 64 + STREAM_BYTES;
 using T = __half;
 
 enum { MODE_NOW = 0, MODE_AHEAD = 1, MODE_SPLIT = 2, MODE_MMA = 3 };
@@ -93,11 +100,38 @@ __device__ __forceinline__ uint32_t operand_word(uint32_t fill, uint32_t a) {
     return (x & 0x83ff83ffu) | 0x38003800u;
 }
 
+// Stream mode: the producer warpgroup's thread 0 lands STREAM_BYTES from src in
+// shared memory (bulk copies, completing on bar) every `gap` cycles (0: back to
+// back), as the kernel's producer lands K and V, until both consumers are done.
+__device__ int stream_rounds(const unsigned char* src, uint32_t dst, uint32_t bar, int gap, volatile int* done) {
+    uint32_t parity = 0;
+    int rounds = 0;
+    long long next = clock64();
+    while (*done < 2) {
+        mbar_expect_tx(bar, STREAM_BYTES);
+        for (int c = 0; c < STREAM_BYTES / STREAM_CHUNK; ++c)
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                             dst + c * STREAM_CHUNK),
+                         "l"(src + c * STREAM_CHUNK), "r"(STREAM_CHUNK), "r"(bar)
+                         : "memory");
+        mbar_wait(bar, parity);  // this round's bytes have landed
+        parity ^= 1;
+        ++rounds;
+        next += gap;
+        while (clock64() < next) {
+        }
+    }
+    return rounds;
+}
+
 // out[(cta * 2 + warpgroup) * 4 + {0, 1, 2, 3}]: the warpgroup's first and last
-// timed clock64, then the same two moments' globaltimer (ns). sink_out (null here) would take a checksum per thread; as a runtime
-// pointer it keeps the compiler from dropping any wgmma.
+// timed clock64, then the same two moments' globaltimer (ns). sink_out (null
+// here) would take a checksum per thread; as a runtime pointer it keeps the
+// compiler from dropping any wgmma. src, gap: stream mode (null: none), its
+// round count in out[MAX_SMS * 8 + cta].
 template <int MODE, int REGS, int BC>
-__global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long long* out, float* sink_out, uint32_t fill, int steps) {
+__global__ void __launch_bounds__(REGS ? 384 : 256, 1)
+    loop_sched_kernel(long long* out, float* sink_out, uint32_t fill, int steps, const unsigned char* src, int gap) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem[];
     const uint32_t sQ = (smem_u32(smem) + FC_SWZ_GROUP_BYTES - 1) & ~(FC_SWZ_GROUP_BYTES - 1);
@@ -106,11 +140,20 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long lo
         asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(operand_word(fill, a)),
                      "r"(operand_word(fill, a + 4)), "r"(operand_word(fill, a + 8)), "r"(operand_word(fill, a + 12))
                      : "memory");
+    __shared__ alignas(8) unsigned long long stream_bar;
+    __shared__ int done;  // consumer warpgroups done (stream mode)
+    if (threadIdx.x == 0) {
+        done = 0;
+        mbar_init(smem_u32(&stream_bar), 1);
+        mbar_init_fence();
+    }
     fence_proxy_async();  // the zeros (generic proxy) before the wgmmas read them (async proxy)
-    __syncthreads();      // every thread's zeros are written before any wgmma
-    if constexpr (REGS > 0) {  // the kernel's register split: an idle producer warpgroup gives its registers away
+    __syncthreads();      // every thread's zeros are written before any wgmma; the barrier and done are set
+    if constexpr (REGS > 0) {  // the kernel's register split: a producer warpgroup gives its registers away
         if (threadIdx.x < 128) {
             setmaxnreg_dec<REGS == 240 ? 24 : 40>();
+            if (src && threadIdx.x == 0)
+                out[MAX_SMS * 8 + blockIdx.x] = stream_rounds(src, sink + 64, smem_u32(&stream_bar), gap, &done);
             return;
         }
         setmaxnreg_inc<REGS>();
@@ -229,6 +272,7 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long lo
     for (int k = 0; k < BC / 16; ++k) sum += (float)(pa[k][0] ^ pb[k][3]);
     if (sink_out) sink_out[blockIdx.x * blockDim.x + threadIdx.x] = sum;  // (never: keeps every register live)
     if (threadIdx.x % 128 == 0) {  // this warpgroup's first and last timed clock (one SM clock for both)
+        atomicAdd(&done, 1);
         long long* w = out + (blockIdx.x * 2 + cw) * 4;
         w[0] = t0;
         w[1] = t1;
@@ -241,15 +285,15 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1) loop_sched_kernel(long lo
 static int check(cudaError_t e, const char* what) { return tool_check("loop_sched", e, what); }
 
 template <int MODE, int REGS, int BC = 128>
-static int run(long long* dout, int grid, uint32_t fill) {
-    static long long h[MAX_SMS * 8];
+static int run(long long* dout, int grid, uint32_t fill, const unsigned char* src = nullptr, int gap = 0) {
+    static long long h[MAX_SMS * 9];
     static const char* names[4] = {"now", "ahead", "split", "mma"};
     if (check(cudaFuncSetAttribute(loop_sched_kernel<MODE, REGS, BC>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES),
               "smem attribute") ||
         check(cudaMemset(dout, 0, sizeof(h)), "memset"))
         return 1;
     for (int rep = 0; rep < 2; ++rep) {  // the first launch warms the clocks
-        loop_sched_kernel<MODE, REGS, BC><<<grid, REGS ? 384 : 256, SMEM_BYTES>>>(dout, nullptr, fill, STEPS * 128 / BC);
+        loop_sched_kernel<MODE, REGS, BC><<<grid, REGS ? 384 : 256, SMEM_BYTES>>>(dout, nullptr, fill, STEPS * 128 / BC, src, gap);
         if (check(cudaGetLastError(), "launch") || check(cudaDeviceSynchronize(), "kernel")) return 1;
     }
     if (check(cudaMemcpy(h, dout, sizeof(h), cudaMemcpyDeviceToHost), "copy")) return 1;
@@ -268,8 +312,15 @@ static int run(long long* dout, int grid, uint32_t fill) {
     const int steps = STEPS * 128 / BC;
     const double per = 128.0 / BC / (double)steps / grid;  // per 128 keys, mean over CTAs
     const double flop = 2.0 * 4.0 * 64 * DP * BC * steps;  // one CTA's timed S and P V work
-    printf("%-6s %3d registers  BC %3d  %-6s span %6.0f  warpgroup %6.0f cycles per 128 keys, %4.0f MHz, %4.0f TFLOP/s\n",
-           names[MODE], REGS ? REGS : 255, BC, fill ? "random" : "zeros", span * per, wg * per / 2, span / ns * 1e3,
+    char what[48];
+    double rounds = 0;
+    for (int c = 0; c < grid; ++c) rounds += (double)h[MAX_SMS * 8 + c];
+    // (rounds span the whole launch, warm-up steps included: a rate, not an exact share)
+    if (src) snprintf(what, sizeof what, "%s, stream gap %d: %.0f B/clk", fill ? "random" : "zeros", gap,
+                      rounds * STREAM_BYTES / span);
+    else snprintf(what, sizeof what, "%s", fill ? "random" : "zeros");
+    printf("%-6s %3d registers  BC %3d  %-34s span %6.0f  warpgroup %6.0f cycles per 128 keys, %4.0f MHz, %4.0f TFLOP/s\n",
+           names[MODE], REGS ? REGS : 255, BC, what, span * per, wg * per / 2, span / ns * 1e3,
            flop * grid / (ns / grid) * 1e-3);
     return 0;
 }
@@ -278,7 +329,7 @@ int main() {
     long long* dout = nullptr;
     int grid = 0;
     if (tool_sm_grid("loop_sched", MAX_SMS, &grid)) return 1;
-    if (check(cudaMalloc(&dout, MAX_SMS * 8 * sizeof(long long)), "malloc")) return 1;
+    if (check(cudaMalloc(&dout, MAX_SMS * 9 * sizeof(long long)), "malloc")) return 1;
     int bad = 0;
     for (uint32_t fill = 0; fill < 2; ++fill) {  // operands: zeros, then random (operand_word)
         for (int round = 0; round < 2; ++round) {
@@ -292,6 +343,18 @@ int main() {
                    run<MODE_SPLIT, 232, 64>(dout, g, f);
         }
     }
+    // Stream mode: K and V bytes landing beside the loop, at the kernel's rate
+    // (64 KB per ~2600-cycle step at D = 128) and back to back.
+    unsigned char* src = nullptr;
+    if (check(cudaMalloc(&src, STREAM_BYTES), "malloc") || check(cudaMemset(src, 0, STREAM_BYTES), "memset")) return 1;
+    for (int round = 0; round < 2; ++round) {
+        for (int gap : {-1, 2600, 0}) {
+            const unsigned char* sp = gap < 0 ? nullptr : src;
+            bad |= run<MODE_MMA, 240>(dout, grid, 1, sp, gap) | run<MODE_NOW, 240>(dout, grid, 1, sp, gap) |
+                   run<MODE_AHEAD, 240>(dout, grid, 1, sp, gap) | run<MODE_NOW, 232>(dout, grid, 1, sp, gap);
+        }
+    }
+    cudaFree(src);
     cudaFree(dout);
     return bad;
 }
