@@ -14,10 +14,11 @@ machine's clocks and neighbours (GUIDE.md, section 4).
 
 Timing: triton.testing.do_bench(warmup=25, rep=200, return_mode="median"),
 which flushes L2 and times with CUDA events. Each shape's impls are timed in
---rounds rounds (default 5), the order reversed every other round, and a row
-reports the median round: under these loads the GPU sits at its power limit
-and its clock drifts over seconds, so a single reading depends on its place in
-the run (benchmarks/clocks.py measures this). Seed shapes also get a host-clock
+--rounds rounds (default 6), the order reversed every other round, and a row
+reports the mean of the forward rounds' median and the reversed rounds'
+median (balanced_us): under these loads the GPU sits at its power limit and
+its clock drifts over seconds, so a single reading depends on its place in
+the run and on the impl timed before it (benchmarks/clocks.py measures this). Seed shapes also get a host-clock
 loop of back-to-back eager calls (eager_us) and CUDA-graph replay (graph_us).
 FLOPs = 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk. The chunk suite
 (a chunk of Sq queries against a KV cache of Sk keys, causal aligned
@@ -55,10 +56,13 @@ DEVICE = "cuda"
 # do_bench parameters fixed by the benchmark protocol.
 WARMUP_MS = 25
 REP_MS = 200
-# do_bench readings per impl and shape, in alternating order; rows give the median. Single
+# do_bench readings per impl and shape, in alternating order; rows give balanced_us. Single
 # readings of one kernel spread by up to 13 % at D = 128 16k on an H100, and with three rounds
 # the same kernel under two names (fc, fc:sm90) read up to 6 % apart (perf notes, session 38).
-ROUNDS = 5
+# Even, so that both orders count alike: with five rounds (three forward, two reversed) the
+# median leaned to the forward order, where flashcore runs first, by 0.24 % on average and up
+# to 3 % on one shape (perf notes, session 42).
+ROUNDS = 6
 
 # Host-clock and graph loops for the seed shapes.
 EAGER_CALLS = 1000       # back-to-back eager calls timed with perf_counter
@@ -330,10 +334,19 @@ def make_inputs(s):
     return q, k, v
 
 
+def balanced_us(ts):
+    """A row's time from its rounds' readings ts (round r's order forward for
+    even r, reversed for odd r): the mean of the two orders' medians, so that
+    neither order weighs more when their counts differ or their readings do."""
+    if len(ts) < 2:
+        return ts[0]
+    return (statistics.median(ts[0::2]) + statistics.median(ts[1::2])) / 2
+
+
 def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, rounds=1):
     """Probes every impl once (output checked against sdpa-default), then times
     them in `rounds` rounds, the order reversed every other round; a row's us
-    is the median of its rounds (us_rounds has them all). The GPU runs at its
+    is balanced_us of its rounds (us_rounds has them all). The GPU runs at its
     power limit under these loads and its clock drifts over seconds, so one
     reading depends on when in the run it was taken (perf notes, session 16);
     alternating rounds give every impl the same mix of early and late."""
@@ -403,7 +416,7 @@ def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, round
             continue
         row = {**s, "impl": name, "us": None, "tflops": None, "eager_us": None, "graph_us": None}
         row = {f: row[f] for f in KEY_FIELDS + ("us", "tflops", "eager_us", "graph_us")}
-        us = statistics.median(times[name])
+        us = balanced_us(times[name])
         row["us"] = round(us, 2)
         row["tflops"] = round(flops(s) / (us * 1e-6) / 1e12, 1)
         row["us_rounds"] = [round(t, 2) for t in times[name]]
@@ -608,7 +621,8 @@ def write_markdown(path, meta, rows):
     lines = [f"Forward TFLOP/s on {meta['gpu']} (torch {meta['torch']}, cuDNN {meta['cudnn']}, "
              f"commit {meta['commit'][:12]}, {meta['date']}); matmul ceiling "
              f"{meta['matmul_fp16_tflops']} TFLOP/s fp16, copy {meta['copy_TBps']} TB/s. "
-             f"do_bench median, L2 flushed, median of {meta.get('rounds', 1)} round(s) in alternating order; "
+             f"do_bench median, L2 flushed, {meta.get('rounds', 1)} round(s) in alternating order "
+             "(mean of the two orders' medians); "
              "causal FLOPs halved" + ("; chunk rows (causal-br): the causal mask aligned bottom-right, "
                                        "visible query-key pairs counted" if any(r["suite"] == "chunk" for r in rows)
                                        else "") + ". Columns fc = flashcore (auto), "
@@ -732,8 +746,11 @@ def parse_args(argv):
     p.add_argument("--impls", default=None,
                    help=f"comma list from {','.join(ALL_IMPLS)} (default all)")
     p.add_argument("--rounds", type=int, default=ROUNDS,
-                   help=f"timing rounds per shape, order reversed every other round; a row is the median "
-                        f"(default {ROUNDS})")
+                   help=f"timing rounds per shape, order reversed every other round; a row is the mean of "
+                        f"the two orders' medians (default {ROUNDS}; even counts weigh both orders alike)")
+    p.add_argument("--grid-dims", default=None,
+                   help="comma list of head dims from 64,128,256: the grid suite's shapes with these only "
+                        "(default all), e.g. to split a long grid run into calls")
     p.add_argument("--no-plot", action="store_true", help="do not write the PNG")
     p.add_argument("--no-flex", action="store_true", help="leave out FlexAttention")
     p.add_argument("--flex-all", action="store_true",
@@ -762,6 +779,16 @@ def main(argv=None):
     if args.rounds < 1:
         print(f"--rounds: got {args.rounds}; pass 1 or more", file=sys.stderr)
         return 2
+    grid_dims = None
+    if args.grid_dims:
+        try:
+            grid_dims = {int(x) for x in args.grid_dims.split(",") if x.strip()}
+        except ValueError:
+            grid_dims = set()
+        if not grid_dims or not grid_dims <= set(GRID_HEAD_DIMS):
+            print(f"--grid-dims: got {args.grid_dims!r}; pass a comma list from "
+                  f"{','.join(map(str, GRID_HEAD_DIMS))}", file=sys.stderr)
+            return 2
     if args.no_flex and "flex" in impls:
         impls.remove("flex")
 
@@ -807,7 +834,7 @@ def main(argv=None):
 
     shapes = []
     if "grid" in suites:
-        shapes += grid_shapes(args.quick)
+        shapes += [g for g in grid_shapes(args.quick) if grid_dims is None or g["D"] in grid_dims]
     if "seed" in suites:
         shapes += seed_shapes()
     if "decode" in suites:
@@ -827,8 +854,9 @@ def main(argv=None):
             "matmul_fp16_tflops": round(mm), "copy_TBps": round(cp, 2),
             "suites": suites, "quick": args.quick, "impls": impls,
             "rounds": args.rounds,
-            "note": f"do_bench(warmup={WARMUP_MS}, rep={REP_MS}, median), L2 flushed; median of {args.rounds} "
-                    "rounds per impl, the impl order reversed every other round (us_rounds); "
+            "note": f"do_bench(warmup={WARMUP_MS}, rep={REP_MS}, median), L2 flushed; {args.rounds} "
+                    "rounds per impl, the impl order reversed every other round (us_rounds), us the mean "
+                    "of the forward and the reversed rounds' medians; "
                     "FLOPs 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk (chunk: causal bottom-right, "
                     "visible pairs counted); "
                     f"eager_us median of {EAGER_LOOPS} loops of {EAGER_CALLS // EAGER_LOOPS} back-to-back calls, graph_us from "

@@ -34,3 +34,18 @@ def test_square_causal_flops_are_halved():
 def test_chunk_suite_is_bottom_right_with_shorter_chunks():
     shapes = bench.chunk_shapes()
     assert shapes and all(s["causal"] and s["Sq"] < s["Sk"] and bench.bottom_right(s) for s in shapes)
+
+
+def test_balanced_us_weighs_both_orders_alike():
+    # Three forward rounds read 100, two reversed rounds read 110: the median of
+    # all five (100) would follow the forward order; balanced_us is halfway.
+    assert bench.balanced_us([100.0, 110.0, 100.0, 110.0, 100.0]) == pytest.approx(105.0)
+    # Six rounds: each order's median, then their mean.
+    assert bench.balanced_us([1.0, 4.0, 2.0, 5.0, 9.0, 6.0]) == pytest.approx((2.0 + 5.0) / 2)
+    assert bench.balanced_us([7.0]) == 7.0
+
+
+@pytest.mark.parametrize("arg", ["96", "64,x", ",", "64,512"])
+def test_grid_dims_refuses_unknown_head_dims(arg, capsys):
+    assert bench.main(["--grid-dims", arg, "--suite", "grid"]) == 2
+    assert "--grid-dims" in capsys.readouterr().err
