@@ -110,10 +110,11 @@ __device__ int stream_rounds(const unsigned char* src, uint32_t dst, uint32_t ba
     while (*done < 2) {
         mbar_expect_tx(bar, STREAM_BYTES);
         for (int c = 0; c < STREAM_BYTES / STREAM_CHUNK; ++c)
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                             dst + c * STREAM_CHUNK),
-                         "l"(src + c * STREAM_CHUNK), "r"(STREAM_CHUNK), "r"(bar)
-                         : "memory");
+            asm volatile(
+                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                    dst + c * STREAM_CHUNK),
+                "l"(src + c * STREAM_CHUNK), "r"(STREAM_CHUNK), "r"(bar)
+                : "memory");
         mbar_wait(bar, parity);  // this round's bytes have landed
         parity ^= 1;
         ++rounds;
@@ -293,7 +294,8 @@ static int run(long long* dout, int grid, uint32_t fill, const unsigned char* sr
         check(cudaMemset(dout, 0, sizeof(h)), "memset"))
         return 1;
     for (int rep = 0; rep < 2; ++rep) {  // the first launch warms the clocks
-        loop_sched_kernel<MODE, REGS, BC><<<grid, REGS ? 384 : 256, SMEM_BYTES>>>(dout, nullptr, fill, STEPS * 128 / BC, src, gap);
+        loop_sched_kernel<MODE, REGS, BC>
+            <<<grid, REGS ? 384 : 256, SMEM_BYTES>>>(dout, nullptr, fill, STEPS * 128 / BC, src, gap);
         if (check(cudaGetLastError(), "launch") || check(cudaDeviceSynchronize(), "kernel")) return 1;
     }
     if (check(cudaMemcpy(h, dout, sizeof(h), cudaMemcpyDeviceToHost), "copy")) return 1;
@@ -319,7 +321,8 @@ static int run(long long* dout, int grid, uint32_t fill, const unsigned char* sr
     if (src) snprintf(what, sizeof what, "%s, stream gap %d: %.0f B/clk", fill ? "random" : "zeros", gap,
                       rounds * STREAM_BYTES / span);
     else snprintf(what, sizeof what, "%s", fill ? "random" : "zeros");
-    printf("%-6s %3d registers  BC %3d  %-34s span %6.0f  warpgroup %6.0f cycles per 128 keys, %4.0f MHz, %4.0f TFLOP/s\n",
+    printf("%-6s %3d registers  BC %3d  %-34s span %6.0f  warpgroup %6.0f cycles per 128 keys, %4.0f MHz, "
+           "%4.0f TFLOP/s\n",
            names[MODE], REGS ? REGS : 255, BC, what, span * per, wg * per / 2, span / ns * 1e3,
            flop * grid / (ns / grid) * 1e-3);
     return 0;
