@@ -17,6 +17,14 @@ static constexpr float FC_LN2 = 0.6931471805599453f;    // ln(2): converts a log
 
 FC_DEVICE uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
+// The GPU's global nanosecond timer (the timeline build and the tools line CTAs
+// up and read the SM clock with it).
+FC_DEVICE unsigned long long globaltimer_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 // A tile of rows of DP elements is stored as 16-byte chunks (8 elements).
 // Chunk c of row r lives at chunk position c ^ (r % 8): the 8 rows an ldmatrix
 // phase reads hit 8 different 16-byte bank groups, so it is conflict-free.

@@ -10,6 +10,8 @@
 // %globaltimer (ns) at the tile's start, for lining CTAs up.
 #pragma once
 
+#include "../common/ptx.cuh"  // globaltimer_ns
+
 #define FC_TRACE_TILES 64
 #define FC_TRACE_WGS 4
 #define FC_TRACE_EV 16
@@ -34,11 +36,6 @@ enum {
 #define TR_ACCS 7    // accumulated slots, TR_W_K .. TR_TAIL
 
 #ifdef FC_SM90_TRACE
-__device__ __forceinline__ unsigned long long tr_globaltimer() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-    return t;
-}
 // Declares the recording pointer of this thread for tile `local` (null: no record).
 #define TR_DECL(args, local, wg, rec)                                                                        \
     unsigned long long* tr_ = ((rec) && (local) < FC_TRACE_TILES && (args).trace)                            \
@@ -54,7 +51,7 @@ __device__ __forceinline__ unsigned long long tr_globaltimer() {
     do {             \
         if (tr_) tr_[e] = (v); \
     } while (0)
-#define TR_GTIME() TR_VAL(TR_GT, tr_globaltimer())
+#define TR_GTIME() TR_VAL(TR_GT, globaltimer_ns())
 // Runs the statement and adds its cycles to accumulator e (TR_W_K .. TR_SOFT).
 #define TR_TIME(e, ...)                                          \
     do {                                                         \

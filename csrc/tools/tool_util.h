@@ -1,6 +1,6 @@
-// tool_util.h -- helpers shared by the standalone microbenchmarks in
-// csrc/tools/ (wgmma_queue.cu, loop_sched.cu): CUDA error reporting, the
-// one-CTA-per-SM grid they all launch, and the device's nanosecond timer.
+// tool_util.h -- host helpers shared by the standalone microbenchmarks in
+// csrc/tools/ (wgmma_queue.cu, loop_sched.cu): CUDA error reporting and the
+// one-CTA-per-SM grid they all launch.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,11 +17,4 @@ static int tool_sm_grid(const char* tool, int max_sms, int* grid) {
     if (tool_check(tool, cudaDeviceGetAttribute(grid, cudaDevAttrMultiProcessorCount, 0), "SM count")) return 1;
     if (*grid > max_sms) *grid = max_sms;
     return 0;
-}
-
-// The GPU's global nanosecond timer (device code).
-static __device__ __forceinline__ long long globaltimer_ns() {
-    long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
 }
