@@ -1,6 +1,6 @@
 // loop_sched.cu -- microbenchmark: the D = 128 consumer loop of the Hopper
 // kernel under three issue schedules and register budgets (sm90a), no torch,
-// no TMA, no barriers.
+// no TMA and no barriers but in its ring mode.
 //
 //   nvcc -O3 -std=c++17 -Icsrc -DFC_HAVE_SM90 -gencode=arch=compute_90a,code=sm_90a -cudart static \
 //        -o build/loop_sched csrc/tools/loop_sched.cu
@@ -10,8 +10,9 @@
 // kernel's loop on one Q, K and V tile that stay in shared memory (zeros, then
 // hashed random values: operand_word), with the kernel's own pieces (issue_qk,
 // issue_pv, softmax_tile, pack_p) and its sink store (PIN_SOFTMAX). What it
-// leaves out: the K/V barriers, the tile boundary and the rest of the
-// kernel's live registers. Schedules, per step j:
+// leaves out: the K/V barriers (but in ring mode, below), the tile boundary, the
+// rest of the kernel's live registers, and the O rescales of a row whose maximum
+// still moves (the operands repeat every step; but in ringr). Schedules, per step j:
 //   now    S_{j+1} and P_j V_j issued together, the softmax of S_{j+1}, the P V
 //          wait, the rescale, P packed (the kernel's loop);
 //   ahead  P_j V_j issued, the softmax of S_{j+1} (issued a step earlier) into
@@ -25,6 +26,11 @@
 // Stream mode (stream_rounds): the producer warpgroup lands 64 KB rounds in a
 // shared-memory scratch area by bulk copies from one global buffer, one round in
 // flight, every 2600 cycles or back to back, as the kernel's producer lands K and V.
+// Ring mode (`loop_sched ring` runs it alone): "now" on the kernel's K/V ring, two
+// slots of K and V with full and empty mbarriers, each step waiting for K_{j+1} and
+// V_j and every consumer thread releasing both slots (ringw: one release per warp),
+// the slots refilled by a producer thread with bulk copies (or by its arrivals
+// alone: "sync only"); ringr runs the O rescale at every step.
 // Prints cycles per 128 keys: the CTA's span (first warpgroup start to last
 // end) and each warpgroup's own time, means over the CTAs. ptxas's choices
 // move between builds of this file (which schedules it serializes, C7512), so
@@ -35,8 +41,11 @@
 // 200: serialized), split 2955; 64 keys: mma 2049-2057, now 2695-2706 (232),
 // ahead 2533-2540, split 2750-2760. Stream mode (26-29 bytes per clock
 // landing, about the kernel's rate) moves none of them by more than 0.5 %.
+// Ring mode (session 43, 240 and 232 registers alike): now 2430-2446, ring sync
+// only 2460-2471, ring 2470-2482, ringw 2454-2464, ringr 2551.
 #include <cuda_fp16.h>
 #include <stdio.h>
+#include <string.h>
 
 #include <type_traits>
 
@@ -50,10 +59,15 @@ static constexpr int DP = 128, BR = 128, BC_MAX = 128;  // BC, the keys per step
 static constexpr uint32_t Q_BYTES = BR * DP * 2, KV_BYTES = BC_MAX * DP * 2;
 static constexpr int STREAM_BYTES = 64 * 1024;  // stream mode: bytes a producer round lands (one D = 128 K and V tile)
 static constexpr int STREAM_CHUNK = 16 * 1024;  // ... in bulk copies of this size
-static constexpr int SMEM_BYTES = FC_SWZ_GROUP_BYTES + Q_BYTES + 2 * KV_BYTES + 64 + STREAM_BYTES;
+static constexpr int RING = 2;  // ring mode: K/V slots of each (the kernel's D = 128 STAGES)
+static constexpr int SMEM_BYTES = FC_SWZ_GROUP_BYTES + Q_BYTES + 2 * RING * KV_BYTES + 64 + STREAM_BYTES;
 using T = __half;
 
-enum { MODE_NOW = 0, MODE_AHEAD = 1, MODE_SPLIT = 2, MODE_MMA = 3 };
+// MODE_RING: "now" on the kernel's K/V ring (below); MODE_RING_WARP: the same
+// with one release per warp (lane 0, after __syncwarp) in place of one per thread;
+// MODE_RING_RESCALE: MODE_RING with the O rescale run at every step (both row
+// halves voted), as a row's first steps do, where its maximum still moves.
+enum { MODE_NOW = 0, MODE_AHEAD = 1, MODE_SPLIT = 2, MODE_MMA = 3, MODE_RING = 4, MODE_RING_WARP = 5, MODE_RING_RESCALE = 6 };
 
 // The softmax of s in two parts (split): row maxima, corr and the rescale vote
 // (softmax_tile's), then P of row half HR into pn's A fragments, returning that
@@ -91,7 +105,7 @@ __device__ __forceinline__ float soft_half(const float (&s)[BC / 2], uint32_t (&
 // Two fp16 operands for the 4-byte word at a: zeros (fill 0), or with fill 1
 // hashed values of random sign and magnitude in [0.5, 1) (exponent 14), so
 // that S has a spread of about +-6 and the row maxima move now and then.
-__device__ __forceinline__ uint32_t operand_word(uint32_t fill, uint32_t a) {
+__host__ __device__ __forceinline__ uint32_t operand_word(uint32_t fill, uint32_t a) {
     if (fill == 0) return 0u;
     uint32_t x = a * 0x9E3779B1u;
     x ^= x >> 15;
@@ -125,6 +139,37 @@ __device__ int stream_rounds(const unsigned char* src, uint32_t dst, uint32_t ba
     return rounds;
 }
 
+// Ring mode's producer (thread 0 of warpgroup 0): K/V tile j into ring slot
+// j % RING for j = 0 .. n (K) and 0 .. n - 1 (V), in the kernel producer's
+// order (K_j, then V_j), each once its empty barrier says both consumers are
+// done with the slot; with src by bulk copies of KV_BYTES completing on the full
+// barrier (K from src, V from src + KV_BYTES), without by a plain arrival.
+__device__ void ring_producer(const unsigned char* src, uint32_t sK, uint32_t sV, uint32_t bars, int n) {
+    const uint32_t k_full = bars, v_full = bars + 8 * RING, k_empty = bars + 16 * RING, v_empty = bars + 24 * RING;
+    auto fill = [&](uint32_t dst, const unsigned char* from, uint32_t full) {
+        if (src) {
+            mbar_expect_tx(full, KV_BYTES);
+            for (int c = 0; c < (int)KV_BYTES / STREAM_CHUNK; ++c)
+                asm volatile(
+                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                        dst + c * STREAM_CHUNK),
+                    "l"(from + c * STREAM_CHUNK), "r"(STREAM_CHUNK), "r"(full)
+                    : "memory");
+        } else {
+            mbar_arrive(full);
+        }
+    };
+    for (int j = 0; j <= n; ++j) {
+        const int st = j % RING;
+        const uint32_t free_parity = ((j / RING) & 1) ^ 1;
+        mbar_wait(k_empty + 8 * st, free_parity);  // K slot st is free
+        fill(sK + st * KV_BYTES, src, k_full + 8 * st);
+        if (j == n) break;
+        mbar_wait(v_empty + 8 * st, free_parity);  // V slot st is free
+        fill(sV + st * KV_BYTES, src + KV_BYTES, v_full + 8 * st);
+    }
+}
+
 // out[(cta * 2 + warpgroup) * 4 + {0, 1, 2, 3}]: the warpgroup's first and last
 // timed clock64, then the same two moments' globaltimer (ns). sink_out (null
 // here) would take a checksum per thread; as a runtime pointer it keeps the
@@ -136,24 +181,35 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem[];
     const uint32_t sQ = (smem_u32(smem) + FC_SWZ_GROUP_BYTES - 1) & ~(FC_SWZ_GROUP_BYTES - 1);
-    const uint32_t sK = sQ + Q_BYTES, sV = sK + KV_BYTES, sink = sV + KV_BYTES;
+    const uint32_t sK = sQ + Q_BYTES, sV = sK + RING * KV_BYTES, sink = sV + RING * KV_BYTES;
     for (uint32_t a = sQ + 16 * threadIdx.x; a < sink; a += 16 * blockDim.x)
         asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(operand_word(fill, a)),
                      "r"(operand_word(fill, a + 4)), "r"(operand_word(fill, a + 8)), "r"(operand_word(fill, a + 12))
                      : "memory");
     __shared__ alignas(8) unsigned long long stream_bar;
     __shared__ int done;  // consumer warpgroups done (stream mode)
+    // ring mode: k_full, v_full, k_empty, v_empty (RING of each)
+    __shared__ alignas(8) unsigned long long ring_bar[4 * RING];
+    constexpr bool ring = MODE >= MODE_RING;
+    const uint32_t bars = smem_u32(ring_bar);
     if (threadIdx.x == 0) {
         done = 0;
         mbar_init(smem_u32(&stream_bar), 1);
+        for (int i = 0; i < 2 * RING; ++i) {
+            mbar_init(bars + 8 * i, 1);                                        // full: the producer's arrival
+            mbar_init(bars + 8 * (2 * RING + i), MODE == MODE_RING_WARP ? 8 : 256);  // empty: the consumers'
+        }
         mbar_init_fence();
     }
     fence_proxy_async();  // the zeros (generic proxy) before the wgmmas read them (async proxy)
     __syncthreads();      // every thread's zeros are written before any wgmma; the barrier and done are set
+    static_assert(!ring || REGS > 0, "ring mode needs the producer warpgroup");
     if constexpr (REGS > 0) {  // the kernel's register split: a producer warpgroup gives its registers away
         if (threadIdx.x < 128) {
             setmaxnreg_dec<REGS == 240 ? 24 : 40>();
-            if (src && threadIdx.x == 0)
+            if (ring) {
+                if (threadIdx.x == 0) ring_producer(src, sK, sV, bars, steps + WARMUP);
+            } else if (src && threadIdx.x == 0)
                 out[MAX_SMS * 8 + blockIdx.x] = stream_rounds(src, sink + 64, smem_u32(&stream_bar), gap, &done);
             return;
         }
@@ -175,7 +231,46 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1)
         if (lane == 0) st_shared_f32(sink + 4 * (cw * 4 + warp), l_i[0] + l_i[1]);
     };
     long long t0 = 0, g0 = 0;
-    if constexpr (MODE == MODE_NOW || MODE == MODE_MMA) {
+    if constexpr (ring) {
+        // The kernel's loop (its overlap path) on the ring: K/V tile j in slot j % RING,
+        // step j waits for K_{j+1} and V_j and releases each slot once its wgmmas are done.
+        const uint32_t k_full = bars, v_full = bars + 8 * RING, k_empty = bars + 16 * RING, v_empty = bars + 24 * RING;
+        auto release = [&](uint32_t bar) {
+            if constexpr (MODE == MODE_RING_WARP) {
+                __syncwarp();
+                if (lane == 0) mbar_arrive(bar);
+            } else {
+                mbar_arrive(bar);
+            }
+        };
+        mbar_wait(k_full, 0);  // K_0 has landed
+        issue_qk<DP, BR, BC, T, true>(s, q_rows, sK);
+        wgmma_wait<0>();
+        fence_regs(s);
+        release(k_empty);  // done with K slot 0
+        for (int j = 0; j < steps + WARMUP; ++j) {
+            if (j == WARMUP) t0 = clock64(), g0 = globaltimer_ns();
+            const int gn = j + 1, st = j % RING, sn = gn % RING;
+            fence_regs(o[0]);
+            mbar_wait(k_full + 8 * sn, (gn / RING) & 1);  // K_{j+1} has landed
+            issue_qk<DP, BR, BC, T, true>(s, q_rows, sK + sn * KV_BYTES);
+            mbar_wait(v_full + 8 * st, (j / RING) & 1);  // V_j has landed
+            issue_pv<BC, 128, 1, T, true>(o, pa, sV + st * KV_BYTES);
+            wgmma_wait<1>();  // S_{j+1} is done
+            fence_regs(s);
+            release(k_empty + 8 * sn);  // done with K slot sn
+            float corr[2];
+            unsigned rescale = softmax_tile<BC, true>(s, m_i, l_i, corr, scale_log2);
+            // (the operands repeat every step, so that the maxima stop moving after the first)
+            if constexpr (MODE == MODE_RING_RESCALE) rescale = __shfl_sync(0xffffffffu, 3u | rescale, 0);
+            pin();
+            wgmma_wait<0>();  // P_j V_j is done
+            fence_regs(o[0]);
+            release(v_empty + 8 * st);  // done with V slot st
+            rescale_o<1, 128>(o, rescale, corr);
+            pack_p<BC, T>(pa, s);
+        }
+    } else if constexpr (MODE == MODE_NOW || MODE == MODE_MMA) {
         for (int j = 0; j < steps + WARMUP; ++j) {
             if (j == WARMUP) t0 = clock64(), g0 = globaltimer_ns();
 #pragma unroll
@@ -288,7 +383,7 @@ static int check(cudaError_t e, const char* what) { return tool_check("loop_sche
 template <int MODE, int REGS, int BC = 128>
 static int run(long long* dout, int grid, uint32_t fill, const unsigned char* src = nullptr, int gap = 0) {
     static long long h[MAX_SMS * 9];
-    static const char* names[4] = {"now", "ahead", "split", "mma"};
+    static const char* names[7] = {"now", "ahead", "split", "mma", "ring", "ringw", "ringr"};
     if (check(cudaFuncSetAttribute(loop_sched_kernel<MODE, REGS, BC>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES),
               "smem attribute") ||
         check(cudaMemset(dout, 0, sizeof(h)), "memset"))
@@ -318,7 +413,8 @@ static int run(long long* dout, int grid, uint32_t fill, const unsigned char* sr
     double rounds = 0;
     for (int c = 0; c < grid; ++c) rounds += (double)h[MAX_SMS * 8 + c];
     // (rounds span the whole launch, warm-up steps included: a rate, not an exact share)
-    if (src) snprintf(what, sizeof what, "%s, stream gap %d: %.0f B/clk", fill ? "random" : "zeros", gap,
+    if (MODE >= MODE_RING) snprintf(what, sizeof what, "%s, ring %s", fill ? "random" : "zeros", src ? "TMA" : "sync only");
+    else if (src) snprintf(what, sizeof what, "%s, stream gap %d: %.0f B/clk", fill ? "random" : "zeros", gap,
                       rounds * STREAM_BYTES / span);
     else snprintf(what, sizeof what, "%s", fill ? "random" : "zeros");
     printf("%-6s %3d registers  BC %3d  %-34s span %6.0f  warpgroup %6.0f cycles per 128 keys, %4.0f MHz, "
@@ -328,13 +424,14 @@ static int run(long long* dout, int grid, uint32_t fill, const unsigned char* sr
     return 0;
 }
 
-int main() {
+int main(int argc, char** argv) {
     long long* dout = nullptr;
     int grid = 0;
     if (tool_sm_grid("loop_sched", MAX_SMS, &grid)) return 1;
     if (check(cudaMalloc(&dout, MAX_SMS * 9 * sizeof(long long)), "malloc")) return 1;
     int bad = 0;
-    for (uint32_t fill = 0; fill < 2; ++fill) {  // operands: zeros, then random (operand_word)
+    const bool ring_only = argc > 1 && strcmp(argv[1], "ring") == 0;  // `loop_sched ring`: the ring section alone
+    for (uint32_t fill = 0; fill < (ring_only ? 0u : 2u); ++fill) {  // operands: zeros, then random (operand_word)
         for (int round = 0; round < 2; ++round) {
             const int g = grid;
             const uint32_t f = fill;
@@ -350,12 +447,25 @@ int main() {
     // (64 KB per ~2600-cycle step at D = 128) and back to back.
     unsigned char* src = nullptr;
     if (check(cudaMalloc(&src, STREAM_BYTES), "malloc") || check(cudaMemset(src, 0, STREAM_BYTES), "memset")) return 1;
-    for (int round = 0; round < 2; ++round) {
+    for (int round = 0; round < (ring_only ? 0 : 2); ++round) {
         for (int gap : {-1, 2600, 0}) {
             const unsigned char* sp = gap < 0 ? nullptr : src;
             bad |= run<MODE_MMA, 240>(dout, grid, 1, sp, gap) | run<MODE_NOW, 240>(dout, grid, 1, sp, gap) |
                    run<MODE_AHEAD, 240>(dout, grid, 1, sp, gap) | run<MODE_NOW, 232>(dout, grid, 1, sp, gap);
         }
+    }
+    // Ring mode: the kernel's loop with its K/V ring (waits, per-thread releases, the
+    // slot addresses), the slots refilled by bulk copies of random operands or, with
+    // "sync only", by the producer's arrivals alone.
+    static uint32_t host_words[STREAM_BYTES / 4];
+    for (int i = 0; i < STREAM_BYTES / 4; ++i) host_words[i] = operand_word(1, 4 * i);
+    if (check(cudaMemcpy(src, host_words, STREAM_BYTES, cudaMemcpyHostToDevice), "copy")) return 1;
+    for (int round = 0; round < 2; ++round) {
+        bad |= run<MODE_NOW, 240>(dout, grid, 1) | run<MODE_RING, 240>(dout, grid, 1) |
+               run<MODE_RING, 240>(dout, grid, 1, src) | run<MODE_RING_WARP, 240>(dout, grid, 1, src) |
+               run<MODE_RING_RESCALE, 240>(dout, grid, 1, src) | run<MODE_NOW, 232>(dout, grid, 1) |
+               run<MODE_RING, 232>(dout, grid, 1, src) | run<MODE_RING_WARP, 232>(dout, grid, 1, src) |
+               run<MODE_RING_RESCALE, 232>(dout, grid, 1, src);
     }
     cudaFree(src);
     cudaFree(dout);
