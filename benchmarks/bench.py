@@ -14,11 +14,13 @@ machine's clocks and neighbours (GUIDE.md, section 4).
 
 Timing: triton.testing.do_bench(warmup=25, rep=200, return_mode="median"),
 which flushes L2 and times with CUDA events. Each shape's impls are timed in
---rounds rounds (default 6), the order reversed every other round, and a row
-reports the mean of the forward rounds' median and the reversed rounds'
-median (balanced_us): under these loads the GPU sits at its power limit and
-its clock drifts over seconds, so a single reading depends on its place in
-the run and on the impl timed before it (benchmarks/clocks.py measures this). Seed shapes also get a host-clock
+--rounds rounds (default 6) taken in pairs: a seeded shuffle of the impls
+(round_orders; --order fixed: the listed order), then the same order reversed.
+A row reports the mean of the even rounds' median and the odd rounds' median
+(balanced_us): under these loads the GPU sits at its power limit and its clock
+drifts over seconds, so a single reading depends on its place in the run and on
+the impl timed before it (benchmarks/clocks.py measures this); the reversal
+balances the places, the shuffle the neighbours. Seed shapes also get a host-clock
 loop of back-to-back eager calls (eager_us) and CUDA-graph replay (graph_us).
 FLOPs = 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk. The chunk suite
 (a chunk of Sq queries against a KV cache of Sk keys, causal aligned
@@ -38,6 +40,7 @@ import glob
 import json
 import math
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -56,13 +59,17 @@ DEVICE = "cuda"
 # do_bench parameters fixed by the benchmark protocol.
 WARMUP_MS = 25
 REP_MS = 200
-# do_bench readings per impl and shape, in alternating order; rows give balanced_us. Single
+# do_bench readings per impl and shape, in pairs of orders (round_orders); rows give balanced_us. Single
 # readings of one kernel spread by up to 13 % at D = 128 16k on an H100, and with three rounds
 # the same kernel under two names (fc, fc:sm90) read up to 6 % apart (perf notes, session 38).
 # Even, so that both orders count alike: with five rounds (three forward, two reversed) the
 # median leaned to the forward order, where flashcore runs first, by 0.24 % on average and up
 # to 3 % on one shape (perf notes, session 42).
 ROUNDS = 6
+# With a fixed order reversed every other round, each impl kept the same two neighbours, and one
+# kernel under two names (fc, fc:sm90) kept an offset across runs of up to 6 % (perf notes,
+# sessions 40, 42); each pair of rounds now draws its own order. The seed makes a run repeatable.
+ORDER_SEED = 20261126
 
 # Host-clock and graph loops for the seed shapes.
 EAGER_CALLS = 1000       # back-to-back eager calls timed with perf_counter
@@ -334,22 +341,42 @@ def make_inputs(s):
     return q, k, v
 
 
+def round_orders(n, rounds, key, shuffle=True):
+    """The impl order (indices into n impls) of each of `rounds` rounds: for each
+    pair of rounds an order (a shuffle seeded by ORDER_SEED and `key`, e.g. the
+    shape's label; without shuffle the listed order), then the same reversed, so
+    that every impl's places in a pair sum to n - 1."""
+    rng = random.Random(f"{ORDER_SEED}:{key}")
+    orders = []
+    for r in range(rounds):
+        if r % 2 == 0:
+            order = list(range(n))
+            if shuffle:
+                rng.shuffle(order)
+            orders.append(order)
+        else:
+            orders.append(orders[-1][::-1])
+    return orders
+
+
 def balanced_us(ts):
-    """A row's time from its rounds' readings ts (round r's order forward for
-    even r, reversed for odd r): the mean of the two orders' medians, so that
-    neither order weighs more when their counts differ or their readings do."""
+    """A row's time from its rounds' readings ts (round r's order drawn for even
+    r, reversed for odd r: round_orders): the mean of the two halves' medians, so
+    that neither weighs more when their counts differ or their readings do."""
     if len(ts) < 2:
         return ts[0]
     return (statistics.median(ts[0::2]) + statistics.median(ts[1::2])) / 2
 
 
-def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, rounds=1):
+def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, rounds=1, shuffle=True):
     """Probes every impl once (output checked against sdpa-default), then times
-    them in `rounds` rounds, the order reversed every other round; a row's us
-    is balanced_us of its rounds (us_rounds has them all). The GPU runs at its
-    power limit under these loads and its clock drifts over seconds, so one
-    reading depends on when in the run it was taken (perf notes, session 16);
-    alternating rounds give every impl the same mix of early and late."""
+    them in `rounds` rounds in round_orders' orders; a row's us is balanced_us
+    of its rounds (us_rounds has them all, us_places the impl's place in each
+    round, 0 = first). The GPU runs at its power limit under these loads and its
+    clock drifts over seconds, so one reading depends on when in the run it was
+    taken and on what ran just before (perf notes, sessions 16, 40, 42): the
+    reversed rounds give every impl the same mix of early and late, the drawn
+    orders a mix of neighbours."""
     q, k, v = make_inputs(s)
     ref = None
     try:  # every impl's output is compared with SDPA's choice on the same inputs
@@ -396,10 +423,13 @@ def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, round
             skip(name, e)
 
     times = {name: [] for name, _, _ in ready}
-    for r in range(rounds):
-        for name, ctx, fn in (ready if r % 2 == 0 else ready[::-1]):
+    places = {name: [] for name, _, _ in ready}
+    for order in round_orders(len(ready), rounds, shape_label(s), shuffle):
+        for place, i in enumerate(order):
+            name, ctx, fn = ready[i]
             if name not in times:
                 continue
+            places[name].append(place)
             try:
                 with ctx(), warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -420,6 +450,7 @@ def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, round
         row["us"] = round(us, 2)
         row["tflops"] = round(flops(s) / (us * 1e-6) / 1e12, 1)
         row["us_rounds"] = [round(t, 2) for t in times[name]]
+        row["us_places"] = places[name]
         extra = ""
         if s["suite"] == "seed":
             with ctx(), warnings.catch_warnings():
@@ -490,15 +521,26 @@ def row_key(r):
     return tuple(r[f] for f in KEY_FIELDS)
 
 
+CALL_FIELDS = ("date", "suites", "grid_dims", "quick", "rounds", "order", "matmul_fp16_tflops", "copy_TBps", "wall_s")
+
+
 def merge_results(path, meta, new_rows, skipped):
-    """Replaces rows of the same key (a skipped key drops its stale row)."""
-    old_rows = []
+    """Replaces rows of the same key (a skipped key drops its stale row). The
+    meta is this run's; when the file's rows came from earlier calls on the same
+    commit (a grid split into calls with --grid-dims), meta["calls"] lists every
+    call's suites, ceilings and wall time, the earlier ones first."""
+    old_rows, old_meta = [], {}
     if os.path.exists(path):
         try:
             with open(path) as f:
-                old_rows = json.load(f).get("rows", [])
+                old = json.load(f)
+            old_rows, old_meta = old.get("rows", []), old.get("meta", {})
         except (OSError, ValueError) as e:
             print(f"warning: could not read {path} ({e}); writing it anew", file=sys.stderr)
+    calls = []
+    if old_meta.get("commit") == meta.get("commit") and not old_meta.get("dirty") and not meta.get("dirty"):
+        calls = old_meta.get("calls") or [{k: old_meta.get(k) for k in CALL_FIELDS}]
+    meta["calls"] = calls + [{k: meta.get(k) for k in CALL_FIELDS}]
     replaced = {row_key(r) for r in new_rows} | {row_key(r) for r in skipped}
     rows = [r for r in old_rows if row_key(r) not in replaced] + new_rows
     suites = {"grid": 0, "seed": 1, "decode": 2, "chunk": 3, "bwd": 4}
@@ -621,9 +663,10 @@ def write_markdown(path, meta, rows):
     lines = [f"Forward TFLOP/s on {meta['gpu']} (torch {meta['torch']}, cuDNN {meta['cudnn']}, "
              f"commit {meta['commit'][:12]}, {meta['date']}); matmul ceiling "
              f"{meta['matmul_fp16_tflops']} TFLOP/s fp16, copy {meta['copy_TBps']} TB/s. "
-             f"do_bench median, L2 flushed, {meta.get('rounds', 1)} round(s) in alternating order "
-             "(mean of the two orders' medians); "
-             "causal FLOPs halved" + ("; chunk rows (causal-br): the causal mask aligned bottom-right, "
+             f"do_bench median, L2 flushed, {meta.get('rounds', 1)} round(s) "
+             + ("in pairs of a seeded shuffled order and its reverse (mean of the two halves' medians); "
+                if meta.get("order") == "shuffled" else "in alternating order (mean of the two orders' medians); ")
+             + "causal FLOPs halved" + ("; chunk rows (causal-br): the causal mask aligned bottom-right, "
                                        "visible query-key pairs counted" if any(r["suite"] == "chunk" for r in rows)
                                        else "") + ". Columns fc = flashcore (auto), "
              "fc:smXX = forced kernel, best SDPA = fastest of default/cudnn/flash/efficient.", ""]
@@ -746,8 +789,10 @@ def parse_args(argv):
     p.add_argument("--impls", default=None,
                    help=f"comma list from {','.join(ALL_IMPLS)} (default all)")
     p.add_argument("--rounds", type=int, default=ROUNDS,
-                   help=f"timing rounds per shape, order reversed every other round; a row is the mean of "
-                        f"the two orders' medians (default {ROUNDS}; even counts weigh both orders alike)")
+                   help=f"timing rounds per shape, in pairs (an order, then reversed); a row is the mean of "
+                        f"the two halves' medians (default {ROUNDS}; even counts weigh both halves alike)")
+    p.add_argument("--order", choices=("shuffled", "fixed"), default="shuffled",
+                   help="each pair of rounds in a seeded shuffle of the impls (default), or in the listed order")
     p.add_argument("--grid-dims", default=None,
                    help="comma list of head dims from 64,128,256: the grid suite's shapes with these only "
                         "(default all), e.g. to split a long grid run into calls")
@@ -853,10 +898,12 @@ def main(argv=None):
             "commit": commit, "dirty": dirty, "date": datetime.date.today().isoformat(),
             "matmul_fp16_tflops": round(mm), "copy_TBps": round(cp, 2),
             "suites": suites, "quick": args.quick, "impls": impls,
-            "rounds": args.rounds,
+            "rounds": args.rounds, "order": args.order, "order_seed": ORDER_SEED,
+            "grid_dims": sorted(grid_dims) if grid_dims else None,
             "note": f"do_bench(warmup={WARMUP_MS}, rep={REP_MS}, median), L2 flushed; {args.rounds} "
-                    "rounds per impl, the impl order reversed every other round (us_rounds), us the mean "
-                    "of the forward and the reversed rounds' medians; "
+                    "rounds per impl (us_rounds), in pairs: an order (seeded shuffle, or as listed with "
+                    "order 'fixed'), then reversed; us_places the impl's place in each round; us the mean "
+                    "of the even and the odd rounds' medians; "
                     "FLOPs 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk (chunk: causal bottom-right, "
                     "visible pairs counted); "
                     f"eager_us median of {EAGER_LOOPS} loops of {EAGER_CALLS // EAGER_LOOPS} back-to-back calls, graph_us from "
@@ -871,7 +918,8 @@ def main(argv=None):
                            and s["dtype"] == FLEX_DTYPE)]
         log(f"[{i + 1}/{len(shapes)}] {shape_label(s)}  ({flops(s) / 1e9:.1f} GFLOP)")
         try:
-            new_rows += run_shape(s, shape_impls, fc, flex, budget, skipped, mismatches, log, args.rounds)
+            new_rows += run_shape(s, shape_impls, fc, flex, budget, skipped, mismatches, log, args.rounds,
+                                  args.order == "shuffled")
         except CudaBroken as e:
             # A sticky fault (e.g. an illegal address) poisons the context:
             # keep what was measured and stop.

@@ -1,5 +1,6 @@
 """CPU checks of benchmarks/bench.py's FLOP counts (the TFLOP/s it reports)."""
 import importlib.util
+import json
 import pathlib
 
 import pytest
@@ -43,6 +44,40 @@ def test_balanced_us_weighs_both_orders_alike():
     # Six rounds: each order's median, then their mean.
     assert bench.balanced_us([1.0, 4.0, 2.0, 5.0, 9.0, 6.0]) == pytest.approx((2.0 + 5.0) / 2)
     assert bench.balanced_us([7.0]) == 7.0
+
+
+def test_round_orders_pair_a_drawn_order_with_its_reverse():
+    n, rounds = 7, 6
+    orders = bench.round_orders(n, rounds, "grid fp16 B8 H16 S2048 D128")
+    assert len(orders) == rounds and all(sorted(o) == list(range(n)) for o in orders)
+    for r in range(0, rounds, 2):  # every impl's places in a pair sum to n - 1
+        assert orders[r + 1] == orders[r][::-1]
+    # repeatable for a key, drawn anew per pair and per key (no fixed neighbours)
+    assert orders == bench.round_orders(n, rounds, "grid fp16 B8 H16 S2048 D128")
+    assert len({tuple(o) for o in orders[0::2]}) > 1
+    assert orders != bench.round_orders(n, rounds, "grid fp16 B8 H16 S4096 D128")
+    # --order fixed: the listed order, then reversed (the earlier runs' rounds)
+    assert bench.round_orders(3, 3, "x", shuffle=False) == [[0, 1, 2], [2, 1, 0], [0, 1, 2]]
+
+
+def test_merge_lists_every_call_on_one_commit(tmp_path):
+    path = str(tmp_path / "gpu.json")
+    row = {"suite": "grid", "impl": "flashcore", "B": 1, "Hq": 1, "Hkv": 1, "Sq": 8, "Sk": 8, "D": 64,
+           "causal": False, "dtype": "fp16", "us": 1.0}
+
+    def call(commit, D, wall):
+        meta = {"commit": commit, "dirty": False, "suites": ["grid"], "grid_dims": [D], "wall_s": wall}
+        bench.merge_results(path, meta, [{**row, "D": D}], [])
+        with open(path) as f:
+            return json.load(f)
+
+    call("a" * 40, 64, 10.0)
+    out = call("a" * 40, 128, 20.0)
+    assert [c["grid_dims"] for c in out["meta"]["calls"]] == [[64], [128]]
+    assert [c["wall_s"] for c in out["meta"]["calls"]] == [10.0, 20.0]
+    assert sorted(r["D"] for r in out["rows"]) == [64, 128]
+    out = call("b" * 40, 256, 30.0)  # another commit: only this call is listed
+    assert [c["grid_dims"] for c in out["meta"]["calls"]] == [[256]]
 
 
 @pytest.mark.parametrize("arg", ["96", "64,x", ",", "64,512"])
