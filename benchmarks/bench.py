@@ -62,13 +62,14 @@ REP_MS = 200
 # do_bench readings per impl and shape, in pairs of orders (round_orders); rows give balanced_us. Single
 # readings of one kernel spread by up to 13 % at D = 128 16k on an H100, and with three rounds
 # the same kernel under two names (fc, fc:sm90) read up to 6 % apart (perf notes, session 38).
-# Even, so that both orders count alike: with five rounds (three forward, two reversed) the
-# median leaned to the forward order, where flashcore runs first, by 0.24 % on average and up
-# to 3 % on one shape (perf notes, session 42).
+# Even, so that both halves of each pair count alike: with five rounds of a fixed order (three
+# forward, where flashcore ran first, two reversed) the median leaned to the forward order by
+# 0.24 % on average and up to 3 % on one shape (perf notes, session 42).
 ROUNDS = 6
 # With a fixed order reversed every other round, each impl kept the same two neighbours, and one
 # kernel under two names (fc, fc:sm90) kept an offset across runs of up to 6 % (perf notes,
-# sessions 40, 42); each pair of rounds now draws its own order. The seed makes a run repeatable.
+# sessions 40, 42); each pair of rounds now draws its own order. The seed (--order-seed) makes a
+# run repeatable; a repeat run with another seed draws other orders.
 ORDER_SEED = 20261126
 
 # Host-clock and graph loops for the seed shapes.
@@ -341,17 +342,18 @@ def make_inputs(s):
     return q, k, v
 
 
-def round_orders(n, rounds, key, shuffle=True):
+def round_orders(n, rounds, key, seed=ORDER_SEED):
     """The impl order (indices into n impls) of each of `rounds` rounds: for each
-    pair of rounds an order (a shuffle seeded by ORDER_SEED and `key`, e.g. the
-    shape's label; without shuffle the listed order), then the same reversed, so
-    that every impl's places in a pair sum to n - 1."""
-    rng = random.Random(f"{ORDER_SEED}:{key}")
+    pair of rounds an order (a shuffle seeded by `seed` and `key`, e.g. the
+    shape's label; with seed None the listed order), then the same reversed, so
+    that every impl's places in a pair sum to n - 1 (an odd last round has no
+    reversed partner)."""
+    rng = random.Random(f"{seed}:{key}")
     orders = []
     for r in range(rounds):
         if r % 2 == 0:
             order = list(range(n))
-            if shuffle:
+            if seed is not None:
                 rng.shuffle(order)
             orders.append(order)
         else:
@@ -361,18 +363,20 @@ def round_orders(n, rounds, key, shuffle=True):
 
 def balanced_us(ts):
     """A row's time from its rounds' readings ts (round r's order drawn for even
-    r, reversed for odd r: round_orders): the mean of the two halves' medians, so
-    that neither weighs more when their counts differ or their readings do."""
+    r, reversed for odd r: round_orders): the mean of the even rounds' median and
+    the odd rounds' median, so that neither weighs more when their counts differ
+    or their readings do."""
     if len(ts) < 2:
         return ts[0]
     return (statistics.median(ts[0::2]) + statistics.median(ts[1::2])) / 2
 
 
-def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, rounds=1, shuffle=True):
+def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, rounds=1, order_seed=ORDER_SEED):
     """Probes every impl once (output checked against sdpa-default), then times
     them in `rounds` rounds in round_orders' orders; a row's us is balanced_us
     of its rounds (us_rounds has them all, us_places the impl's place in each
-    round, 0 = first). The GPU runs at its power limit under these loads and its
+    round among the impls still timed, 0 = first; order_seed None: the listed
+    order). The GPU runs at its power limit under these loads and its
     clock drifts over seconds, so one reading depends on when in the run it was
     taken and on what ran just before (perf notes, sessions 16, 40, 42): the
     reversed rounds give every impl the same mix of early and late, the drawn
@@ -424,12 +428,14 @@ def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, round
 
     times = {name: [] for name, _, _ in ready}
     places = {name: [] for name, _, _ in ready}
-    for order in round_orders(len(ready), rounds, shape_label(s), shuffle):
-        for place, i in enumerate(order):
+    for order in round_orders(len(ready), rounds, shape_label(s), order_seed):
+        place = 0
+        for i in order:
             name, ctx, fn = ready[i]
-            if name not in times:
+            if name not in times:  # (skipped in an earlier round)
                 continue
             places[name].append(place)
+            place += 1
             try:
                 with ctx(), warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -521,14 +527,16 @@ def row_key(r):
     return tuple(r[f] for f in KEY_FIELDS)
 
 
-CALL_FIELDS = ("date", "suites", "grid_dims", "quick", "rounds", "order", "matmul_fp16_tflops", "copy_TBps", "wall_s")
+CALL_FIELDS = ("date", "suites", "grid_dims", "quick", "impls", "rounds", "order", "order_seed",
+               "matmul_fp16_tflops", "copy_TBps", "wall_s")
 
 
 def merge_results(path, meta, new_rows, skipped):
     """Replaces rows of the same key (a skipped key drops its stale row). The
     meta is this run's; when the file's rows came from earlier calls on the same
-    commit (a grid split into calls with --grid-dims), meta["calls"] lists every
-    call's suites, ceilings and wall time, the earlier ones first."""
+    known commit, neither from a dirty tree (a grid split into calls with
+    --grid-dims), meta["calls"] lists every call's suites, ceilings and wall
+    time, the earlier ones first."""
     old_rows, old_meta = [], {}
     if os.path.exists(path):
         try:
@@ -538,7 +546,9 @@ def merge_results(path, meta, new_rows, skipped):
         except (OSError, ValueError) as e:
             print(f"warning: could not read {path} ({e}); writing it anew", file=sys.stderr)
     calls = []
-    if old_meta.get("commit") == meta.get("commit") and not old_meta.get("dirty") and not meta.get("dirty"):
+    # (dirty None: not known, as with FLASHCORE_COMMIT on a machine without the repository)
+    if (old_meta.get("commit") == meta.get("commit") not in (None, "unknown")
+            and old_meta.get("dirty") is not True and meta.get("dirty") is not True):
         calls = old_meta.get("calls") or [{k: old_meta.get(k) for k in CALL_FIELDS}]
     meta["calls"] = calls + [{k: meta.get(k) for k in CALL_FIELDS}]
     replaced = {row_key(r) for r in new_rows} | {row_key(r) for r in skipped}
@@ -659,13 +669,31 @@ def decode_table(rows):
     return "\n".join(out)
 
 
+def ceilings_text(meta):
+    """The run's matmul and copy ceilings; for a file merged from several calls
+    (meta["calls"]) each call's, with the suites (and grid head dims) it ran."""
+    calls = meta.get("calls") or []
+    if len(calls) < 2:
+        return (f"{meta['date']}); matmul ceiling {meta['matmul_fp16_tflops']} TFLOP/s fp16, "
+                f"copy {meta['copy_TBps']} TB/s")
+    parts = []
+    for c in calls:
+        what = ",".join(c.get("suites") or [])
+        if c.get("grid_dims"):
+            what += " D " + ",".join(map(str, c["grid_dims"]))
+        parts.append(f"{what}: matmul ceiling {c.get('matmul_fp16_tflops')} TFLOP/s fp16, "
+                     f"copy {c.get('copy_TBps')} TB/s")
+    dates = sorted({c.get("date") for c in calls if c.get("date")})
+    return f"{', '.join(dates)}); {len(calls)} calls: " + "; ".join(parts)
+
+
 def write_markdown(path, meta, rows):
     lines = [f"Forward TFLOP/s on {meta['gpu']} (torch {meta['torch']}, cuDNN {meta['cudnn']}, "
-             f"commit {meta['commit'][:12]}, {meta['date']}); matmul ceiling "
-             f"{meta['matmul_fp16_tflops']} TFLOP/s fp16, copy {meta['copy_TBps']} TB/s. "
+             f"commit {meta['commit'][:12]}, {ceilings_text(meta)}. "
              f"do_bench median, L2 flushed, {meta.get('rounds', 1)} round(s) "
-             + ("in pairs of a seeded shuffled order and its reverse (mean of the two halves' medians); "
-                if meta.get("order") == "shuffled" else "in alternating order (mean of the two orders' medians); ")
+             + ("in pairs of a seeded shuffled order and its reverse (mean of the even and the odd rounds' "
+                "medians); " if meta.get("order") == "shuffled"
+                else "in alternating order (mean of the two orders' medians); ")
              + "causal FLOPs halved" + ("; chunk rows (causal-br): the causal mask aligned bottom-right, "
                                        "visible query-key pairs counted" if any(r["suite"] == "chunk" for r in rows)
                                        else "") + ". Columns fc = flashcore (auto), "
@@ -790,9 +818,11 @@ def parse_args(argv):
                    help=f"comma list from {','.join(ALL_IMPLS)} (default all)")
     p.add_argument("--rounds", type=int, default=ROUNDS,
                    help=f"timing rounds per shape, in pairs (an order, then reversed); a row is the mean of "
-                        f"the two halves' medians (default {ROUNDS}; even counts weigh both halves alike)")
+                        f"the even and the odd rounds' medians (default {ROUNDS}; even counts weigh both alike)")
     p.add_argument("--order", choices=("shuffled", "fixed"), default="shuffled",
                    help="each pair of rounds in a seeded shuffle of the impls (default), or in the listed order")
+    p.add_argument("--order-seed", type=int, default=ORDER_SEED,
+                   help=f"seed of the shuffled orders (default {ORDER_SEED}); the same seed draws the same orders")
     p.add_argument("--grid-dims", default=None,
                    help="comma list of head dims from 64,128,256: the grid suite's shapes with these only "
                         "(default all), e.g. to split a long grid run into calls")
@@ -898,7 +928,8 @@ def main(argv=None):
             "commit": commit, "dirty": dirty, "date": datetime.date.today().isoformat(),
             "matmul_fp16_tflops": round(mm), "copy_TBps": round(cp, 2),
             "suites": suites, "quick": args.quick, "impls": impls,
-            "rounds": args.rounds, "order": args.order, "order_seed": ORDER_SEED,
+            "rounds": args.rounds, "order": args.order,
+            "order_seed": args.order_seed if args.order == "shuffled" else None,
             "grid_dims": sorted(grid_dims) if grid_dims else None,
             "note": f"do_bench(warmup={WARMUP_MS}, rep={REP_MS}, median), L2 flushed; {args.rounds} "
                     "rounds per impl (us_rounds), in pairs: an order (seeded shuffle, or as listed with "
@@ -919,7 +950,7 @@ def main(argv=None):
         log(f"[{i + 1}/{len(shapes)}] {shape_label(s)}  ({flops(s) / 1e9:.1f} GFLOP)")
         try:
             new_rows += run_shape(s, shape_impls, fc, flex, budget, skipped, mismatches, log, args.rounds,
-                                  args.order == "shuffled")
+                                  args.order_seed if args.order == "shuffled" else None)
         except CudaBroken as e:
             # A sticky fault (e.g. an illegal address) poisons the context:
             # keep what was measured and stop.

@@ -56,8 +56,9 @@ def test_round_orders_pair_a_drawn_order_with_its_reverse():
     assert orders == bench.round_orders(n, rounds, "grid fp16 B8 H16 S2048 D128")
     assert len({tuple(o) for o in orders[0::2]}) > 1
     assert orders != bench.round_orders(n, rounds, "grid fp16 B8 H16 S4096 D128")
+    assert orders != bench.round_orders(n, rounds, "grid fp16 B8 H16 S2048 D128", seed=bench.ORDER_SEED + 1)
     # --order fixed: the listed order, then reversed (the earlier runs' rounds)
-    assert bench.round_orders(3, 3, "x", shuffle=False) == [[0, 1, 2], [2, 1, 0], [0, 1, 2]]
+    assert bench.round_orders(3, 3, "x", seed=None) == [[0, 1, 2], [2, 1, 0], [0, 1, 2]]
 
 
 def test_merge_lists_every_call_on_one_commit(tmp_path):
@@ -65,8 +66,9 @@ def test_merge_lists_every_call_on_one_commit(tmp_path):
     row = {"suite": "grid", "impl": "flashcore", "B": 1, "Hq": 1, "Hkv": 1, "Sq": 8, "Sk": 8, "D": 64,
            "causal": False, "dtype": "fp16", "us": 1.0}
 
-    def call(commit, D, wall):
-        meta = {"commit": commit, "dirty": False, "suites": ["grid"], "grid_dims": [D], "wall_s": wall}
+    def call(commit, D, wall, dirty=False, ceiling=700):
+        meta = {"commit": commit, "dirty": dirty, "suites": ["grid"], "grid_dims": [D], "wall_s": wall,
+                "date": "2026-11-26", "matmul_fp16_tflops": ceiling, "copy_TBps": 3.0}
         bench.merge_results(path, meta, [{**row, "D": D}], [])
         with open(path) as f:
             return json.load(f)
@@ -78,6 +80,16 @@ def test_merge_lists_every_call_on_one_commit(tmp_path):
     assert sorted(r["D"] for r in out["rows"]) == [64, 128]
     out = call("b" * 40, 256, 30.0)  # another commit: only this call is listed
     assert [c["grid_dims"] for c in out["meta"]["calls"]] == [[256]]
+    out = call("b" * 40, 64, 40.0, dirty=True)  # a dirty tree is not the commit's: not merged into calls
+    assert [c["wall_s"] for c in out["meta"]["calls"]] == [40.0]
+    call("unknown", 64, 50.0)
+    out = call("unknown", 128, 60.0)
+    assert [c["wall_s"] for c in out["meta"]["calls"]] == [60.0]
+    # FLASHCORE_COMMIT runs (dirty None) on one commit: both calls, both ceilings in the header
+    call("c" * 40, 64, 70.0, dirty=None, ceiling=744)
+    out = call("c" * 40, 128, 80.0, dirty=None, ceiling=700)
+    text = bench.ceilings_text(out["meta"])
+    assert "2 calls" in text and "744" in text and "700" in text and "D 64" in text and "D 128" in text
 
 
 @pytest.mark.parametrize("arg", ["96", "64,x", ",", "64,512"])

@@ -1,6 +1,6 @@
 // loop_sched.cu -- microbenchmark: the D = 128 consumer loop of the Hopper
 // kernel under three issue schedules and register budgets (sm90a), no torch,
-// no TMA and no barriers but in its ring mode.
+// no TMA tensor maps, no K/V barriers but in its ring mode.
 //
 //   nvcc -O3 -std=c++17 -Icsrc -DFC_HAVE_SM90 -gencode=arch=compute_90a,code=sm_90a -cudart static \
 //        -o build/loop_sched csrc/tools/loop_sched.cu
@@ -12,7 +12,7 @@
 // issue_pv, softmax_tile, pack_p) and its sink store (PIN_SOFTMAX). What it
 // leaves out: the K/V barriers (but in ring mode, below), the tile boundary, the
 // rest of the kernel's live registers, and the O rescales of a row whose maximum
-// still moves (the operands repeat every step; but in ringr). Schedules, per step j:
+// still moves (the S of every step is the same; but in ringr). Schedules, per step j:
 //   now    S_{j+1} and P_j V_j issued together, the softmax of S_{j+1}, the P V
 //          wait, the rescale, P packed (the kernel's loop);
 //   ahead  P_j V_j issued, the softmax of S_{j+1} (issued a step earlier) into
@@ -41,8 +41,8 @@
 // 200: serialized), split 2955; 64 keys: mma 2049-2057, now 2695-2706 (232),
 // ahead 2533-2540, split 2750-2760. Stream mode (26-29 bytes per clock
 // landing, about the kernel's rate) moves none of them by more than 0.5 %.
-// Ring mode (session 43, 240 and 232 registers alike): now 2430-2446, ring sync
-// only 2460-2471, ring 2470-2482, ringw 2454-2464, ringr 2551.
+// Ring mode (session 43; at 240 and 232 registers alike, sync only run at 240):
+// now 2430-2446, ring sync only 2460-2471, ring 2470-2482, ringw 2454-2464, ringr 2551.
 #include <cuda_fp16.h>
 #include <stdio.h>
 #include <string.h>
@@ -61,6 +61,11 @@ static constexpr int STREAM_BYTES = 64 * 1024;  // stream mode: bytes a producer
 static constexpr int STREAM_CHUNK = 16 * 1024;  // ... in bulk copies of this size
 static constexpr int RING = 2;  // ring mode: K/V slots of each (the kernel's D = 128 STAGES)
 static constexpr int SMEM_BYTES = FC_SWZ_GROUP_BYTES + Q_BYTES + 2 * RING * KV_BYTES + 64 + STREAM_BYTES;
+static constexpr int SMEM_MAX = 227 * 1024;  // sm90's dynamic shared memory per block (the static few bytes fit beside)
+static_assert(SMEM_BYTES + 128 <= SMEM_MAX, "Q, the ring, the sink and the stream area must fit one CTA");
+static constexpr int RELEASES_PER_THREAD = 256;  // ring mode's empty barriers: every thread of both consumers
+static constexpr int RELEASES_PER_WARP = 8;      // ... or lane 0 of each of their warps (ringw)
+static constexpr unsigned BOTH_HALVES = 3u;      // a rescale mask voting both row halves (softmax_tile's)
 using T = __half;
 
 // MODE_RING: "now" on the kernel's K/V ring (below); MODE_RING_WARP: the same
@@ -139,13 +144,21 @@ __device__ int stream_rounds(const unsigned char* src, uint32_t dst, uint32_t ba
     return rounds;
 }
 
+// Ring mode's barriers, RING of each from `bars` (8 bytes apart).
+struct RingBars {
+    uint32_t k_full, v_full, k_empty, v_empty;
+    __device__ explicit RingBars(uint32_t bars)
+        : k_full(bars), v_full(bars + 8 * RING), k_empty(bars + 16 * RING), v_empty(bars + 24 * RING) {}
+};
+
 // Ring mode's producer (thread 0 of warpgroup 0): K/V tile j into ring slot
 // j % RING for j = 0 .. n (K) and 0 .. n - 1 (V), in the kernel producer's
 // order (K_j, then V_j), each once its empty barrier says both consumers are
 // done with the slot; with src by bulk copies of KV_BYTES completing on the full
 // barrier (K from src, V from src + KV_BYTES), without by a plain arrival.
 __device__ void ring_producer(const unsigned char* src, uint32_t sK, uint32_t sV, uint32_t bars, int n) {
-    const uint32_t k_full = bars, v_full = bars + 8 * RING, k_empty = bars + 16 * RING, v_empty = bars + 24 * RING;
+    const RingBars rb(bars);
+    const uint32_t k_full = rb.k_full, v_full = rb.v_full, k_empty = rb.k_empty, v_empty = rb.v_empty;
     auto fill = [&](uint32_t dst, const unsigned char* from, uint32_t full) {
         if (src) {
             mbar_expect_tx(full, KV_BYTES);
@@ -196,8 +209,8 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1)
         done = 0;
         mbar_init(smem_u32(&stream_bar), 1);
         for (int i = 0; i < 2 * RING; ++i) {
-            mbar_init(bars + 8 * i, 1);                                        // full: the producer's arrival
-            mbar_init(bars + 8 * (2 * RING + i), MODE == MODE_RING_WARP ? 8 : 256);  // empty: the consumers'
+            mbar_init(bars + 8 * i, 1);  // full: the producer's arrival; empty (below): the consumers'
+            mbar_init(bars + 8 * (2 * RING + i), MODE == MODE_RING_WARP ? RELEASES_PER_WARP : RELEASES_PER_THREAD);
         }
         mbar_init_fence();
     }
@@ -234,10 +247,11 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1)
     if constexpr (ring) {
         // The kernel's loop (its overlap path) on the ring: K/V tile j in slot j % RING,
         // step j waits for K_{j+1} and V_j and releases each slot once its wgmmas are done.
-        const uint32_t k_full = bars, v_full = bars + 8 * RING, k_empty = bars + 16 * RING, v_empty = bars + 24 * RING;
+        const RingBars rb(bars);
+        const uint32_t k_full = rb.k_full, v_full = rb.v_full, k_empty = rb.k_empty, v_empty = rb.v_empty;
         auto release = [&](uint32_t bar) {
             if constexpr (MODE == MODE_RING_WARP) {
-                __syncwarp();
+                __syncwarp();  // every lane's wgmma wait has returned before lane 0 releases for the warp
                 if (lane == 0) mbar_arrive(bar);
             } else {
                 mbar_arrive(bar);
@@ -245,7 +259,7 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1)
         };
         mbar_wait(k_full, 0);  // K_0 has landed
         issue_qk<DP, BR, BC, T, true>(s, q_rows, sK);
-        wgmma_wait<0>();
+        wgmma_wait<0>();  // S_0 is done: its reads of K slot 0 are over
         fence_regs(s);
         release(k_empty);  // done with K slot 0
         for (int j = 0; j < steps + WARMUP; ++j) {
@@ -261,8 +275,8 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1)
             release(k_empty + 8 * sn);  // done with K slot sn
             float corr[2];
             unsigned rescale = softmax_tile<BC, true>(s, m_i, l_i, corr, scale_log2);
-            // (the operands repeat every step, so that the maxima stop moving after the first)
-            if constexpr (MODE == MODE_RING_RESCALE) rescale = __shfl_sync(0xffffffffu, 3u | rescale, 0);
+            // (every step's S is the same, so that the maxima stop moving after the first)
+            if constexpr (MODE == MODE_RING_RESCALE) rescale = __shfl_sync(0xffffffffu, BOTH_HALVES | rescale, 0);
             pin();
             wgmma_wait<0>();  // P_j V_j is done
             fence_regs(o[0]);
@@ -425,12 +439,16 @@ static int run(long long* dout, int grid, uint32_t fill, const unsigned char* sr
 }
 
 int main(int argc, char** argv) {
+    if (argc > 2 || (argc == 2 && strcmp(argv[1], "ring") != 0)) {
+        fprintf(stderr, "usage: loop_sched [ring]   (ring: the ring section alone)\n");
+        return 2;
+    }
     long long* dout = nullptr;
     int grid = 0;
     if (tool_sm_grid("loop_sched", MAX_SMS, &grid)) return 1;
     if (check(cudaMalloc(&dout, MAX_SMS * 9 * sizeof(long long)), "malloc")) return 1;
     int bad = 0;
-    const bool ring_only = argc > 1 && strcmp(argv[1], "ring") == 0;  // `loop_sched ring`: the ring section alone
+    const bool ring_only = argc == 2;  // `loop_sched ring`: the ring section alone
     for (uint32_t fill = 0; fill < (ring_only ? 0u : 2u); ++fill) {  // operands: zeros, then random (operand_word)
         for (int round = 0; round < 2; ++round) {
             const int g = grid;
@@ -454,7 +472,7 @@ int main(int argc, char** argv) {
                    run<MODE_AHEAD, 240>(dout, grid, 1, sp, gap) | run<MODE_NOW, 232>(dout, grid, 1, sp, gap);
         }
     }
-    // Ring mode: the kernel's loop with its K/V ring (waits, per-thread releases, the
+    // Ring mode: the kernel's loop with its K/V ring (waits, releases per thread or per warp, the
     // slot addresses), the slots refilled by bulk copies of random operands or, with
     // "sync only", by the producer's arrivals alone.
     static uint32_t host_words[STREAM_BYTES / 4];
