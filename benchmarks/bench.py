@@ -866,6 +866,7 @@ def main(argv=None):
             return 2
     if args.no_flex and "flex" in impls:
         impls.remove("flex")
+    order_seed = args.order_seed if args.order == "shuffled" else None  # None: the listed order
 
     if args.cpu_demo or not torch.cuda.is_available():
         if not args.cpu_demo:
@@ -929,7 +930,7 @@ def main(argv=None):
             "matmul_fp16_tflops": round(mm), "copy_TBps": round(cp, 2),
             "suites": suites, "quick": args.quick, "impls": impls,
             "rounds": args.rounds, "order": args.order,
-            "order_seed": args.order_seed if args.order == "shuffled" else None,
+            "order_seed": order_seed,
             "grid_dims": sorted(grid_dims) if grid_dims else None,
             "note": f"do_bench(warmup={WARMUP_MS}, rep={REP_MS}, median), L2 flushed; {args.rounds} "
                     "rounds per impl (us_rounds), in pairs: an order (seeded shuffle, or as listed with "
@@ -950,7 +951,7 @@ def main(argv=None):
         log(f"[{i + 1}/{len(shapes)}] {shape_label(s)}  ({flops(s) / 1e9:.1f} GFLOP)")
         try:
             new_rows += run_shape(s, shape_impls, fc, flex, budget, skipped, mismatches, log, args.rounds,
-                                  args.order_seed if args.order == "shuffled" else None)
+                                  order_seed)
         except CudaBroken as e:
             # A sticky fault (e.g. an illegal address) poisons the context:
             # keep what was measured and stop.

@@ -119,6 +119,17 @@ __host__ __device__ __forceinline__ uint32_t operand_word(uint32_t fill, uint32_
     return (x & 0x83ff83ffu) | 0x38003800u;
 }
 
+// Lands `bytes` from src at shared address dst by bulk copies of STREAM_CHUNK,
+// completing on mbarrier bar (whose arrival here expects them).
+__device__ __forceinline__ void land_bytes(uint32_t dst, const unsigned char* src, int bytes, uint32_t bar) {
+    mbar_expect_tx(bar, bytes);
+    for (int c = 0; c < bytes / STREAM_CHUNK; ++c)
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                         dst + c * STREAM_CHUNK),
+                     "l"(src + c * STREAM_CHUNK), "r"(STREAM_CHUNK), "r"(bar)
+                     : "memory");
+}
+
 // Stream mode: the producer warpgroup's thread 0 lands STREAM_BYTES from src in
 // shared memory (bulk copies, completing on bar) every `gap` cycles (0: back to
 // back), as the kernel's producer lands K and V, until both consumers are done.
@@ -127,13 +138,7 @@ __device__ int stream_rounds(const unsigned char* src, uint32_t dst, uint32_t ba
     int rounds = 0;
     long long next = clock64();
     while (*done < 2) {
-        mbar_expect_tx(bar, STREAM_BYTES);
-        for (int c = 0; c < STREAM_BYTES / STREAM_CHUNK; ++c)
-            asm volatile(
-                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                    dst + c * STREAM_CHUNK),
-                "l"(src + c * STREAM_CHUNK), "r"(STREAM_CHUNK), "r"(bar)
-                : "memory");
+        land_bytes(dst, src, STREAM_BYTES, bar);
         mbar_wait(bar, parity);  // this round's bytes have landed
         parity ^= 1;
         ++rounds;
@@ -158,28 +163,18 @@ struct RingBars {
 // barrier (K from src, V from src + KV_BYTES), without by a plain arrival.
 __device__ void ring_producer(const unsigned char* src, uint32_t sK, uint32_t sV, uint32_t bars, int n) {
     const RingBars rb(bars);
-    const uint32_t k_full = rb.k_full, v_full = rb.v_full, k_empty = rb.k_empty, v_empty = rb.v_empty;
     auto fill = [&](uint32_t dst, const unsigned char* from, uint32_t full) {
-        if (src) {
-            mbar_expect_tx(full, KV_BYTES);
-            for (int c = 0; c < (int)KV_BYTES / STREAM_CHUNK; ++c)
-                asm volatile(
-                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                        dst + c * STREAM_CHUNK),
-                    "l"(from + c * STREAM_CHUNK), "r"(STREAM_CHUNK), "r"(full)
-                    : "memory");
-        } else {
-            mbar_arrive(full);
-        }
+        if (src) land_bytes(dst, from, KV_BYTES, full);
+        else mbar_arrive(full);
     };
     for (int j = 0; j <= n; ++j) {
         const int st = j % RING;
         const uint32_t free_parity = ((j / RING) & 1) ^ 1;
-        mbar_wait(k_empty + 8 * st, free_parity);  // K slot st is free
-        fill(sK + st * KV_BYTES, src, k_full + 8 * st);
+        mbar_wait(rb.k_empty + 8 * st, free_parity);  // K slot st is free
+        fill(sK + st * KV_BYTES, src, rb.k_full + 8 * st);
         if (j == n) break;
-        mbar_wait(v_empty + 8 * st, free_parity);  // V slot st is free
-        fill(sV + st * KV_BYTES, src + KV_BYTES, v_full + 8 * st);
+        mbar_wait(rb.v_empty + 8 * st, free_parity);  // V slot st is free
+        fill(sV + st * KV_BYTES, src + KV_BYTES, rb.v_full + 8 * st);
     }
 }
 
@@ -248,7 +243,6 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1)
         // The kernel's loop (its overlap path) on the ring: K/V tile j in slot j % RING,
         // step j waits for K_{j+1} and V_j and releases each slot once its wgmmas are done.
         const RingBars rb(bars);
-        const uint32_t k_full = rb.k_full, v_full = rb.v_full, k_empty = rb.k_empty, v_empty = rb.v_empty;
         auto release = [&](uint32_t bar) {
             if constexpr (MODE == MODE_RING_WARP) {
                 __syncwarp();  // every lane's wgmma wait has returned before lane 0 releases for the warp
@@ -257,22 +251,22 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1)
                 mbar_arrive(bar);
             }
         };
-        mbar_wait(k_full, 0);  // K_0 has landed
+        mbar_wait(rb.k_full, 0);  // K_0 has landed
         issue_qk<DP, BR, BC, T, true>(s, q_rows, sK);
         wgmma_wait<0>();  // S_0 is done: its reads of K slot 0 are over
         fence_regs(s);
-        release(k_empty);  // done with K slot 0
+        release(rb.k_empty);  // done with K slot 0
         for (int j = 0; j < steps + WARMUP; ++j) {
             if (j == WARMUP) t0 = clock64(), g0 = globaltimer_ns();
             const int gn = j + 1, st = j % RING, sn = gn % RING;
             fence_regs(o[0]);
-            mbar_wait(k_full + 8 * sn, (gn / RING) & 1);  // K_{j+1} has landed
+            mbar_wait(rb.k_full + 8 * sn, (gn / RING) & 1);  // K_{j+1} has landed
             issue_qk<DP, BR, BC, T, true>(s, q_rows, sK + sn * KV_BYTES);
-            mbar_wait(v_full + 8 * st, (j / RING) & 1);  // V_j has landed
+            mbar_wait(rb.v_full + 8 * st, (j / RING) & 1);  // V_j has landed
             issue_pv<BC, 128, 1, T, true>(o, pa, sV + st * KV_BYTES);
             wgmma_wait<1>();  // S_{j+1} is done
             fence_regs(s);
-            release(k_empty + 8 * sn);  // done with K slot sn
+            release(rb.k_empty + 8 * sn);  // done with K slot sn
             float corr[2];
             unsigned rescale = softmax_tile<BC, true>(s, m_i, l_i, corr, scale_log2);
             // (every step's S is the same, so that the maxima stop moving after the first)
@@ -280,7 +274,7 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1)
             pin();
             wgmma_wait<0>();  // P_j V_j is done
             fence_regs(o[0]);
-            release(v_empty + 8 * st);  // done with V slot st
+            release(rb.v_empty + 8 * st);  // done with V slot st
             rescale_o<1, 128>(o, rescale, corr);
             pack_p<BC, T>(pa, s);
         }
