@@ -14,7 +14,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "csrc", "sm90", "wgmma_ops.cuh")
 TYPES = [("__half", "f16"), ("__nv_bfloat16", "bf16")]
 SS_N = (64, 128, 192)  # S = Q K^T: keys per K tile
-RS_N = (64, 128)       # O += P V: head-dim columns per wgmma
+RS_N = (64, 128, 136)  # O += P V: head-dim columns per wgmma (136: loop_sched's P V with 8 columns of ones)
 
 
 def regs(n, first):
@@ -73,17 +73,20 @@ def main():
 #define FC_DEVICE __device__ __forceinline__
 #endif
 """]
-    for n in SS_N:
+    shapes = sorted(set(SS_N) | set(RS_N))
+    for n in shapes:
         nacc = n // 2
-        parts.append(f"template <typename T> FC_DEVICE void wgmma_ss_n{n}(float (&d)[{nacc}], uint64_t desc_a, "
-                     f"uint64_t desc_b, int scale_d);")
+        if n in SS_N:
+            parts.append(f"template <typename T> FC_DEVICE void wgmma_ss_n{n}(float (&d)[{nacc}], uint64_t desc_a, "
+                         f"uint64_t desc_b, int scale_d);")
         if n in RS_N:
             parts.append(f"template <typename T> FC_DEVICE void wgmma_rs_n{n}(float (&d)[{nacc}], const uint32_t a[4], "
                          f"uint64_t desc_b, int scale_d);")
     parts.append("")
-    for n in SS_N:
+    for n in shapes:
         for ty, pty in TYPES:
-            parts.append(one(n, ty, pty, rs=False))
+            if n in SS_N:
+                parts.append(one(n, ty, pty, rs=False))
             if n in RS_N:
                 parts.append(one(n, ty, pty, rs=True))
     with open(OUT, "w") as f:

@@ -31,6 +31,9 @@
 // V_j and every consumer thread releasing both slots (ringw: one release per warp),
 // the slots refilled by a producer thread with bulk copies (or by its arrivals
 // alone: "sync only"); ringr runs the O rescale at every step.
+// Row-sum mode (`loop_sched sums` runs it alone): the ring loop without the
+// row sums' FADDs (nosum), and with the sums from the tensor core (ones: P V as
+// m64n136k16 whose last 8 columns read a block of ones after each V slot).
 // Prints cycles per 128 keys: the CTA's span (first warpgroup start to last
 // end) and each warpgroup's own time, means over the CTAs. ptxas's choices
 // move between builds of this file (which schedules it serializes, C7512), so
@@ -43,6 +46,8 @@
 // landing, about the kernel's rate) moves none of them by more than 0.5 %.
 // Ring mode (session 43; at 240 and 232 registers alike, sync only run at 240):
 // now 2430-2446, ring sync only 2460-2471, ring 2470-2482, ringw 2454-2464, ringr 2551.
+// Row-sum mode (session 44, 240 and 232 alike): ring 2470-2472, nosum 2388, ones
+// 2425-2426 (in both, ptxas put the P V wait ahead of the exponentials).
 #include <cuda_fp16.h>
 #include <stdio.h>
 #include <string.h>
@@ -72,7 +77,51 @@ using T = __half;
 // with one release per warp (lane 0, after __syncwarp) in place of one per thread;
 // MODE_RING_RESCALE: MODE_RING with the O rescale run at every step (both row
 // halves voted), as a row's first steps do, where its maximum still moves.
-enum { MODE_NOW = 0, MODE_AHEAD = 1, MODE_SPLIT = 2, MODE_MMA = 3, MODE_RING = 4, MODE_RING_WARP = 5, MODE_RING_RESCALE = 6 };
+// MODE_RING_NOSUM: MODE_RING without the row sums' FADDs (l stays 0: a bound on
+// what taking them off the consumer's chain gives); MODE_RING_ONES: the same
+// softmax, with the row sums from the tensor core: P V as m64n136k16, its last 8
+// columns read from a 16 KB block of ones after each V slot (ONES_BYTES), so
+// that O's columns 128-135 accumulate sum(P) and rescale with O.
+enum {
+    MODE_NOW = 0, MODE_AHEAD = 1, MODE_SPLIT = 2, MODE_MMA = 3, MODE_RING = 4, MODE_RING_WARP = 5,
+    MODE_RING_RESCALE = 6, MODE_RING_NOSUM = 7, MODE_RING_ONES = 8
+};
+static constexpr uint32_t ONES_BYTES = BC_MAX * FC_SWZ_ROW_BYTES;  // one 64-column slab of V's layout, all ones
+static constexpr uint32_t FP16_ONES = 0x3C003C00u;                 // two fp16 1.0
+static constexpr int ONES_SMEM = FC_SWZ_GROUP_BYTES + Q_BYTES + RING * (2 * KV_BYTES + ONES_BYTES) + 64;
+static_assert(ONES_SMEM + 128 <= SMEM_MAX, "Q, the ring with its ones and the sink must fit one CTA");
+__host__ __device__ constexpr uint32_t v_stride(int mode) { return mode == MODE_RING_ONES ? KV_BYTES + ONES_BYTES : KV_BYTES; }
+__host__ __device__ constexpr int smem_bytes(int mode) { return mode == MODE_RING_ONES ? ONES_SMEM : SMEM_BYTES; }
+
+// softmax_tile without the row sums (MODE_RING_NOSUM, MODE_RING_ONES): the row
+// maxima, corr and the rescale vote, and s <- P; l_i is left as it is.
+template <int BC>
+__device__ __forceinline__ unsigned softmax_nosum(float (&s)[BC / 2], float (&m_i)[2], float (&corr)[2],
+                                                  float scale_log2) {
+    unsigned rescale = 0;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        bool changed;
+        const float m_use = softmax_row_max<BC>(s, hr, m_i, corr, scale_log2, changed);
+        rescale |= (unsigned)__any_sync(0xffffffffu, changed) << hr;
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) s[4 * nt + 2 * hr + e] = fast_exp2(fmaf(s[4 * nt + 2 * hr + e], scale_log2, -m_use));
+    }
+    return rescale;
+}
+
+// O += P V with O's columns 128-135 fed by the ones block after the V tile
+// (MODE_RING_ONES): 64-column slabs BC rows apart, the third one the ones.
+template <int BC>
+__device__ __forceinline__ void issue_pv_ones(float (&o)[68], const uint32_t (&pa)[BC / 16][4], uint32_t v_tile) {
+    wgmma_fence();  // orders earlier register writes of o and pa before the async accumulation
+    const uint64_t vd = wgmma_desc(v_tile, BC * FC_SWZ_ROW_BYTES, FC_SWZ_GROUP_BYTES);
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs_n136<T>(o, pa[kk], wgmma_desc_add(vd, kk * 16 * FC_SWZ_ROW_BYTES), 1);
+    wgmma_commit();
+}
 
 // The softmax of s in two parts (split): row maxima, corr and the rescale vote
 // (softmax_tile's), then P of row half HR into pn's A fragments, returning that
@@ -157,11 +206,12 @@ struct RingBars {
 };
 
 // Ring mode's producer (thread 0 of warpgroup 0): K/V tile j into ring slot
-// j % RING for j = 0 .. n (K) and 0 .. n - 1 (V), in the kernel producer's
+// j % RING (V slots vstride apart) for j = 0 .. n (K) and 0 .. n - 1 (V), in the kernel producer's
 // order (K_j, then V_j), each once its empty barrier says both consumers are
 // done with the slot; with src by bulk copies of KV_BYTES completing on the full
 // barrier (K from src, V from src + KV_BYTES), without by a plain arrival.
-__device__ void ring_producer(const unsigned char* src, uint32_t sK, uint32_t sV, uint32_t bars, int n) {
+__device__ void ring_producer(const unsigned char* src, uint32_t sK, uint32_t sV, uint32_t vstride, uint32_t bars,
+                              int n) {
     const RingBars rb(bars);
     auto fill = [&](uint32_t dst, const unsigned char* from, uint32_t full) {
         if (src) land_bytes(dst, from, KV_BYTES, full);
@@ -174,7 +224,7 @@ __device__ void ring_producer(const unsigned char* src, uint32_t sK, uint32_t sV
         fill(sK + st * KV_BYTES, src, rb.k_full + 8 * st);
         if (j == n) break;
         mbar_wait(rb.v_empty + 8 * st, free_parity);  // V slot st is free
-        fill(sV + st * KV_BYTES, src + KV_BYTES, rb.v_full + 8 * st);
+        fill(sV + st * vstride, src + KV_BYTES, rb.v_full + 8 * st);
     }
 }
 
@@ -189,11 +239,16 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem[];
     const uint32_t sQ = (smem_u32(smem) + FC_SWZ_GROUP_BYTES - 1) & ~(FC_SWZ_GROUP_BYTES - 1);
-    const uint32_t sK = sQ + Q_BYTES, sV = sK + RING * KV_BYTES, sink = sV + RING * KV_BYTES;
-    for (uint32_t a = sQ + 16 * threadIdx.x; a < sink; a += 16 * blockDim.x)
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(operand_word(fill, a)),
-                     "r"(operand_word(fill, a + 4)), "r"(operand_word(fill, a + 8)), "r"(operand_word(fill, a + 12))
+    constexpr bool ones = MODE == MODE_RING_ONES;
+    constexpr uint32_t VS = v_stride(MODE);
+    const uint32_t sK = sQ + Q_BYTES, sV = sK + RING * KV_BYTES, sink = sV + RING * VS;
+    for (uint32_t a = sQ + 16 * threadIdx.x; a < sink; a += 16 * blockDim.x) {
+        const bool one = ones && a >= sV && (a - sV) % VS >= KV_BYTES;  // a ones block
+        uint32_t w[4];
+        for (int i = 0; i < 4; ++i) w[i] = one ? FP16_ONES : operand_word(fill, a + 4 * i);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
                      : "memory");
+    }
     __shared__ alignas(8) unsigned long long stream_bar;
     __shared__ int done;  // consumer warpgroups done (stream mode)
     // ring mode: k_full, v_full, k_empty, v_empty (RING of each)
@@ -216,7 +271,7 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1)
         if (threadIdx.x < 128) {
             setmaxnreg_dec<REGS == 240 ? 24 : 40>();
             if (ring) {
-                if (threadIdx.x == 0) ring_producer(src, sK, sV, bars, steps + WARMUP);
+                if (threadIdx.x == 0) ring_producer(src, sK, sV, VS, bars, steps + WARMUP);
             } else if (src && threadIdx.x == 0)
                 out[MAX_SMS * 8 + blockIdx.x] = stream_rounds(src, sink + 64, smem_u32(&stream_bar), gap, &done);
             return;
@@ -226,11 +281,12 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1)
     const int cw = threadIdx.x / 128 - (REGS > 0), warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     const uint32_t q_rows = sQ + cw * 64 * FC_SWZ_ROW_BYTES;
     const float scale_log2 = 0.125f * FC_LOG2E;
-    float o[1][64], s[BC / 2], s2[BC / 2];
+    constexpr int ON = ones ? 136 : 128;  // O's columns (ones: 8 of row sums)
+    float o[1][ON / 2], s[BC / 2], s2[BC / 2];
     uint32_t pa[BC / 16][4], pb[BC / 16][4];
     float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[0][i] = 0.f;
+    for (int i = 0; i < ON / 2; ++i) o[0][i] = 0.f;
 #pragma unroll
     for (int k = 0; k < BC / 16; ++k)
 #pragma unroll
@@ -263,19 +319,22 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1)
             mbar_wait(rb.k_full + 8 * sn, (gn / RING) & 1);  // K_{j+1} has landed
             issue_qk<DP, BR, BC, T, true>(s, q_rows, sK + sn * KV_BYTES);
             mbar_wait(rb.v_full + 8 * st, (j / RING) & 1);  // V_j has landed
-            issue_pv<BC, 128, 1, T, true>(o, pa, sV + st * KV_BYTES);
+            if constexpr (ones) issue_pv_ones<BC>(o[0], pa, sV + st * VS);
+            else issue_pv<BC, 128, 1, T, true>(o, pa, sV + st * VS);
             wgmma_wait<1>();  // S_{j+1} is done
             fence_regs(s);
             release(rb.k_empty + 8 * sn);  // done with K slot sn
             float corr[2];
-            unsigned rescale = softmax_tile<BC, true>(s, m_i, l_i, corr, scale_log2);
+            unsigned rescale;
+            if constexpr (MODE == MODE_RING_NOSUM || ones) rescale = softmax_nosum<BC>(s, m_i, corr, scale_log2);
+            else rescale = softmax_tile<BC, true>(s, m_i, l_i, corr, scale_log2);
             // (every step's S is the same, so that the maxima stop moving after the first)
             if constexpr (MODE == MODE_RING_RESCALE) rescale = __shfl_sync(0xffffffffu, BOTH_HALVES | rescale, 0);
             pin();
             wgmma_wait<0>();  // P_j V_j is done
             fence_regs(o[0]);
             release(rb.v_empty + 8 * st);  // done with V slot st
-            rescale_o<1, 128>(o, rescale, corr);
+            rescale_o<1, ON>(o, rescale, corr);
             pack_p<BC, T>(pa, s);
         }
     } else if constexpr (MODE == MODE_NOW || MODE == MODE_MMA) {
@@ -369,7 +428,7 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1)
     const long long t1 = clock64(), g1 = globaltimer_ns();
     float sum = l_i[0] + l_i[1];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) sum += o[0][i];
+    for (int i = 0; i < ON / 2; ++i) sum += o[0][i];
 #pragma unroll
     for (int i = 0; i < BC / 2; ++i) sum += s[i] + (MODE == MODE_SPLIT ? s2[i] : 0.f);
 #pragma unroll
@@ -391,14 +450,15 @@ static int check(cudaError_t e, const char* what) { return tool_check("loop_sche
 template <int MODE, int REGS, int BC = 128>
 static int run(long long* dout, int grid, uint32_t fill, const unsigned char* src = nullptr, int gap = 0) {
     static long long h[MAX_SMS * 9];
-    static const char* names[7] = {"now", "ahead", "split", "mma", "ring", "ringw", "ringr"};
-    if (check(cudaFuncSetAttribute(loop_sched_kernel<MODE, REGS, BC>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES),
+    static const char* names[9] = {"now", "ahead", "split", "mma", "ring", "ringw", "ringr", "nosum", "ones"};
+    if (check(cudaFuncSetAttribute(loop_sched_kernel<MODE, REGS, BC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   smem_bytes(MODE)),
               "smem attribute") ||
         check(cudaMemset(dout, 0, sizeof(h)), "memset"))
         return 1;
     for (int rep = 0; rep < 2; ++rep) {  // the first launch warms the clocks
         loop_sched_kernel<MODE, REGS, BC>
-            <<<grid, REGS ? 384 : 256, SMEM_BYTES>>>(dout, nullptr, fill, STEPS * 128 / BC, src, gap);
+            <<<grid, REGS ? 384 : 256, smem_bytes(MODE)>>>(dout, nullptr, fill, STEPS * 128 / BC, src, gap);
         if (check(cudaGetLastError(), "launch") || check(cudaDeviceSynchronize(), "kernel")) return 1;
     }
     if (check(cudaMemcpy(h, dout, sizeof(h), cudaMemcpyDeviceToHost), "copy")) return 1;
@@ -433,8 +493,8 @@ static int run(long long* dout, int grid, uint32_t fill, const unsigned char* sr
 }
 
 int main(int argc, char** argv) {
-    if (argc > 2 || (argc == 2 && strcmp(argv[1], "ring") != 0)) {
-        fprintf(stderr, "usage: loop_sched [ring]   (ring: the ring section alone)\n");
+    if (argc > 2 || (argc == 2 && strcmp(argv[1], "ring") != 0 && strcmp(argv[1], "sums") != 0)) {
+        fprintf(stderr, "usage: loop_sched [ring|sums]   (ring: the ring section alone; sums: the row-sum section alone)\n");
         return 2;
     }
     long long* dout = nullptr;
@@ -442,7 +502,8 @@ int main(int argc, char** argv) {
     if (tool_sm_grid("loop_sched", MAX_SMS, &grid)) return 1;
     if (check(cudaMalloc(&dout, MAX_SMS * 9 * sizeof(long long)), "malloc")) return 1;
     int bad = 0;
-    const bool ring_only = argc == 2;  // `loop_sched ring`: the ring section alone
+    const bool ring_only = argc == 2;  // `loop_sched ring` or `sums`: that section alone
+    const bool sums = argc == 2 && strcmp(argv[1], "sums") == 0;
     for (uint32_t fill = 0; fill < (ring_only ? 0u : 2u); ++fill) {  // operands: zeros, then random (operand_word)
         for (int round = 0; round < 2; ++round) {
             const int g = grid;
@@ -472,7 +533,14 @@ int main(int argc, char** argv) {
     static uint32_t host_words[STREAM_BYTES / 4];
     for (int i = 0; i < STREAM_BYTES / 4; ++i) host_words[i] = operand_word(1, 4 * i);
     if (check(cudaMemcpy(src, host_words, STREAM_BYTES, cudaMemcpyHostToDevice), "copy")) return 1;
-    for (int round = 0; round < 2; ++round) {
+    // Row sums (`loop_sched sums`): the ring loop with its FADDs, without them, and
+    // with the sums from the tensor core (m64n136k16 on a block of ones).
+    for (int round = 0; round < (sums ? 2 : 0); ++round) {
+        bad |= run<MODE_RING, 240>(dout, grid, 1, src) | run<MODE_RING_NOSUM, 240>(dout, grid, 1, src) |
+               run<MODE_RING_ONES, 240>(dout, grid, 1, src) | run<MODE_RING, 232>(dout, grid, 1, src) |
+               run<MODE_RING_NOSUM, 232>(dout, grid, 1, src) | run<MODE_RING_ONES, 232>(dout, grid, 1, src);
+    }
+    for (int round = 0; round < (sums ? 0 : 2); ++round) {
         bad |= run<MODE_NOW, 240>(dout, grid, 1) | run<MODE_RING, 240>(dout, grid, 1) |
                run<MODE_RING, 240>(dout, grid, 1, src) | run<MODE_RING_WARP, 240>(dout, grid, 1, src) |
                run<MODE_RING_RESCALE, 240>(dout, grid, 1, src) | run<MODE_NOW, 232>(dout, grid, 1) |
