@@ -33,7 +33,8 @@
 // alone: "sync only"); ringr runs the O rescale at every step.
 // Row-sum mode (`loop_sched sums` runs it alone): the ring loop without the
 // row sums' FADDs (nosum), and with the sums from the tensor core (ones: P V as
-// m64n136k16 whose last 8 columns read a block of ones after each V slot).
+// m64n136k16 whose last 8 columns read a block of ones after each V slot), and
+// with the sums but without the PIN_SOFTMAX store (nopin).
 // Prints cycles per 128 keys: the CTA's span (first warpgroup start to last
 // end) and each warpgroup's own time, means over the CTAs. ptxas's choices
 // move between builds of this file (which schedules it serializes, C7512), so
@@ -81,10 +82,11 @@ using T = __half;
 // what taking them off the consumer's chain gives); MODE_RING_ONES: the same
 // softmax, with the row sums from the tensor core: P V as m64n136k16, its last 8
 // columns read from a 16 KB block of ones after each V slot (ONES_BYTES), so
-// that O's columns 128-135 accumulate sum(P) and rescale with O.
+// that O's columns 128-135 accumulate sum(P) and rescale with O; MODE_RING_NOPIN:
+// MODE_RING without the PIN_SOFTMAX store (the row sums kept).
 enum {
     MODE_NOW = 0, MODE_AHEAD = 1, MODE_SPLIT = 2, MODE_MMA = 3, MODE_RING = 4, MODE_RING_WARP = 5,
-    MODE_RING_RESCALE = 6, MODE_RING_NOSUM = 7, MODE_RING_ONES = 8
+    MODE_RING_RESCALE = 6, MODE_RING_NOSUM = 7, MODE_RING_ONES = 8, MODE_RING_NOPIN = 9
 };
 static constexpr uint32_t ONES_BYTES = BC_MAX * FC_SWZ_ROW_BYTES;  // one 64-column slab of V's layout, all ones
 static constexpr uint32_t FP16_ONES = 0x3C003C00u;                 // two fp16 1.0
@@ -330,7 +332,7 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1)
             else rescale = softmax_tile<BC, true>(s, m_i, l_i, corr, scale_log2);
             // (every step's S is the same, so that the maxima stop moving after the first)
             if constexpr (MODE == MODE_RING_RESCALE) rescale = __shfl_sync(0xffffffffu, BOTH_HALVES | rescale, 0);
-            pin();
+            if constexpr (MODE != MODE_RING_NOPIN) pin();
             wgmma_wait<0>();  // P_j V_j is done
             fence_regs(o[0]);
             release(rb.v_empty + 8 * st);  // done with V slot st
@@ -450,7 +452,7 @@ static int check(cudaError_t e, const char* what) { return tool_check("loop_sche
 template <int MODE, int REGS, int BC = 128>
 static int run(long long* dout, int grid, uint32_t fill, const unsigned char* src = nullptr, int gap = 0) {
     static long long h[MAX_SMS * 9];
-    static const char* names[9] = {"now", "ahead", "split", "mma", "ring", "ringw", "ringr", "nosum", "ones"};
+    static const char* names[10] = {"now", "ahead", "split", "mma", "ring", "ringw", "ringr", "nosum", "ones", "nopin"};
     if (check(cudaFuncSetAttribute(loop_sched_kernel<MODE, REGS, BC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    smem_bytes(MODE)),
               "smem attribute") ||
@@ -537,8 +539,9 @@ int main(int argc, char** argv) {
     // with the sums from the tensor core (m64n136k16 on a block of ones).
     for (int round = 0; round < (sums ? 2 : 0); ++round) {
         bad |= run<MODE_RING, 240>(dout, grid, 1, src) | run<MODE_RING_NOSUM, 240>(dout, grid, 1, src) |
-               run<MODE_RING_ONES, 240>(dout, grid, 1, src) | run<MODE_RING, 232>(dout, grid, 1, src) |
-               run<MODE_RING_NOSUM, 232>(dout, grid, 1, src) | run<MODE_RING_ONES, 232>(dout, grid, 1, src);
+               run<MODE_RING_ONES, 240>(dout, grid, 1, src) | run<MODE_RING_NOPIN, 240>(dout, grid, 1, src) |
+               run<MODE_RING, 232>(dout, grid, 1, src) | run<MODE_RING_NOSUM, 232>(dout, grid, 1, src) |
+               run<MODE_RING_ONES, 232>(dout, grid, 1, src) | run<MODE_RING_NOPIN, 232>(dout, grid, 1, src);
     }
     for (int round = 0; round < (sums ? 0 : 2); ++round) {
         bad |= run<MODE_NOW, 240>(dout, grid, 1) | run<MODE_RING, 240>(dout, grid, 1) |
