@@ -1,9 +1,9 @@
 // loop_sched.cu -- microbenchmark: the D = 128 consumer loop of the Hopper
-// kernel under three issue schedules and register budgets (sm90a), no torch,
-// no TMA tensor maps, no K/V barriers but in its ring mode.
+// kernel under three issue schedules and register budgets (sm90a), no torch;
+// K/V barriers in its ring modes only, TMA tensor maps in its tensor mode only.
 //
 //   nvcc -O3 -std=c++17 -Icsrc -DFC_HAVE_SM90 -gencode=arch=compute_90a,code=sm_90a -cudart static \
-//        -o build/loop_sched csrc/tools/loop_sched.cu
+//        -o build/loop_sched csrc/tools/loop_sched.cu csrc/sm90/tensor_map.cu
 //   build/loop_sched          # on the GPU machine
 //
 // One CTA per SM, two consumer warpgroups, each running K/V steps of the
@@ -34,7 +34,9 @@
 // Row-sum mode (`loop_sched sums` runs it alone): the ring loop without the
 // row sums' FADDs (nosum), and with the sums from the tensor core (ones: P V as
 // m64n136k16 whose last 8 columns read a block of ones after each V slot), and
-// with the sums but without the PIN_SOFTMAX store (nopin).
+// with the sums but without the PIN_SOFTMAX store (nopin). Tensor mode (`loop_sched
+// tma`): the ring filled by the kernel's TMA tensor loads, walking K and V as its
+// S = 2k tiles do (ringt), and with half of each tile's bytes (ringth).
 // Prints cycles per 128 keys: the CTA's span (first warpgroup start to last
 // end) and each warpgroup's own time, means over the CTAs. ptxas's choices
 // move between builds of this file (which schedules it serializes, C7512), so
@@ -48,14 +50,18 @@
 // Ring mode (session 43; at 240 and 232 registers alike, sync only run at 240):
 // now 2430-2446, ring sync only 2460-2471, ring 2470-2482, ringw 2454-2464, ringr 2551.
 // Row-sum mode (session 44, 240 and 232 alike): ring 2470-2472, nosum 2388, ones
-// 2425-2426 (in both, ptxas put the P V wait ahead of the exponentials).
+// 2425-2426 (in both, ptxas put the P V wait ahead of the exponentials), nopin 2530-2532.
+// Tensor mode (session 44): ring 2470-2471, ringt 2513-2517, ringth 2520-2522
+// (at a 1 % higher clock: 756-758 TFLOP/s against 749-751).
 #include <cuda_fp16.h>
 #include <stdio.h>
 #include <string.h>
 
 #include <type_traits>
+#include <vector>
 
 #include "sm90/attn_sm90_parts.cuh"
+#include "sm90/tensor_map.h"
 #include "tools/tool_util.h"
 
 static constexpr int MAX_SMS = 1024;   // output slots; the grid is one CTA per SM
@@ -83,10 +89,16 @@ using T = __half;
 // softmax, with the row sums from the tensor core: P V as m64n136k16, its last 8
 // columns read from a 16 KB block of ones after each V slot (ONES_BYTES), so
 // that O's columns 128-135 accumulate sum(P) and rescale with O; MODE_RING_NOPIN:
-// MODE_RING without the PIN_SOFTMAX store (the row sums kept).
+// MODE_RING without the PIN_SOFTMAX store (the row sums kept). MODE_RING_TMA:
+// MODE_RING with the slots filled as the kernel's producer fills them (TMA
+// tensor loads of 64-column slabs, 128-byte swizzle) from K and V tensors of
+// TMA_HEADS heads of TMA_KEYS keys, each CTA walking them as the kernel's static
+// order deals S = 2k tiles (ring_producer_tma); MODE_RING_TMA_HALF: the same
+// with only the first slab of each tile loaded (half the bytes, as session 26's bound).
 enum {
     MODE_NOW = 0, MODE_AHEAD = 1, MODE_SPLIT = 2, MODE_MMA = 3, MODE_RING = 4, MODE_RING_WARP = 5,
-    MODE_RING_RESCALE = 6, MODE_RING_NOSUM = 7, MODE_RING_ONES = 8, MODE_RING_NOPIN = 9
+    MODE_RING_RESCALE = 6, MODE_RING_NOSUM = 7, MODE_RING_ONES = 8, MODE_RING_NOPIN = 9,
+    MODE_RING_TMA = 10, MODE_RING_TMA_HALF = 11
 };
 static constexpr uint32_t ONES_BYTES = BC_MAX * FC_SWZ_ROW_BYTES;  // one 64-column slab of V's layout, all ones
 static constexpr uint32_t FP16_ONES = 0x3C003C00u;                 // two fp16 1.0
@@ -230,14 +242,49 @@ __device__ void ring_producer(const unsigned char* src, uint32_t sK, uint32_t sV
     }
 }
 
+// Tensor ring mode's K and V (B = 1, TMA_HEADS heads of TMA_KEYS keys, D = 128, fp16).
+static constexpr int TMA_KEYS = 2048;                      // keys per head (the grid's S = 2k)
+static constexpr int TMA_KV_TILES = TMA_KEYS / BC_MAX;    // K/V tiles per query tile (16)
+static constexpr int TMA_QBLOCKS = TMA_KEYS / BR;         // query tiles per head (16)
+static constexpr int TMA_HEADS = 64;                      // enough for (132 + 132 * 4) tiles of 16 per head
+struct RingMaps {
+    CUtensorMap k, v;
+};
+
+// Tensor ring mode's producer (thread 0 of warpgroup 0): as ring_producer, with
+// K/V tile j of this CTA's walk loaded by TMA: the kernel's static order gives
+// CTA c the tiles c, c + grid, ... of 16 per head (each tile 16 K/V tiles), so
+// K/V tile j is key block j % 16 of head (c + grid (j / 16)) / 16; each slab
+// is one load (the kernel's load_slabs), only the first with `half`.
+__device__ void ring_producer_tma(const RingMaps& maps, uint32_t sK, uint32_t sV, uint32_t bars, int n, bool half) {
+    const RingBars rb(bars);
+    auto fill = [&](uint32_t dst, const CUtensorMap* map, uint32_t full, int j) {
+        const int tile = (int)blockIdx.x + (int)gridDim.x * (j / TMA_KV_TILES);
+        const int head = tile / TMA_QBLOCKS, row = (j % TMA_KV_TILES) * BC_MAX;
+        mbar_expect_tx(full, half ? KV_BYTES / 2 : KV_BYTES);
+        for (int sl = 0; sl < (half ? 1 : DP / FC_SLAB_COLS); ++sl)
+            tma_load_4d(dst + sl * BC_MAX * FC_SWZ_ROW_BYTES, map, full, sl * FC_SLAB_COLS, row, head, 0);
+    };
+    for (int j = 0; j <= n; ++j) {
+        const int st = j % RING;
+        const uint32_t free_parity = ((j / RING) & 1) ^ 1;
+        mbar_wait(rb.k_empty + 8 * st, free_parity);  // K slot st is free
+        fill(sK + st * KV_BYTES, &maps.k, rb.k_full + 8 * st, j);
+        if (j == n) break;
+        mbar_wait(rb.v_empty + 8 * st, free_parity);  // V slot st is free
+        fill(sV + st * KV_BYTES, &maps.v, rb.v_full + 8 * st, j);
+    }
+}
+
 // out[(cta * 2 + warpgroup) * 4 + {0, 1, 2, 3}]: the warpgroup's first and last
 // timed clock64, then the same two moments' globaltimer (ns). sink_out (null
 // here) would take a checksum per thread; as a runtime pointer it keeps the
 // compiler from dropping any wgmma. src, gap: stream mode (null: none), its
-// round count in out[MAX_SMS * 8 + cta].
+// round count in out[MAX_SMS * 8 + cta]. maps: tensor ring mode's K and V.
 template <int MODE, int REGS, int BC>
 __global__ void __launch_bounds__(REGS ? 384 : 256, 1)
-    loop_sched_kernel(long long* out, float* sink_out, uint32_t fill, int steps, const unsigned char* src, int gap) {
+    loop_sched_kernel(long long* out, float* sink_out, uint32_t fill, int steps, const unsigned char* src, int gap,
+                      const __grid_constant__ RingMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem[];
     const uint32_t sQ = (smem_u32(smem) + FC_SWZ_GROUP_BYTES - 1) & ~(FC_SWZ_GROUP_BYTES - 1);
@@ -273,7 +320,12 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1)
         if (threadIdx.x < 128) {
             setmaxnreg_dec<REGS == 240 ? 24 : 40>();
             if (ring) {
-                if (threadIdx.x == 0) ring_producer(src, sK, sV, VS, bars, steps + WARMUP);
+                if (threadIdx.x == 0) {
+                    if constexpr (MODE == MODE_RING_TMA || MODE == MODE_RING_TMA_HALF)
+                        ring_producer_tma(maps, sK, sV, bars, steps + WARMUP, MODE == MODE_RING_TMA_HALF);
+                    else
+                        ring_producer(src, sK, sV, VS, bars, steps + WARMUP);
+                }
             } else if (src && threadIdx.x == 0)
                 out[MAX_SMS * 8 + blockIdx.x] = stream_rounds(src, sink + 64, smem_u32(&stream_bar), gap, &done);
             return;
@@ -449,10 +501,13 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1)
 
 static int check(cudaError_t e, const char* what) { return tool_check("loop_sched", e, what); }
 
+static RingMaps g_maps;  // tensor ring mode's maps (zeros until main builds them)
+
 template <int MODE, int REGS, int BC = 128>
 static int run(long long* dout, int grid, uint32_t fill, const unsigned char* src = nullptr, int gap = 0) {
     static long long h[MAX_SMS * 9];
-    static const char* names[10] = {"now", "ahead", "split", "mma", "ring", "ringw", "ringr", "nosum", "ones", "nopin"};
+    static const char* names[12] = {"now",  "ahead", "split", "mma",   "ring", "ringw",
+                                    "ringr", "nosum", "ones",  "nopin", "ringt", "ringth"};
     if (check(cudaFuncSetAttribute(loop_sched_kernel<MODE, REGS, BC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    smem_bytes(MODE)),
               "smem attribute") ||
@@ -460,7 +515,7 @@ static int run(long long* dout, int grid, uint32_t fill, const unsigned char* sr
         return 1;
     for (int rep = 0; rep < 2; ++rep) {  // the first launch warms the clocks
         loop_sched_kernel<MODE, REGS, BC>
-            <<<grid, REGS ? 384 : 256, smem_bytes(MODE)>>>(dout, nullptr, fill, STEPS * 128 / BC, src, gap);
+            <<<grid, REGS ? 384 : 256, smem_bytes(MODE)>>>(dout, nullptr, fill, STEPS * 128 / BC, src, gap, g_maps);
         if (check(cudaGetLastError(), "launch") || check(cudaDeviceSynchronize(), "kernel")) return 1;
     }
     if (check(cudaMemcpy(h, dout, sizeof(h), cudaMemcpyDeviceToHost), "copy")) return 1;
@@ -483,7 +538,8 @@ static int run(long long* dout, int grid, uint32_t fill, const unsigned char* sr
     double rounds = 0;
     for (int c = 0; c < grid; ++c) rounds += (double)h[MAX_SMS * 8 + c];
     // (rounds span the whole launch, warm-up steps included: a rate, not an exact share)
-    if (MODE >= MODE_RING) snprintf(what, sizeof what, "%s, ring %s", fill ? "random" : "zeros", src ? "TMA" : "sync only");
+    if (MODE >= MODE_RING_TMA) snprintf(what, sizeof what, "random, tensor TMA%s", MODE == MODE_RING_TMA_HALF ? ", half" : "");
+    else if (MODE >= MODE_RING) snprintf(what, sizeof what, "%s, ring %s", fill ? "random" : "zeros", src ? "TMA" : "sync only");
     else if (src) snprintf(what, sizeof what, "%s, stream gap %d: %.0f B/clk", fill ? "random" : "zeros", gap,
                       rounds * STREAM_BYTES / span);
     else snprintf(what, sizeof what, "%s", fill ? "random" : "zeros");
@@ -495,8 +551,10 @@ static int run(long long* dout, int grid, uint32_t fill, const unsigned char* sr
 }
 
 int main(int argc, char** argv) {
-    if (argc > 2 || (argc == 2 && strcmp(argv[1], "ring") != 0 && strcmp(argv[1], "sums") != 0)) {
-        fprintf(stderr, "usage: loop_sched [ring|sums]   (ring: the ring section alone; sums: the row-sum section alone)\n");
+    if (argc > 2 || (argc == 2 && strcmp(argv[1], "ring") != 0 && strcmp(argv[1], "sums") != 0 &&
+                     strcmp(argv[1], "tma") != 0)) {
+        fprintf(stderr, "usage: loop_sched [ring|sums|tma]   (that section alone: the K/V ring, the row sums, "
+                        "the ring filled by TMA tensor loads)\n");
         return 2;
     }
     long long* dout = nullptr;
@@ -506,6 +564,7 @@ int main(int argc, char** argv) {
     int bad = 0;
     const bool ring_only = argc == 2;  // `loop_sched ring` or `sums`: that section alone
     const bool sums = argc == 2 && strcmp(argv[1], "sums") == 0;
+    const bool tma = argc == 2 && strcmp(argv[1], "tma") == 0;
     for (uint32_t fill = 0; fill < (ring_only ? 0u : 2u); ++fill) {  // operands: zeros, then random (operand_word)
         for (int round = 0; round < 2; ++round) {
             const int g = grid;
@@ -543,7 +602,34 @@ int main(int argc, char** argv) {
                run<MODE_RING, 232>(dout, grid, 1, src) | run<MODE_RING_NOSUM, 232>(dout, grid, 1, src) |
                run<MODE_RING_ONES, 232>(dout, grid, 1, src) | run<MODE_RING_NOPIN, 232>(dout, grid, 1, src);
     }
-    for (int round = 0; round < (sums ? 0 : 2); ++round) {
+    // Tensor ring mode (`loop_sched tma`): the ring filled by bulk copies of one buffer, by
+    // the kernel's TMA tensor loads walking K and V as its tiles do, and by half of them.
+    if (tma) {
+        const size_t elems = (size_t)TMA_HEADS * TMA_KEYS * DP;
+        std::vector<uint32_t> words(elems / 2);
+        for (size_t i = 0; i < words.size(); ++i) words[i] = operand_word(1, (uint32_t)(4 * i));
+        void *dk = nullptr, *dv = nullptr;
+        if (check(cudaMalloc(&dk, elems * 2), "malloc") || check(cudaMalloc(&dv, elems * 2), "malloc") ||
+            check(cudaMemcpy(dk, words.data(), elems * 2, cudaMemcpyHostToDevice), "copy") ||
+            check(cudaMemcpy(dv, words.data(), elems * 2, cudaMemcpyHostToDevice), "copy"))
+            return 1;
+        for (int i = 0; i < 2; ++i) {
+            CUtensorMap* m = i ? &g_maps.v : &g_maps.k;
+            if (fc_sm90_tensor_map(m, FC_DTYPE_FP16, i ? dv : dk, DP, TMA_KEYS, TMA_HEADS, 1, DP, (int64_t)TMA_KEYS * DP,
+                                   (int64_t)TMA_HEADS * TMA_KEYS * DP, BC_MAX) != FC_OK) {
+                fprintf(stderr, "loop_sched: tensor map failed\n");
+                return 1;
+            }
+        }
+        for (int round = 0; round < 2; ++round) {
+            bad |= run<MODE_RING, 240>(dout, grid, 1, src) | run<MODE_RING_TMA, 240>(dout, grid, 1) |
+                   run<MODE_RING_TMA_HALF, 240>(dout, grid, 1) | run<MODE_RING, 232>(dout, grid, 1, src) |
+                   run<MODE_RING_TMA, 232>(dout, grid, 1) | run<MODE_RING_TMA_HALF, 232>(dout, grid, 1);
+        }
+        cudaFree(dk);
+        cudaFree(dv);
+    }
+    for (int round = 0; round < (sums || tma ? 0 : 2); ++round) {
         bad |= run<MODE_NOW, 240>(dout, grid, 1) | run<MODE_RING, 240>(dout, grid, 1) |
                run<MODE_RING, 240>(dout, grid, 1, src) | run<MODE_RING_WARP, 240>(dout, grid, 1, src) |
                run<MODE_RING_RESCALE, 240>(dout, grid, 1, src) | run<MODE_NOW, 232>(dout, grid, 1) |
