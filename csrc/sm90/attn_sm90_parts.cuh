@@ -229,7 +229,8 @@ __device__ __forceinline__ void wgmma_qk(float (&d)[N / 2], uint64_t da, uint64_
 }
 template <int N, typename T>
 __device__ __forceinline__ void wgmma_pv(float (&d)[N / 2], const uint32_t a[4], uint64_t db) {
-    if constexpr (N == 128) wgmma_rs_n128<T>(d, a, db, 1);
+    if constexpr (N == 136) wgmma_rs_n136<T>(d, a, db, 1);  // (loop_sched's P V with 8 columns of ones)
+    else if constexpr (N == 128) wgmma_rs_n128<T>(d, a, db, 1);
     else wgmma_rs_n64<T>(d, a, db, 1);
 }
 
@@ -326,7 +327,8 @@ __device__ __forceinline__ float softmax_row_max(const float (&s)[BC / 2], int h
 // (i / 2) % 2 == hr, must be multiplied by corr[hr]: rescale_o). One vote per
 // half skips more of the rescale than one per warp: 8 rows settle sooner than
 // 16. With !HALF_VOTES one vote covers the warp: the mask is 3 or 0.
-template <int BC, bool HALF_VOTES>
+// SUMS false: no row sums (l_i is left as it is; loop_sched's row-sum modes).
+template <int BC, bool HALF_VOTES, bool SUMS = true>
 __device__ __forceinline__ unsigned softmax_tile(float (&s)[BC / 2], float (&m_i)[2], float (&l_i)[2],
                                                  float (&corr)[2], float scale_log2) {
     unsigned rescale = 0;
@@ -343,9 +345,9 @@ __device__ __forceinline__ unsigned softmax_tile(float (&s)[BC / 2], float (&m_i
             for (int e = 0; e < 2; ++e) {
                 const float pe = fast_exp2(fmaf(s[4 * nt + 2 * hr + e], scale_log2, -m_use));
                 s[4 * nt + 2 * hr + e] = pe;
-                rs += pe;
+                if constexpr (SUMS) rs += pe;
             }
-        l_i[hr] = l_i[hr] * corr[hr] + rs;
+        if constexpr (SUMS) l_i[hr] = l_i[hr] * corr[hr] + rs;
     }
     if constexpr (HALF_VOTES) return rescale;
     else return __any_sync(0xffffffffu, rescale) ? 3u : 0u;

@@ -107,36 +107,6 @@ static_assert(ONES_SMEM + 128 <= SMEM_MAX, "Q, the ring with its ones and the si
 __host__ __device__ constexpr uint32_t v_stride(int mode) { return mode == MODE_RING_ONES ? KV_BYTES + ONES_BYTES : KV_BYTES; }
 __host__ __device__ constexpr int smem_bytes(int mode) { return mode == MODE_RING_ONES ? ONES_SMEM : SMEM_BYTES; }
 
-// softmax_tile without the row sums (MODE_RING_NOSUM, MODE_RING_ONES): the row
-// maxima, corr and the rescale vote, and s <- P; l_i is left as it is.
-template <int BC>
-__device__ __forceinline__ unsigned softmax_nosum(float (&s)[BC / 2], float (&m_i)[2], float (&corr)[2],
-                                                  float scale_log2) {
-    unsigned rescale = 0;
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-        bool changed;
-        const float m_use = softmax_row_max<BC>(s, hr, m_i, corr, scale_log2, changed);
-        rescale |= (unsigned)__any_sync(0xffffffffu, changed) << hr;
-#pragma unroll
-        for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) s[4 * nt + 2 * hr + e] = fast_exp2(fmaf(s[4 * nt + 2 * hr + e], scale_log2, -m_use));
-    }
-    return rescale;
-}
-
-// O += P V with O's columns 128-135 fed by the ones block after the V tile
-// (MODE_RING_ONES): 64-column slabs BC rows apart, the third one the ones.
-template <int BC>
-__device__ __forceinline__ void issue_pv_ones(float (&o)[68], const uint32_t (&pa)[BC / 16][4], uint32_t v_tile) {
-    wgmma_fence();  // orders earlier register writes of o and pa before the async accumulation
-    const uint64_t vd = wgmma_desc(v_tile, BC * FC_SWZ_ROW_BYTES, FC_SWZ_GROUP_BYTES);
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs_n136<T>(o, pa[kk], wgmma_desc_add(vd, kk * 16 * FC_SWZ_ROW_BYTES), 1);
-    wgmma_commit();
-}
-
 // The softmax of s in two parts (split): row maxima, corr and the rescale vote
 // (softmax_tile's), then P of row half HR into pn's A fragments, returning that
 // half's row sum.
@@ -219,11 +189,27 @@ struct RingBars {
         : k_full(bars), v_full(bars + 8 * RING), k_empty(bars + 16 * RING), v_empty(bars + 24 * RING) {}
 };
 
-// Ring mode's producer (thread 0 of warpgroup 0): K/V tile j into ring slot
-// j % RING (V slots vstride apart) for j = 0 .. n (K) and 0 .. n - 1 (V), in the kernel producer's
+// The ring's producer loop (thread 0 of warpgroup 0): K/V tile j into ring slot
+// j % RING for j = 0 .. n (K) and 0 .. n - 1 (V), in the kernel producer's
 // order (K_j, then V_j), each once its empty barrier says both consumers are
-// done with the slot; with src by bulk copies of KV_BYTES completing on the full
-// barrier (K from src, V from src + KV_BYTES), without by a plain arrival.
+// done with the slot, by fill_k(j, st) and fill_v(j, st).
+template <typename FillK, typename FillV>
+__device__ void ring_fill(uint32_t bars, int n, FillK fill_k, FillV fill_v) {
+    const RingBars rb(bars);
+    for (int j = 0; j <= n; ++j) {
+        const int st = j % RING;
+        const uint32_t free_parity = ((j / RING) & 1) ^ 1;
+        mbar_wait(rb.k_empty + 8 * st, free_parity);  // K slot st is free
+        fill_k(j, st);
+        if (j == n) break;
+        mbar_wait(rb.v_empty + 8 * st, free_parity);  // V slot st is free
+        fill_v(j, st);
+    }
+}
+
+// Ring mode's producer: with src by bulk copies of KV_BYTES completing on the full
+// barrier (K from src, V from src + KV_BYTES; V slots vstride apart), without by a
+// plain arrival.
 __device__ void ring_producer(const unsigned char* src, uint32_t sK, uint32_t sV, uint32_t vstride, uint32_t bars,
                               int n) {
     const RingBars rb(bars);
@@ -231,15 +217,9 @@ __device__ void ring_producer(const unsigned char* src, uint32_t sK, uint32_t sV
         if (src) land_bytes(dst, from, KV_BYTES, full);
         else mbar_arrive(full);
     };
-    for (int j = 0; j <= n; ++j) {
-        const int st = j % RING;
-        const uint32_t free_parity = ((j / RING) & 1) ^ 1;
-        mbar_wait(rb.k_empty + 8 * st, free_parity);  // K slot st is free
-        fill(sK + st * KV_BYTES, src, rb.k_full + 8 * st);
-        if (j == n) break;
-        mbar_wait(rb.v_empty + 8 * st, free_parity);  // V slot st is free
-        fill(sV + st * vstride, src + KV_BYTES, rb.v_full + 8 * st);
-    }
+    ring_fill(
+        bars, n, [&](int, int st) { fill(sK + st * KV_BYTES, src, rb.k_full + 8 * st); },
+        [&](int, int st) { fill(sV + st * vstride, src + KV_BYTES, rb.v_full + 8 * st); });
 }
 
 // Tensor ring mode's K and V (B = 1, TMA_HEADS heads of TMA_KEYS keys, D = 128, fp16).
@@ -251,7 +231,7 @@ struct RingMaps {
     CUtensorMap k, v;
 };
 
-// Tensor ring mode's producer (thread 0 of warpgroup 0): as ring_producer, with
+// Tensor ring mode's producer: as ring_producer, with
 // K/V tile j of this CTA's walk loaded by TMA: the kernel's static order gives
 // CTA c the tiles c, c + grid, ... of 16 per head (each tile 16 K/V tiles), so
 // K/V tile j is key block j % 16 of head (c + grid (j / 16)) / 16; each slab
@@ -265,15 +245,9 @@ __device__ void ring_producer_tma(const RingMaps& maps, uint32_t sK, uint32_t sV
         for (int sl = 0; sl < (half ? 1 : DP / FC_SLAB_COLS); ++sl)
             tma_load_4d(dst + sl * BC_MAX * FC_SWZ_ROW_BYTES, map, full, sl * FC_SLAB_COLS, row, head, 0);
     };
-    for (int j = 0; j <= n; ++j) {
-        const int st = j % RING;
-        const uint32_t free_parity = ((j / RING) & 1) ^ 1;
-        mbar_wait(rb.k_empty + 8 * st, free_parity);  // K slot st is free
-        fill(sK + st * KV_BYTES, &maps.k, rb.k_full + 8 * st, j);
-        if (j == n) break;
-        mbar_wait(rb.v_empty + 8 * st, free_parity);  // V slot st is free
-        fill(sV + st * KV_BYTES, &maps.v, rb.v_full + 8 * st, j);
-    }
+    ring_fill(
+        bars, n, [&](int j, int st) { fill(sK + st * KV_BYTES, &maps.k, rb.k_full + 8 * st, j); },
+        [&](int j, int st) { fill(sV + st * KV_BYTES, &maps.v, rb.v_full + 8 * st, j); });
 }
 
 // out[(cta * 2 + warpgroup) * 4 + {0, 1, 2, 3}]: the warpgroup's first and last
@@ -373,15 +347,13 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1)
             mbar_wait(rb.k_full + 8 * sn, (gn / RING) & 1);  // K_{j+1} has landed
             issue_qk<DP, BR, BC, T, true>(s, q_rows, sK + sn * KV_BYTES);
             mbar_wait(rb.v_full + 8 * st, (j / RING) & 1);  // V_j has landed
-            if constexpr (ones) issue_pv_ones<BC>(o[0], pa, sV + st * VS);
-            else issue_pv<BC, 128, 1, T, true>(o, pa, sV + st * VS);
+            issue_pv<BC, ON, 1, T, true>(o, pa, sV + st * VS);  // (ones: V's third slab is the ones block)
             wgmma_wait<1>();  // S_{j+1} is done
             fence_regs(s);
             release(rb.k_empty + 8 * sn);  // done with K slot sn
             float corr[2];
             unsigned rescale;
-            if constexpr (MODE == MODE_RING_NOSUM || ones) rescale = softmax_nosum<BC>(s, m_i, corr, scale_log2);
-            else rescale = softmax_tile<BC, true>(s, m_i, l_i, corr, scale_log2);
+            rescale = softmax_tile<BC, true, !(MODE == MODE_RING_NOSUM || ones)>(s, m_i, l_i, corr, scale_log2);
             // (every step's S is the same, so that the maxima stop moving after the first)
             if constexpr (MODE == MODE_RING_RESCALE) rescale = __shfl_sync(0xffffffffu, BOTH_HALVES | rescale, 0);
             if constexpr (MODE != MODE_RING_NOPIN) pin();
