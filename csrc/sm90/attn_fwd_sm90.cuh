@@ -144,11 +144,13 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
     const uint32_t info = sink + Tile::SINK_BYTES;  // tile coordinates, 16 bytes per Q barrier pair (16-byte aligned)
     static_assert(!KV_SPLIT || Tile::KV_SPLIT_OK, "key-split mode needs DP <= 128");
     constexpr bool split = KV_SPLIT;
-    // WARP_REL: the single-CTA D = 128 LONG kernel releases a K/V slot once per
-    // consumer warp (lane 0, after the warp's wgmma wait), as clusters do, not
-    // once per thread: measured on an H100 +0.4-0.5 % at 2k-16k (perf notes,
-    // session 44); the other kernels keep one arrival per thread, as measured.
-    constexpr bool WARP_REL = CL == 1 && LONG && DP == 128;
+    // WARP_REL: the single-CTA two-consumer D = 128 kernels release a K/V slot
+    // once per consumer warp (lane 0, after the warp's wgmma wait), as clusters
+    // do, not once per thread. Measured on an H100 (perf notes, sessions 44-45):
+    // LONG +0.4-0.5 % at 2k-16k, causal 1k +1.3 %, 512 and non-causal 1k flat;
+    // at D = 64 0.5-1 % slower (non-causal 1k-4k), at D = 256 flat, and the
+    // three-consumer D = 128 kernel spilled with it: those keep one per thread.
+    constexpr bool WARP_REL = CL == 1 && DP == 128 && CONS == 2 && !KV_SPLIT;
     constexpr int br = split ? Tile::WG_ROWS : BR;  // query rows per tile
 
     const int tid = threadIdx.x;
