@@ -144,13 +144,14 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
     const uint32_t info = sink + Tile::SINK_BYTES;  // tile coordinates, 16 bytes per Q barrier pair (16-byte aligned)
     static_assert(!KV_SPLIT || Tile::KV_SPLIT_OK, "key-split mode needs DP <= 128");
     constexpr bool split = KV_SPLIT;
-    // WARP_REL: the single-CTA two-consumer D = 128 kernels release a K/V slot
-    // once per consumer warp (lane 0, after the warp's wgmma wait), as clusters
-    // do, not once per thread. Measured on an H100 (perf notes, sessions 44-45):
-    // LONG +0.4-0.5 % at 2k-16k, causal 1k +1.3 %, 512 and non-causal 1k flat;
-    // at D = 64 0.5-1 % slower (non-causal 1k-4k), at D = 256 flat, and the
-    // three-consumer D = 128 kernel spilled with it: those keep one per thread.
-    constexpr bool WARP_REL = CL == 1 && DP == 128 && CONS == 2 && !KV_SPLIT;
+    // WARP_REL: a K/V slot is released once per consumer warp (after the warp's
+    // wgmma wait), not once per thread: always with clusters (on each CTA's
+    // barrier), and in the single-CTA two-consumer D = 128 kernels. Measured on
+    // an H100 (perf notes, sessions 44-45) in those: LONG +0.4-0.5 % at 2k-16k,
+    // causal 1k +1.3 %, 512 and non-causal 1k flat; at D = 64 0.5-1 % slower
+    // (non-causal 1k-4k), at D = 256 flat, and the three-consumer D = 128 kernel
+    // spilled with it: those keep one release per thread.
+    constexpr bool WARP_REL = CL > 1 || (DP == 128 && CONS == 2 && !KV_SPLIT);
     constexpr int br = split ? Tile::WG_ROWS : BR;  // query rows per tile
 
     const int tid = threadIdx.x;
@@ -162,11 +163,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
         for (int i = 0; i < STAGES; ++i) {
             mbar_init(k_full + 8 * i, 1);
             mbar_init(v_full + 8 * i, 1);
-            // key-split: one consumer per K/V tile; clusters: every consumer warp of
-            // every CTA; WARP_REL: every consumer warp
-            const int releases = CL > 1   ? CL * Tile::CONSUMERS * 4
-                                 : WARP_REL ? Tile::CONSUMERS * 4
-                                            : (split ? 1 : Tile::CONSUMERS) * 128;
+            // WARP_REL: every consumer warp of every CTA of the cluster; otherwise
+            // every consumer thread (key-split: of the one consumer per K/V tile)
+            const int releases = WARP_REL ? CL * Tile::CONSUMERS * 4 : (split ? 1 : Tile::CONSUMERS) * 128;
             mbar_init(k_empty + 8 * i, releases);
             mbar_init(v_empty + 8 * i, releases);
         }
@@ -279,10 +278,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
     int it = 0;    // ordinary mode: ring position of the current K/V tile
     int base = 0;  // key-split mode: ring position of the current tile's K/V tile 0
     int local = 0;
-    // A consumer's release of a K or V slot: its own thread's arrival, with
-    // WARP_REL one per warp, or with clusters one per warp on each CTA's barrier
-    // (lane r: CTA r); the per-warp ones after the warp's wgmma wait, which
-    // retires the warpgroup's reads of the slot.
+    // A consumer's release of a K or V slot: its own thread's arrival, or with
+    // WARP_REL one per warp (with clusters on each CTA's barrier, lane r: CTA r),
+    // after the warp's wgmma wait, which retires the warpgroup's reads of the slot.
     auto release = [&](uint32_t bar) {
         if constexpr (CL > 1) {
             if (lane < CL) mbar_arrive_cluster(cluster_map(bar, lane));
