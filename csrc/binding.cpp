@@ -23,6 +23,8 @@ Args:
     key: (B, Hkv, Sk, D) tensor; Hkv must divide Hq (grouped-query
         attention reads each KV head in place, with no copy).
     value: (B, Hkv, Sk, D) tensor.
+        B, H and S may be 0, as with SDPA: the output is then empty, or
+        all zeros (LSE -inf) when Sk = 0.
     attn_mask, dropout_p: accepted for SDPA compatibility; only ``None``
         and ``0.0`` are supported, anything else raises ``ValueError``.
     is_causal / causal: apply a causal mask (the two names are aliases).
@@ -92,9 +94,6 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
             value_error(std::string(names[i]) + ": expected a 4-D (B, H, S, D) tensor, got " +
                         std::to_string(t.dim()) + "-D of shape " + shape_str(t) +
                         "; add the missing dims with unsqueeze or reshape");
-        if (t.numel() == 0)
-            value_error(std::string(names[i]) + ": empty tensor of shape " + shape_str(t) +
-                        "; B, H, S and D must all be >= 1");
         if (t.is_cuda()) {
             if (t.scalar_type() != at::kHalf && t.scalar_type() != at::kBFloat16)
                 type_error(std::string(names[i]) + ": dtype " + std::string(c10::toString(t.scalar_type())) +
@@ -137,11 +136,16 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
     if (v.size(2) != k.size(2))
         value_error("v: sequence length " + std::to_string(v.size(2)) + " differs from k's " +
                     std::to_string(k.size(2)) + "; k and v need the same Sk");
-    if (q.size(1) % k.size(1) != 0)
+    // Empty sizes (B, H or S = 0) are valid, as in SDPA: the output is empty, or
+    // all zeros when Sk = 0 (no key is visible). D = 0 is not a supported head dim.
+    if (k.size(1) == 0 && q.size(1) > 0)
+        value_error("k: 0 KV heads but q has " + std::to_string(q.size(1)) +
+                    "; use Hkv that divides Hq (GQA) or Hkv == Hq");
+    if (k.size(1) > 0 && q.size(1) % k.size(1) != 0)
         value_error("k: " + std::to_string(k.size(1)) + " KV heads do not divide q's " +
                     std::to_string(q.size(1)) + " heads; use Hkv that divides Hq (GQA) or Hkv == Hq");
     const int64_t d = q.size(3);
-    if (d % 8 != 0 || d > FC_MAX_HEAD_DIM)
+    if (d < 8 || d % 8 != 0 || d > FC_MAX_HEAD_DIM)
         value_error("q: head dim D=" + std::to_string(d) +
                     " is not supported; D must be a multiple of 8 between 8 and 256 (pad the head dim)");
     for (int i = 0; i < 3; ++i)

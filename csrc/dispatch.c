@@ -257,6 +257,11 @@ static size_t choice_workspace_bytes(const fc_attn_params* p, const fc_choice* c
     return c->split ? split_workspace_bytes(p, &c->plan) : c->dyn ? FC_SM90_DYN_WORKSPACE : c->tail;
 }
 
+/* Whether p has no output row (B, Hq or Sq is 0): an empty call. */
+static int no_output_rows(const fc_attn_params* p) {
+    return p->B == 0 || p->Hq == 0 || p->Sq == 0;
+}
+
 /* Every check; the workspace is checked only when check_workspace is set
  * (the size queries run before the caller has one). On FC_OK, *c says which
  * kernel runs and how. */
@@ -269,12 +274,16 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
     c->tail = 0;
     if (!p) { fail(&r, FC_ERR_NULL_POINTER, "params: NULL"); *rp = r; return r.first; }
 
-    if (!p->q || !p->k || !p->v || !p->o)
-        fail(&r, FC_ERR_NULL_POINTER, "q, k, v, o: every tensor pointer must be non-NULL");
-    if (p->B < 1 || p->Hq < 1 || p->Hkv < 1 || p->Sq < 1 || p->Sk < 1)
-        fail(&r, FC_ERR_INVALID_SHAPE, "shape: B=%d Hq=%d Hkv=%d Sq=%d Sk=%d must all be >= 1 (empty tensors "
-             "are not supported)", p->B, p->Hq, p->Hkv, p->Sq, p->Sk);
-    else if (p->Hq % p->Hkv != 0)
+    const int no_rows = no_output_rows(p);
+    if ((!no_rows && (!p->q || !p->o)) || (!no_rows && p->Sk > 0 && (!p->k || !p->v)))
+        fail(&r, FC_ERR_NULL_POINTER, "q, k, v, o: every tensor pointer must be non-NULL (q and o may be NULL "
+             "when B, Hq or Sq is 0, k and v when Sk is 0)");
+    if (p->B < 0 || p->Hq < 0 || p->Hkv < 0 || p->Sq < 0 || p->Sk < 0)
+        fail(&r, FC_ERR_INVALID_SHAPE, "shape: B=%d Hq=%d Hkv=%d Sq=%d Sk=%d must all be >= 0",
+             p->B, p->Hq, p->Hkv, p->Sq, p->Sk);
+    else if (p->Hkv == 0 && p->Hq > 0)
+        fail(&r, FC_ERR_INVALID_SHAPE, "k, v: Hkv=0 but Hq=%d; Hkv must be >= 1 and divide Hq", p->Hq);
+    else if (p->Hkv > 0 && p->Hq % p->Hkv != 0)
         fail(&r, FC_ERR_INVALID_SHAPE, "k, v: Hkv=%d must divide Hq=%d", p->Hkv, p->Hq);
     if (p->D < 8 || p->D > FC_MAX_HEAD_DIM || p->D % 8 != 0)
         fail(&r, FC_ERR_UNSUPPORTED_HEAD_DIM, "D: head dim %d is not supported; use a multiple of 8 from 8 to %d",
@@ -326,9 +335,18 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
              "allows %d", p->D, kernel_smem(k, p->D), dev->smem_optin);
     }
 
+    /* An empty call runs no tile kernel: no split, no workspace. With Sk = 0
+     * the combine kernel writes the zero rows (fc_attn_fwd). */
+    const int empty = no_rows || p->Sk == 0;
+    if (r.first == FC_OK && !no_rows && p->Sk == 0 &&
+        ((int64_t)p->B * p->Hq * p->Sq + FC_COMBINE_ROWS - 1) / FC_COMBINE_ROWS > FC_GRID_X_MAX)
+        fail(&r, FC_ERR_INVALID_SHAPE, "shape: B=%d x Hq=%d x Sq=%d rows with Sk=0 need more than 2^31-1 "
+             "thread blocks; split the batch", p->B, p->Hq, p->Sq);
+
     /* split-KV: only once the shapes are known to be valid */
     if (r.first == FC_OK) {
-        const int64_t row_blocks = ((int64_t)(p->Hq / p->Hkv) * p->Sq + FC_DECODE_ROWS - 1) / FC_DECODE_ROWS;
+        const int64_t row_blocks =
+            p->Hkv > 0 ? ((int64_t)(p->Hq / p->Hkv) * p->Sq + FC_DECODE_ROWS - 1) / FC_DECODE_ROWS : 0;
         if (p->num_splits > 1 && p->kernel == FC_KERNEL_SM90)
             fail(&r, FC_ERR_INVALID_ARGUMENT, "num_splits: the sm90 kernel does not split Sk; pass "
                  "num_splits=None, or kernel='auto' (split-KV runs the portable decode kernel)");
@@ -338,9 +356,9 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
         else if (p->num_splits > 1 && row_blocks * p->B * p->Hkv > FC_GRID_X_MAX)
             fail(&r, FC_ERR_INVALID_SHAPE, "num_splits: B=%d x Hkv=%d x Hq/Hkv*Sq/16 needs more than 2^31-1 "
                  "thread blocks; pass num_splits=None", p->B, p->Hkv);
-        else
+        else if (!empty)
             c->split = use_split(p, k, dev, &c->plan);
-        if (r.first == FC_OK && !c->split && k == FC_KERNEL_SM90) {
+        if (r.first == FC_OK && !c->split && k == FC_KERNEL_SM90 && !empty) {
             c->dyn = fc_sm90_dynamic_order(p, dev->sm_count);
             c->tail = fc_sm90_tail_workspace(p, dev->sm_count);
         }
@@ -419,7 +437,12 @@ fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
     fc_choice c;
     fc_status s = check_impl(p, &r, 1, &c);
     if (s != FC_OK) return s;
-    if (c.kernel == FC_KERNEL_CPU) return fc_cpu_fwd(p);
+    if (no_output_rows(p)) return FC_OK;
+    if (c.kernel == FC_KERNEL_CPU) return fc_cpu_fwd(p);  /* (Sk = 0 included: every row masked) */
+    if (p->Sk == 0) {  /* no keys: the combine of zero splits writes O = 0, LSE = -inf */
+        const fc_split_plan none = {0};
+        return fc_split_combine(p, &none, stream);
+    }
     s = launch_choice(p, &c, stream);
     /* A workspace kept zero (counters_zeroed) is left zero: the dynamic order's
      * kernel zeroes its counter itself; partials (split-KV, the split tail) are

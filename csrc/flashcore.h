@@ -12,6 +12,11 @@
  * the device, and launches only on the stream it is given. No torch, no C++.
  * Scratch memory (the split-KV partial results) is the caller's: ask
  * fc_attn_fwd_workspace_size, allocate that many bytes, pass them in the params.
+ *
+ * Empty calls are valid, as in torch's scaled_dot_product_attention: with
+ * B, Hq or Sq = 0 there is no output row and nothing is read or written (q and
+ * o may be NULL); with Sk = 0 (k and v may be NULL) every row sees no key, so
+ * O = 0 and LSE = -inf. Everything else is checked as for any call.
  */
 #ifndef FLASHCORE_H
 #define FLASHCORE_H
@@ -70,11 +75,11 @@ typedef struct {
     int64_t v_batch_stride, v_head_stride, v_row_stride;  /* in elements */
     int64_t o_batch_stride, o_head_stride, o_row_stride;  /* in elements */
 
-    int B;            /* batch size, >= 1 */
-    int Hq;           /* query (and output) heads, >= 1 */
-    int Hkv;          /* key/value heads, >= 1, divides Hq */
-    int Sq;           /* query length, >= 1 */
-    int Sk;           /* key/value length, >= 1 */
+    int B;            /* batch size, >= 0 */
+    int Hq;           /* query (and output) heads, >= 0 */
+    int Hkv;          /* key/value heads, divides Hq; >= 1 unless Hq = 0 */
+    int Sq;           /* query length, >= 0 */
+    int Sk;           /* key/value length, >= 0; 0 = no keys: every row fully masked, O = 0, LSE = -inf */
     int D;            /* head dim, multiple of 8, 8..256 */
 
     fc_dtype dtype;   /* element type of q, k, v and o */

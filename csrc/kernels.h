@@ -181,7 +181,10 @@ fc_status fc_sm80_decode_d256(const fc_attn_params* p, const fc_split_plan* sp, 
 int fc_sm80_decode_ctas_per_sm_d64(void);
 int fc_sm80_decode_ctas_per_sm_d128(void);
 int fc_sm80_decode_ctas_per_sm_d256(void);
-/* Merges the splits of sp into p->o (q's dtype) and p->lse (csrc/sm80/attn_combine.cu). */
+/* Merges the splits of sp into p->o (q's dtype) and p->lse (csrc/sm80/attn_combine.cu),
+ * one CTA per FC_COMBINE_ROWS query rows. With sp->splits = 0 it writes O = 0 and
+ * LSE = -inf (the rows of a call with Sk = 0) and reads nothing. */
+#define FC_COMBINE_ROWS 4
 fc_status fc_split_combine(const fc_attn_params* p, const fc_split_plan* sp, fc_stream_t stream);
 
 /* Host reference path (csrc/cpu/), synchronous, on host memory. */

@@ -9,12 +9,13 @@
 // reduce M and L over the splits (lane l takes splits l, l+32, ...), then lane
 // l accumulates 8 output columns starting at 8l (D <= 256 needs <= 32 lanes)
 // over every split, and stores them in the input dtype with one 16-byte store.
-// A row no split saw (M = -inf) gives O = 0 and LSE = -inf, never NaN.
+// A row no split saw (M = -inf) gives O = 0 and LSE = -inf, never NaN; with
+// zero splits (a call with Sk = 0) every row is such a row and nothing is read.
 // On sm90+ the kernel is a programmatic dependent of the split kernel: it is
 // launched while that one runs and waits for it (griddepcontrol) before its
 // first read.
 //
-// Limits. D a multiple of 8 up to 256; any number of splits (each row reads
+// Limits. D a multiple of 8 up to 256; any number of splits, 0 included (each row reads
 // splits * (D + 1) floats); B * Hq * Sq rows up to 2^31 - 1 warps.
 #include <cuda_runtime.h>
 #include <math.h>
@@ -23,7 +24,7 @@
 #include "../flashcore.h"
 #include "../kernels.h"
 
-static constexpr int COMBINE_WARPS = 4;  // rows per CTA
+static constexpr int COMBINE_WARPS = FC_COMBINE_ROWS;  // rows per CTA, one warp each
 static constexpr int WARP_SIZE = 32;
 
 // ---------------------------------------------------------------------------
@@ -37,7 +38,7 @@ split_combine_kernel(const __grid_constant__ fc_attn_params p, const fc_split_pl
     const int64_t total_rows = (int64_t)p.B * p.Hq * p.Sq;
     const int64_t row = (int64_t)blockIdx.x * COMBINE_WARPS + threadIdx.x / WARP_SIZE;  // row of (B, Hq, Sq)
     if (row >= total_rows) return;
-    const float* lse_s = sp.lse_part + row;  // split s at lse_s[s * total_rows]
+    const float* lse_s = sp.splits > 0 ? sp.lse_part + row : nullptr;  // split s at lse_s[s * total_rows]
 
     float mx = -INFINITY;
     for (int s = lane; s < sp.splits; s += WARP_SIZE) mx = fmaxf(mx, lse_s[s * total_rows]);
