@@ -138,10 +138,7 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
                     std::to_string(k.size(2)) + "; k and v need the same Sk");
     // Empty sizes (B, H or S = 0) are valid, as in SDPA: the output is empty, or
     // all zeros when Sk = 0 (no key is visible). D = 0 is not a supported head dim.
-    if (k.size(1) == 0 && q.size(1) > 0)
-        value_error("k: 0 KV heads but q has " + std::to_string(q.size(1)) +
-                    "; use Hkv that divides Hq (GQA) or Hkv == Hq");
-    if (k.size(1) > 0 && q.size(1) % k.size(1) != 0)
+    if (k.size(1) == 0 ? q.size(1) > 0 : q.size(1) % k.size(1) != 0)
         value_error("k: " + std::to_string(k.size(1)) + " KV heads do not divide q's " +
                     std::to_string(q.size(1)) + " heads; use Hkv that divides Hq (GQA) or Hkv == Hq");
     const int64_t d = q.size(3);

@@ -275,16 +275,14 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
     if (!p) { fail(&r, FC_ERR_NULL_POINTER, "params: NULL"); *rp = r; return r.first; }
 
     const int no_rows = no_output_rows(p);
-    if ((!no_rows && (!p->q || !p->o)) || (!no_rows && p->Sk > 0 && (!p->k || !p->v)))
+    if (!no_rows && (!p->q || !p->o || (p->Sk > 0 && (!p->k || !p->v))))
         fail(&r, FC_ERR_NULL_POINTER, "q, k, v, o: every tensor pointer must be non-NULL (q and o may be NULL "
              "when B, Hq or Sq is 0, k and v when Sk is 0)");
     if (p->B < 0 || p->Hq < 0 || p->Hkv < 0 || p->Sq < 0 || p->Sk < 0)
         fail(&r, FC_ERR_INVALID_SHAPE, "shape: B=%d Hq=%d Hkv=%d Sq=%d Sk=%d must all be >= 0",
              p->B, p->Hq, p->Hkv, p->Sq, p->Sk);
-    else if (p->Hkv == 0 && p->Hq > 0)
-        fail(&r, FC_ERR_INVALID_SHAPE, "k, v: Hkv=0 but Hq=%d; Hkv must be >= 1 and divide Hq", p->Hq);
-    else if (p->Hkv > 0 && p->Hq % p->Hkv != 0)
-        fail(&r, FC_ERR_INVALID_SHAPE, "k, v: Hkv=%d must divide Hq=%d", p->Hkv, p->Hq);
+    else if (p->Hkv == 0 ? p->Hq > 0 : p->Hq % p->Hkv != 0)
+        fail(&r, FC_ERR_INVALID_SHAPE, "k, v: Hkv=%d must divide Hq=%d (Hkv = 0 only with Hq = 0)", p->Hkv, p->Hq);
     if (p->D < 8 || p->D > FC_MAX_HEAD_DIM || p->D % 8 != 0)
         fail(&r, FC_ERR_UNSUPPORTED_HEAD_DIM, "D: head dim %d is not supported; use a multiple of 8 from 8 to %d",
              p->D, FC_MAX_HEAD_DIM);
@@ -356,11 +354,12 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
         else if (p->num_splits > 1 && row_blocks * p->B * p->Hkv > FC_GRID_X_MAX)
             fail(&r, FC_ERR_INVALID_SHAPE, "num_splits: B=%d x Hkv=%d x Hq/Hkv*Sq/16 needs more than 2^31-1 "
                  "thread blocks; pass num_splits=None", p->B, p->Hkv);
-        else if (!empty)
+        else if (!empty) {
             c->split = use_split(p, k, dev, &c->plan);
-        if (r.first == FC_OK && !c->split && k == FC_KERNEL_SM90 && !empty) {
-            c->dyn = fc_sm90_dynamic_order(p, dev->sm_count);
-            c->tail = fc_sm90_tail_workspace(p, dev->sm_count);
+            if (!c->split && k == FC_KERNEL_SM90) {
+                c->dyn = fc_sm90_dynamic_order(p, dev->sm_count);
+                c->tail = fc_sm90_tail_workspace(p, dev->sm_count);
+            }
         }
         const size_t need = r.first == FC_OK ? choice_workspace_bytes(p, c) : 0;
         if (check_workspace && need > 0) {
