@@ -1,0 +1,125 @@
+"""Random cases: shapes, head dims, GQA groups, layouts, scales, causal modes,
+kernels and split counts drawn together, so that combinations no fixed list
+names get checked too (GUIDE section 3's rules, through check_attention).
+
+Each case draws everything from its own generator, seeded by FC_FUZZ_SEED
+(default 0) and the case number, so a failure names a reproducible case:
+
+    FC_FUZZ_SEED=7 FC_FUZZ_CASES=400 python -m pytest tests/test_fuzz.py
+
+FC_FUZZ_CASES sets the GPU case count (default 120); the CPU cases (the C path,
+small shapes) are a quarter of that. On the GPU every case also reruns the call
+and requires bit-identical out and LSE.
+"""
+import os
+import random
+
+import pytest
+import torch
+
+from conftest import (CAUSAL_MODES, DTYPE_NAMES, GPU_KERNELS, GPU_OK, check_attention, make_qkv, mode_id,
+                      run_poisoned)
+
+SEED = int(os.environ.get("FC_FUZZ_SEED", "0"))
+GPU_CASES = int(os.environ.get("FC_FUZZ_CASES", "120"))
+CPU_CASES = max(1, GPU_CASES // 4)
+# Reference cost bound: B * Hq * Sq * Sk scores (fp64 on the GPU, fp32 / fp64 on the CPU).
+GPU_SCORES = 128 * 2**20
+CPU_SCORES = 2**20
+# The layouts of conftest.rand; "expanded" (head stride 0) applies to k and v only.
+QO_LAYOUTS = ["contiguous", "transposed", "sliced", "sliced_hi", "batch_step"]
+KV_LAYOUTS = QO_LAYOUTS + ["expanded"]
+
+
+def draw_len(rng, cap):
+    """A sequence length: small and odd, a tile edge (64, 128, 192-key tiles) +-1, or any."""
+    kind = rng.random()
+    if kind < 0.3:
+        n = rng.randint(1, 100)
+    elif kind < 0.65:
+        n = rng.choice([64, 128, 192]) * rng.randint(1, 24) + rng.choice([-1, 0, 1])
+    else:
+        n = rng.randint(1, cap)
+    return max(1, min(n, cap))
+
+
+def draw_case(i, device):
+    """Case i's parameters (a dict), from its own generator."""
+    rng = random.Random(SEED * 1_000_003 + i * 7919 + (0 if device == "cuda" else 1))
+    gpu = device == "cuda"
+    D = rng.choice([64, 128, 256] * 3 + [8 * rng.randint(1, 32)])
+    dtype = rng.choice([torch.float16, torch.bfloat16] + ([] if gpu else [torch.float32]))
+    wide = rng.random() < 0.3  # many (batch, head) pairs: the persistent grids' several tiles per CTA
+    Hkv = rng.randint(1, 8 if wide else 4)
+    Hq = Hkv * rng.choice([1, 1, 2, 3, 4])
+    B = rng.randint(1, 8 if wide else 3)
+    cap = 4500 if gpu else 300
+    Sq, Sk = draw_len(rng, cap), draw_len(rng, cap)
+    if rng.random() < 0.15:
+        Sq = rng.randint(1, 8)  # decode-like: the split-KV path under auto
+    budget = GPU_SCORES if gpu else CPU_SCORES
+    while B * Hq * Sq * Sk > budget:  # keep the reference affordable: shrink the longer side
+        if Sq >= Sk:
+            Sq = max(1, Sq // 2)
+        else:
+            Sk = max(1, Sk // 2)
+    layouts = (rng.choice(QO_LAYOUTS), rng.choice(KV_LAYOUTS), rng.choice(KV_LAYOUTS))
+    mode = rng.choice(CAUSAL_MODES)
+    scale = None if rng.random() < 0.6 else rng.uniform(0.03, 0.6)
+    kernel = rng.choice(["auto"] + GPU_KERNELS) if gpu else "cpu"
+    # num_splits: the heuristic, none, or a forced split count (never with the
+    # sm90 kernel, which refuses a split).
+    splits = rng.choice([None, None, 1, rng.randint(2, 12)])
+    if kernel == "sm90" and splits not in (None, 1):
+        splits = None
+    return dict(B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, dtype=dtype, layouts=layouts, mode=mode, scale=scale,
+                kernel=kernel, num_splits=splits, torch_seed=rng.getrandbits(31))
+
+
+def describe(c):
+    return (f"FC_FUZZ_SEED={SEED} case: B={c['B']} Hq={c['Hq']} Hkv={c['Hkv']} Sq={c['Sq']} Sk={c['Sk']} "
+            f"D={c['D']} {DTYPE_NAMES[c['dtype']]} mode={mode_id(c['mode'])} scale={c['scale']} "
+            f"layouts={c['layouts']} kernel={c['kernel']} num_splits={c['num_splits']}")
+
+
+def run_case(c, device):
+    torch.manual_seed(c["torch_seed"])
+    q, k, v = make_qkv(c["B"], c["Hq"], c["Hkv"], c["Sq"], c["Sk"], c["D"], c["dtype"], device, layouts=c["layouts"])
+    kw = {"num_splits": c["num_splits"]}
+    try:
+        out, lse = run_poisoned(q, k, v, c["mode"], kernel=c["kernel"], scale=c["scale"], **kw)
+        check_attention(out, lse, q, k, v, c["scale"], c["mode"])
+        if device == "cuda":
+            out2, lse2 = run_poisoned(q, k, v, c["mode"], kernel=c["kernel"], scale=c["scale"], **kw)
+            assert torch.equal(out, out2) and torch.equal(lse, lse2), "a rerun gave different bits"
+    except AssertionError as e:
+        raise AssertionError(f"{describe(c)}: {e}") from None
+
+
+def test_draws_cover_the_space():
+    """The generator reaches what the cases are for: every kernel, dtype, mode and
+    head-dim kind, GQA, strided layouts, forced splits and tile-edge lengths."""
+    cases = [draw_case(i, "cuda") for i in range(GPU_CASES)] if GPU_CASES >= 100 else []
+    if not cases:
+        pytest.skip("FC_FUZZ_CASES < 100: too few draws to expect every kind")
+    seen = lambda f: {f(c) for c in cases}  # noqa: E731
+    assert seen(lambda c: c["kernel"]) == {"auto", *GPU_KERNELS}
+    assert seen(lambda c: c["dtype"]) == {torch.float16, torch.bfloat16}
+    assert seen(lambda c: c["mode"]) == set(CAUSAL_MODES)
+    assert {64, 128, 256} <= seen(lambda c: c["D"]) and seen(lambda c: c["D"] not in (64, 128, 256)) == {True, False}
+    assert True in seen(lambda c: c["Hq"] > c["Hkv"])
+    assert True in seen(lambda c: c["layouts"] != ("contiguous",) * 3)
+    assert True in seen(lambda c: (c["num_splits"] or 0) > 1)
+    assert True in seen(lambda c: c["Sq"] != c["Sk"])
+    assert True in seen(lambda c: any(n % 64 in (63, 1) for n in (c["Sq"], c["Sk"])))
+
+
+@pytest.mark.parametrize("i", range(CPU_CASES))
+def test_fuzz_cpu(i):
+    run_case(draw_case(i, "cpu"), "cpu")
+
+
+@pytest.mark.skipif(not GPU_OK, reason="no usable CUDA device")
+@pytest.mark.parametrize("i", range(GPU_CASES))
+def test_fuzz_gpu(i):
+    run_case(draw_case(i, "cuda"), "cuda")
