@@ -94,6 +94,12 @@ def run_case(c, device):
             assert torch.equal(out, out2) and torch.equal(lse, lse2), "a rerun gave different bits"
     except AssertionError as e:
         raise AssertionError(f"{describe(c)}: {e}") from None
+    except ValueError as e:
+        # A forced split at a head dim whose split-KV kernel needs more shared memory
+        # than the GPU has (sm86/89 at D > 128) is refused by design (test_decode).
+        if (c["num_splits"] or 0) > 1 and "cannot run on this GPU" in str(e):
+            pytest.skip(f"{describe(c)}: refused on this GPU: {e}")
+        raise ValueError(f"{describe(c)}: {e}") from None
 
 
 def test_draws_cover_the_space():
