@@ -352,8 +352,7 @@ __global__ void __launch_bounds__(REGS ? 384 : 256, 1)
             fence_regs(s);
             release(rb.k_empty + 8 * sn);  // done with K slot sn
             float corr[2];
-            unsigned rescale;
-            rescale = softmax_tile<BC, true, !(MODE == MODE_RING_NOSUM || ones)>(s, m_i, l_i, corr, scale_log2);
+            unsigned rescale = softmax_tile<BC, true, !(MODE == MODE_RING_NOSUM || ones)>(s, m_i, l_i, corr, scale_log2);
             // (every step's S is the same, so that the maxima stop moving after the first)
             if constexpr (MODE == MODE_RING_RESCALE) rescale = __shfl_sync(0xffffffffu, BOTH_HALVES | rescale, 0);
             if constexpr (MODE != MODE_RING_NOPIN) pin();
@@ -534,7 +533,7 @@ int main(int argc, char** argv) {
     if (tool_sm_grid("loop_sched", MAX_SMS, &grid)) return 1;
     if (check(cudaMalloc(&dout, MAX_SMS * 9 * sizeof(long long)), "malloc")) return 1;
     int bad = 0;
-    const bool ring_only = argc == 2;  // `loop_sched ring` or `sums`: that section alone
+    const bool ring_only = argc == 2;  // `loop_sched ring`, `sums` or `tma`: that section alone
     const bool sums = argc == 2 && strcmp(argv[1], "sums") == 0;
     const bool tma = argc == 2 && strcmp(argv[1], "tma") == 0;
     for (uint32_t fill = 0; fill < (ring_only ? 0u : 2u); ++fill) {  // operands: zeros, then random (operand_word)
