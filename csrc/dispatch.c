@@ -150,6 +150,12 @@ fc_kernel fc_attn_fwd_pick(const fc_attn_params* p) {
 static int padded_dim_index(int D) { return D <= 64 ? 0 : D <= 128 ? 1 : 2; }
 static int decode_bc(int D) { return D <= 64 ? FC_DECODE_BC(64) : D <= 128 ? FC_DECODE_BC(128) : FC_DECODE_BC(256); }
 
+/* Thread blocks of the combine kernel (FC_COMBINE_ROWS query rows each), which
+ * runs after every split-KV call and alone for a call with Sk = 0. */
+static int64_t combine_blocks(const fc_attn_params* p) {
+    return ((int64_t)p->B * p->Hq * p->Sq + FC_COMBINE_ROWS - 1) / FC_COMBINE_ROWS;
+}
+
 /* Fills sp (all but the workspace pointers) and returns 1 when the split-KV
  * kernel runs, 0 for the tile kernel. p's shapes must already be valid. */
 static int plan_split(const fc_attn_params* p, const fc_device_info* dev, fc_split_plan* sp) {
@@ -170,7 +176,8 @@ static int plan_split(const fc_attn_params* p, const fc_device_info* dev, fc_spl
     const int bc = decode_bc(p->D);
     const int64_t tiles = visible <= 0 ? 1 : (visible + bc - 1) / bc;
     const int64_t groups = row_blocks * p->B * p->Hkv;  /* CTAs per split */
-    if (groups > FC_GRID_X_MAX) return 0;               /* 1-D grid limit; check rejects it when forced */
+    /* 1-D grid limits of the split and combine kernels; check rejects them when forced */
+    if (groups > FC_GRID_X_MAX || combine_blocks(p) > FC_GRID_X_MAX) return 0;
 
     int64_t n;
     if (p->num_splits >= 1) {
@@ -336,8 +343,7 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
     /* An empty call runs no tile kernel: no split, no workspace. With Sk = 0
      * the combine kernel writes the zero rows (fc_attn_fwd). */
     const int empty = no_rows || p->Sk == 0;
-    if (r.first == FC_OK && !no_rows && p->Sk == 0 &&
-        ((int64_t)p->B * p->Hq * p->Sq + FC_COMBINE_ROWS - 1) / FC_COMBINE_ROWS > FC_GRID_X_MAX)
+    if (r.first == FC_OK && !no_rows && p->Sk == 0 && combine_blocks(p) > FC_GRID_X_MAX)
         fail(&r, FC_ERR_INVALID_SHAPE, "shape: B=%d x Hq=%d x Sq=%d rows with Sk=0 need more than 2^31-1 "
              "thread blocks; split the batch", p->B, p->Hq, p->Sq);
 
@@ -354,6 +360,9 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
         else if (p->num_splits > 1 && row_blocks * p->B * p->Hkv > FC_GRID_X_MAX)
             fail(&r, FC_ERR_INVALID_SHAPE, "num_splits: B=%d x Hkv=%d x Hq/Hkv*Sq/16 needs more than 2^31-1 "
                  "thread blocks; pass num_splits=None", p->B, p->Hkv);
+        else if (p->num_splits > 1 && combine_blocks(p) > FC_GRID_X_MAX)
+            fail(&r, FC_ERR_INVALID_SHAPE, "num_splits: B=%d x Hq=%d x Sq=%d rows need more than 2^31-1 thread "
+                 "blocks to merge the splits; pass num_splits=None", p->B, p->Hq, p->Sq);
         else if (!empty) {
             c->split = use_split(p, k, dev, &c->plan);
             if (!c->split && k == FC_KERNEL_SM90) {
