@@ -162,11 +162,10 @@ def live_rows(Sq, Sk, mode):
 def expand_kv(q, k, v):
     """Repeat k/v heads for GQA: query head h reads kv head h // (Hq // Hkv)."""
     Hq, Hkv = q.shape[1], k.shape[1]
+    if Hq == Hkv:  # (Hq = Hkv = 0 included: an empty call)
+        return k, v
     assert Hq % Hkv == 0
-    if Hq != Hkv:
-        k = k.repeat_interleave(Hq // Hkv, dim=1)
-        v = v.repeat_interleave(Hq // Hkv, dim=1)
-    return k, v
+    return k.repeat_interleave(Hq // Hkv, dim=1), v.repeat_interleave(Hq // Hkv, dim=1)
 
 
 def default_scale(q):
