@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 import flashcore
 
-from conftest import (CAUSAL_MODES, GPU_KERNELS, dtype_id, make_qkv, mode_id, ref_attention, requires_gpu,
-                      run_poisoned)
+from conftest import (CAUSAL_MODES, GPU_KERNELS, dtype_id, expand_kv, make_qkv, mode_id, ref_attention,
+                      requires_gpu, run_poisoned)
 
 # (B, Hq, Hkv, Sq, Sk)
 SHAPES = [
@@ -70,7 +70,7 @@ def test_no_keys_with_splits_and_strides(dtype, num_splits):
     assert torch.equal(out, torch.zeros_like(out)) and bool((lse == float("-inf")).all())
     # and the next, ordinary call on the same stream is unaffected
     k = torch.randn(B, Hkv, 40, D, device="cuda").to(dtype)
-    ref = F.scaled_dot_product_attention(q, k.repeat_interleave(Hq // Hkv, 1), k.repeat_interleave(Hq // Hkv, 1))
+    ref = F.scaled_dot_product_attention(q, *expand_kv(q, k, k))
     assert torch.allclose(flashcore.attention(q, k, k, enable_gqa=True), ref, atol=2e-3, rtol=2e-3)
 
 
