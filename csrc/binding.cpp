@@ -27,8 +27,11 @@ Args:
         all zeros (LSE -inf) when Sk = 0.
     attn_mask, dropout_p: accepted for SDPA compatibility; only ``None``
         and ``0.0`` are supported, anything else raises ``ValueError``.
-    is_causal / causal: apply a causal mask (the two names are aliases).
-    scale: softmax scale, default ``1/sqrt(D)``; must be finite and > 0.
+    is_causal / causal: apply a causal mask (the two names are aliases);
+        ``True`` or ``False`` (``causal`` also ``None``), as are
+        ``enable_gqa`` and ``return_lse``.
+    scale: softmax scale, default ``1/sqrt(D)``; a number, finite and > 0
+        in fp32.
     enable_gqa: accepted for SDPA compatibility; GQA is always on.
     causal_alignment: ``"top_left"`` (default, SDPA's ``is_causal``: query
         i sees keys j <= i) or ``"bottom_right"`` (FlashAttention's, for KV
@@ -50,6 +53,9 @@ Head dim D: any multiple of 8 from 8 to 256.
 GPUs: compute capability 8.0 and newer (A100, L4/Ada, H100/H200).
 Every tensor's last dim must be contiguous (stride 1); other strides are
 free, so ``x.transpose(1, 2)`` of a (B, S, H, D) tensor works as is.
+
+NaN in the inputs gives NaN where it is read: in every column of a row
+with a NaN score, in one column for a NaN value. Sq and Sk go up to 2^30.
 
 Forward only: there is no backward. Inputs that require grad raise
 ``ValueError`` while autograd is recording (outside ``torch.no_grad()`` /
@@ -148,10 +154,28 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
     for (int i = 0; i < 3; ++i)
         if (ts[i]->size(0) > INT32_MAX || ts[i]->size(1) > INT32_MAX || ts[i]->size(2) > INT32_MAX)
             value_error(std::string(names[i]) + ": a dim exceeds 2^31-1; split the call");
+    // Before out is allocated (a stride-0 view can be that long; out cannot).
+    if (q.size(2) > FC_MAX_SEQ_LEN)
+        value_error("q: Sq=" + std::to_string(q.size(2)) + " exceeds 2^30, the longest sequence flashcore takes; "
+                    "split the queries into chunks");
+    if (k.size(2) > FC_MAX_SEQ_LEN)
+        value_error("k: Sk=" + std::to_string(k.size(2)) + " exceeds 2^30, the longest sequence flashcore takes; "
+                    "split the keys into chunks and merge the parts by their LSE (return_lse=True)");
 }
 
 fc_dtype to_fc_dtype(at::ScalarType t) {
     return t == at::kHalf ? FC_DTYPE_FP16 : t == at::kBFloat16 ? FC_DTYPE_BF16 : FC_DTYPE_FP32;
+}
+
+// scale as the kernels take it: a finite fp32 > 0 (1e-50 would round to 0).
+void check_scale(double scale) {
+    const float s32 = (float)scale;
+    if (!std::isfinite(scale) || scale <= 0.0 || !std::isfinite(s32) || s32 <= 0.f) {
+        char got[64];
+        snprintf(got, sizeof got, "%g", scale);
+        value_error(std::string("scale: got ") + got + "; it must be > 0 and finite in fp32 (about 1.4e-45 to "
+                    "3.4e38); pass None for 1/sqrt(D)");
+    }
 }
 
 void check_num_splits(int64_t num_splits) {
@@ -239,9 +263,7 @@ std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor&
                                           int64_t num_splits) {
     check_inputs(q, k, v);
     check_num_splits(num_splits);
-    if (!std::isfinite(scale) || scale <= 0.0)
-        value_error("scale: must be finite and > 0, got " + std::to_string(scale) +
-                    "; pass None for 1/sqrt(D)");
+    check_scale(scale);
     if (causal < FC_CAUSAL_NONE || causal > FC_CAUSAL_BOTTOM_RIGHT)
         value_error("causal: unknown mode " + std::to_string(causal));
     if (kernel < FC_KERNEL_AUTO || kernel > FC_KERNEL_CPU)
@@ -334,46 +356,109 @@ pybind11::dict name_dict(const NamedId (&table)[N]) {
     return d;
 }
 
-// flashcore.attention: SDPA's argument list plus flashcore's keyword-only
-// options, handled here so an eager call does no Python-level work.
-pybind11::object attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const pybind11::object& attn_mask, const pybind11::object& dropout_p,
-                           const pybind11::object& is_causal,
-                           const pybind11::object& scale, const pybind11::object& /*enable_gqa: GQA is always on*/,
-                           const pybind11::object& causal, const pybind11::object& causal_alignment,
-                           const pybind11::object& return_lse, const pybind11::object& kernel,
-                           const pybind11::object& num_splits) {
+// The Python type name of o, for messages.
+std::string type_name(const pybind11::handle& o) { return Py_TYPE(o.ptr())->tp_name; }
+
+// q, k or v as a tensor, or a TypeError naming the argument.
+const at::Tensor& tensor_arg(const pybind11::handle& o, const char* name) {
+    if (!THPVariable_Check(o.ptr()))
+        type_error(std::string(name) + ": expected a torch.Tensor, got " + type_name(o));
+    return THPVariable_Unpack(o.ptr());
+}
+
+// A bool argument (SDPA's bool: True or False, not any truthy object).
+bool bool_arg(const pybind11::handle& o, const char* name) {
+    if (!PyBool_Check(o.ptr())) type_error(std::string(name) + ": expected a bool, got " + type_name(o) + "; pass True or False");
+    return o.ptr() == Py_True;
+}
+
+// A float argument (SDPA's float): a Python float or int, or a numpy-style
+// scalar with __float__; not a bool, a string or a tensor.
+double float_arg(const pybind11::handle& o, const char* name, const char* fix) {
+    PyObject* p = o.ptr();
+    const bool number = PyFloat_Check(p) || PyLong_Check(p) || PyObject_HasAttrString(p, "__float__");
+    if (!number || PyBool_Check(p) || THPVariable_Check(p) || PyComplex_Check(p))
+        type_error(std::string(name) + ": expected a float, got " + type_name(o) + "; " + fix);
+    const double d = PyFloat_AsDouble(p);
+    if (d == -1.0 && PyErr_Occurred()) {  // e.g. an int beyond a double's range
+        PyErr_Clear();
+        value_error(std::string(name) + ": " + pybind11::repr(o).cast<std::string>() + " is out of range; " + fix);
+    }
+    return d;
+}
+
+// flashcore.attention's non-tensor arguments, checked as SDPA's typed
+// signature checks them, with flashcore's options; shared by the eager call
+// and the torch.compile path (check_args), so both refuse the same inputs.
+struct CallArgs {
+    int causal_mode;   // fc_causal
+    int kernel;        // fc_kernel
+    int64_t splits;    // num_splits (0: heuristic)
+    bool has_scale;    // scale given (else 1/sqrt(D))
+    double scale;      // the given scale
+    bool return_lse;   // also return the LSE
+};
+
+CallArgs parse_args(const pybind11::object& attn_mask, const pybind11::object& dropout_p,
+                    const pybind11::object& is_causal, const pybind11::object& scale,
+                    const pybind11::object& enable_gqa, const pybind11::object& causal,
+                    const pybind11::object& causal_alignment, const pybind11::object& return_lse,
+                    const pybind11::object& kernel, const pybind11::object& num_splits) {
+    CallArgs a = {};
     if (!attn_mask.is_none())
         value_error("attn_mask: flashcore supports no explicit mask; pass attn_mask=None "
                     "(use causal=True for a causal mask)");
-    if (dropout_p.not_equal(pybind11::float_(0.0)))  // Python's dropout_p != 0.0, any type
+    if (float_arg(dropout_p, "dropout_p", "pass 0.0") != 0.0)
         value_error("dropout_p: flashcore has no dropout; got " + pybind11::str(dropout_p).cast<std::string>() +
                     ", pass 0.0");
-    bool is_causal_v = pybind11::bool_(is_causal);
+    const bool is_causal_v = bool_arg(is_causal, "is_causal");
+    bool_arg(enable_gqa, "enable_gqa");  // GQA is always on; the flag is SDPA's
     bool causal_v = is_causal_v;
     if (!causal.is_none()) {
-        causal_v = pybind11::bool_(causal);
+        if (!PyBool_Check(causal.ptr()))
+            type_error("causal: expected None or a bool, got " + type_name(causal) + "; pass True or False");
+        causal_v = causal.ptr() == Py_True;
         if (causal_v != is_causal_v && is_causal_v)
             value_error("causal / is_causal: both given and they disagree; pass only one");
     }
-    const int mode = causal_v ? named_id(ALIGNMENT_IDS, causal_alignment, "causal_alignment") : FC_CAUSAL_NONE;
-    const int kernel_id = named_id(KERNEL_IDS, kernel, "kernel");
-    int64_t splits = 0;
+    const int alignment = named_id(ALIGNMENT_IDS, causal_alignment, "causal_alignment");  // checked causal or not
+    a.causal_mode = causal_v ? alignment : FC_CAUSAL_NONE;
+    a.kernel = named_id(KERNEL_IDS, kernel, "kernel");
     if (!num_splits.is_none()) {
         if (pybind11::isinstance<pybind11::bool_>(num_splits) || !pybind11::isinstance<pybind11::int_>(num_splits))
-            type_error("num_splits: expected None or an int, got " +
-                       std::string(Py_TYPE(num_splits.ptr())->tp_name));
+            type_error("num_splits: expected None or an int, got " + type_name(num_splits));
         const pybind11::int_ n(num_splits);
         if (n < pybind11::int_(0) || n > pybind11::int_(INT32_MAX))  // also keeps the cast below in range
             value_error("num_splits: got " + pybind11::repr(n).cast<std::string>() +
                         "; pass None or 0 (heuristic), 1 (no split) or n > 1 (split Sk n ways)");
-        splits = n.cast<int64_t>();
+        a.splits = n.cast<int64_t>();
     }
+    a.has_scale = !scale.is_none();
+    if (a.has_scale) {
+        a.scale = float_arg(scale, "scale", "pass None for 1/sqrt(D) or a float > 0");
+        check_scale(a.scale);
+    }
+    a.return_lse = bool_arg(return_lse, "return_lse");
+    return a;
+}
+
+// flashcore.attention: SDPA's argument list plus flashcore's keyword-only
+// options, handled here so an eager call does no Python-level work.
+pybind11::object attention(const pybind11::handle& query, const pybind11::handle& key, const pybind11::handle& value,
+                           const pybind11::object& attn_mask, const pybind11::object& dropout_p,
+                           const pybind11::object& is_causal, const pybind11::object& scale,
+                           const pybind11::object& enable_gqa, const pybind11::object& causal,
+                           const pybind11::object& causal_alignment, const pybind11::object& return_lse,
+                           const pybind11::object& kernel, const pybind11::object& num_splits) {
+    const at::Tensor& q = tensor_arg(query, "q");
+    const at::Tensor& k = tensor_arg(key, "k");
+    const at::Tensor& v = tensor_arg(value, "v");
+    const CallArgs a = parse_args(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal, causal_alignment,
+                                  return_lse, kernel, num_splits);
     const double d = q.dim() > 0 ? (double)q.size(-1) : 0.0;
-    const double scale_v = scale.is_none() ? (d > 0 ? 1.0 / std::sqrt(d) : 1.0) : pybind11::float_(scale).cast<double>();
-    const bool want_lse = pybind11::bool_(return_lse);
-    auto r = run_fwd(q, k, v, scale_v, mode, kernel_id, want_lse, splits);
-    if (want_lse) return pybind11::make_tuple(r.first, r.second);
+    const double scale_v = a.has_scale ? a.scale : (d > 0 ? 1.0 / std::sqrt(d) : 1.0);
+    auto r = run_fwd(q, k, v, scale_v, a.causal_mode, a.kernel, a.return_lse, a.splits);
+    if (a.return_lse) return pybind11::make_tuple(r.first, r.second);
     return pybind11::cast(r.first);
 }
 
@@ -415,6 +500,13 @@ PYBIND11_MODULE(_C, m) {
           py::arg("query"), py::arg("key"), py::arg("value"), py::arg("attn_mask"), py::arg("dropout_p"),
           py::arg("is_causal"), py::arg("scale"), py::arg("enable_gqa"), py::arg("causal"),
           py::arg("causal_alignment"), py::arg("return_lse"), py::arg("kernel"), py::arg("num_splits"));
+    m.def("check_args", [](const py::object& attn_mask, const py::object& dropout_p, const py::object& is_causal,
+                           const py::object& scale, const py::object& enable_gqa, const py::object& causal,
+                           const py::object& causal_alignment, const py::object& return_lse,
+                           const py::object& kernel, const py::object& num_splits) {
+        parse_args(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal, causal_alignment, return_lse, kernel,
+                   num_splits);
+    }, "flashcore.attention's checks of its non-tensor arguments (the torch.compile path runs them)");
     m.attr("ATTENTION_DOC") = FC_ATTENTION_DOC;
     m.attr("REQUIRES_GRAD_MSG") = FC_REQUIRES_GRAD_MSG;
     m.attr("KERNELS") = name_dict(KERNEL_IDS);

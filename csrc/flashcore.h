@@ -104,6 +104,9 @@ const char* fc_status_string(fc_status s);
 
 /* Largest head dim any kernel supports. */
 #define FC_MAX_HEAD_DIM 256
+/* Longest Sq and Sk (2^30): the kernels' key and row arithmetic is int32 with
+ * a tile of headroom; longer sequences are refused (split the call). */
+#define FC_MAX_SEQ_LEN (1 << 30)
 
 /* Most ways Sk is ever split (forced num_splits above this are clamped). */
 #define FC_MAX_SPLITS 1024

@@ -31,6 +31,7 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     # below: the same binding at run time, output shapes from _attention_fake.
     if torch.compiler.is_compiling():
         _refuse_grad(query, key, value)
+        _check_arg_types(dropout_p, is_causal, scale, enable_gqa, causal, return_lse)
         out, lse = _attention_op(query, key, value, attn_mask, dropout_p, is_causal, scale, causal,
                                  causal_alignment, return_lse, kernel, num_splits)
         return (out, lse) if return_lse else out
@@ -51,6 +52,25 @@ def _refuse_grad(query, key, value):
     for name, t in (("q", query), ("k", key), ("v", value)):
         if isinstance(t, torch.Tensor) and t.requires_grad:
             raise ValueError(_C.REQUIRES_GRAD_MSG.format(name=name))
+
+
+def _check_arg_types(dropout_p, is_causal, scale, enable_gqa, causal, return_lse):
+    # The argument types that the binding's parse_args checks in eager calls,
+    # with its messages, checked here while torch.compile traces: the op's
+    # schema below would coerce them (is_causal=2 to True). Their values (and
+    # every other argument) are checked when the op runs, by the binding.
+    for name, val in (("is_causal", is_causal), ("enable_gqa", enable_gqa), ("return_lse", return_lse)):
+        if not isinstance(val, bool):
+            raise TypeError(f"{name}: expected a bool, got {type(val).__name__}; pass True or False")
+    if causal is not None and not isinstance(causal, bool):
+        raise TypeError(f"causal: expected None or a bool, got {type(causal).__name__}; pass True or False")
+    for name, val, fix in (("dropout_p", dropout_p, "pass 0.0"),
+                           ("scale", scale, "pass None for 1/sqrt(D) or a float > 0")):
+        if name == "scale" and val is None:
+            continue
+        if (isinstance(val, (bool, str, bytes, complex, torch.Tensor))
+                or not (isinstance(val, (int, float)) or hasattr(val, "__float__"))):
+            raise TypeError(f"{name}: expected a float, got {type(val).__name__}; {fix}")
 
 
 @torch.library.custom_op("flashcore::attention", mutates_args=())

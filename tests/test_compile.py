@@ -112,6 +112,31 @@ def test_compiled_bad_argument(bad, match):
         f(q, k, v)
 
 
+@pytest.mark.parametrize("bad,match", [
+    ({"is_causal": 2}, r"\bis_causal\b: expected a bool, got int"),
+    ({"causal": 1}, r"\bcausal\b: expected None or a bool"),
+    ({"return_lse": "no"}, r"\breturn_lse\b: expected a bool"),
+    ({"enable_gqa": None}, r"\benable_gqa\b: expected a bool"),
+    ({"scale": "0.5"}, r"\bscale\b: expected a float, got str"),
+    ({"dropout_p": True}, r"\bdropout_p\b: expected a float, got bool"),
+], ids=["is_causal", "causal", "return_lse", "enable_gqa", "scale", "dropout_p"])
+def test_compiled_bad_argument_type(bad, match):
+    """A wrong argument type raises the eager TypeError while torch.compile
+    traces (the op's schema would otherwise coerce it); under fullgraph=True
+    inside torch.compile's own error, as any exception raised while tracing."""
+    q, k, v = make_qkv(1, 2, 2, 17, 17, 64, torch.float32, "cpu")
+    with pytest.raises(TypeError, match=match):
+        flashcore.attention(q, k, v, **bad)
+    f = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, **bad), backend="aot_eager")
+    with pytest.raises(TypeError, match=match):
+        f(q, k, v)
+    torch._dynamo.reset()
+    g = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, **bad), fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception, match=match):
+        g(q, k, v)
+    torch._dynamo.reset()
+
+
 def test_compiled_attn_mask_refused():
     q, k, v = make_qkv(1, 2, 2, 17, 17, 64, torch.float32, "cpu")
     mask = torch.ones(17, 17, dtype=torch.bool)

@@ -86,6 +86,22 @@ CASES = [
     _case("scale_negative", lambda d: _with(d, scale=-0.125), ValueError, r"\bscale\b"),
     _case("scale_inf", lambda d: _with(d, scale=math.inf), ValueError, r"\bscale\b"),
     _case("scale_neg_inf", lambda d: _with(d, scale=-math.inf), ValueError, r"\bscale\b"),
+    _case("scale_underflows_fp32", lambda d: _with(d, scale=1e-50), ValueError, r"\bscale\b: got 1e-50.*fp32"),
+    _case("scale_overflows_fp32", lambda d: _with(d, scale=1e300), ValueError, r"\bscale\b: got 1e\+300.*fp32"),
+    _case("scale_huge_int", lambda d: _with(d, scale=10**400), ValueError, r"\bscale\b.*out of range"),
+    _case("scale_str", lambda d: _with(d, scale="0.5"), TypeError, r"\bscale\b: expected a float, got str"),
+    _case("scale_bool", lambda d: _with(d, scale=True), TypeError, r"\bscale\b: expected a float, got bool"),
+    _case("scale_list", lambda d: _with(d, scale=[0.5]), TypeError, r"\bscale\b: expected a float, got list"),
+    _case("scale_tensor", lambda d: _with(d, scale=torch.tensor(0.5)), TypeError, r"\bscale\b: expected a float"),
+    # --- flags (SDPA's bools: True or False, not any truthy object) -------
+    _case("is_causal_int", lambda d: _with(d, is_causal=2), TypeError, r"\bis_causal\b: expected a bool, got int"),
+    _case("is_causal_str", lambda d: _with(d, is_causal="no"), TypeError, r"\bis_causal\b: expected a bool"),
+    _case("is_causal_none", lambda d: _with(d, is_causal=None), TypeError, r"\bis_causal\b: expected a bool"),
+    _case("is_causal_tensor", lambda d: _with(d, is_causal=torch.tensor([True, False])), TypeError,
+          r"\bis_causal\b: expected a bool"),
+    _case("causal_int", lambda d: _with(d, causal=1), TypeError, r"\bcausal\b: expected None or a bool"),
+    _case("return_lse_str", lambda d: _with(d, return_lse="no"), TypeError, r"\breturn_lse\b: expected a bool"),
+    _case("enable_gqa_str", lambda d: _with(d, enable_gqa="yes"), TypeError, r"\benable_gqa\b: expected a bool"),
     # --- unsupported SDPA arguments --------------------------------------
     _case("attn_mask_bool", lambda d: _with(d, attn_mask=torch.ones(S, S, dtype=torch.bool, device=d)),
           ValueError, r"\battn_mask\b"),
@@ -93,6 +109,9 @@ CASES = [
           ValueError, r"\battn_mask\b"),
     _case("dropout", lambda d: _with(d, dropout_p=0.1), ValueError, r"\bdropout_p\b"),
     _case("dropout_one", lambda d: _with(d, dropout_p=1.0), ValueError, r"\bdropout_p\b"),
+    _case("dropout_tensor", lambda d: _with(d, dropout_p=torch.tensor([0.0, 0.0])), TypeError,
+          r"\bdropout_p\b: expected a float"),
+    _case("dropout_str", lambda d: _with(d, dropout_p="0"), TypeError, r"\bdropout_p\b: expected a float"),
     # --- options --------------------------------------------------------
     _case("kernel_unknown", lambda d: _with(d, kernel="sm100"), ValueError, r"\bkernel\b"),
     _case("kernel_uppercase", lambda d: _with(d, kernel="CPU"), ValueError, r"\bkernel\b"),
@@ -102,6 +121,9 @@ CASES = [
     _case("alignment_unknown_is_causal", lambda d: _with(d, is_causal=True, causal_alignment="left"),
           ValueError, r"\bcausal_alignment\b"),
     _case("causal_disagree", lambda d: _with(d, is_causal=True, causal=False), ValueError, r"causal"),
+    _case("alignment_unknown_not_causal", lambda d: _with(d, causal_alignment="bottom-right"),
+          ValueError, r"\bcausal_alignment\b"),
+    _case("alignment_none", lambda d: _with(d, causal_alignment=None), ValueError, r"\bcausal_alignment\b"),
     # --- dtypes ---------------------------------------------------------
     _case("q_float64", lambda d: ((t(B, H, S, D, dev=d, dtype=torch.float64),
                                    *[x.double() for x in qkv(d)[1:]]), {}), TypeError, r"\bq\b.*dtype"),
@@ -112,7 +134,17 @@ CASES = [
     _case("v_dtype_mismatch", lambda d: ((*qkv(d)[:2], qkv(d)[2].to(torch.bfloat16)), {}),
           TypeError, r"\bv\b.*dtype"),
     _case("k_float64", lambda d: ((qkv(d)[0], qkv(d)[1].double(), qkv(d)[2]), {}), TypeError, r"\bk\b.*dtype"),
-    _case("q_not_a_tensor", lambda d: ((None, *qkv(d)[1:]), {}), TypeError, None),
+    _case("q_not_a_tensor", lambda d: ((None, *qkv(d)[1:]), {}), TypeError, r"\bq\b: expected a torch.Tensor"),
+    _case("k_not_a_tensor", lambda d: ((qkv(d)[0], 1.0, qkv(d)[2]), {}), TypeError,
+          r"\bk\b: expected a torch.Tensor, got float"),
+    _case("v_not_a_tensor", lambda d: ((*qkv(d)[:2], [[0.0]]), {}), TypeError, r"\bv\b: expected a torch.Tensor"),
+    # --- lengths past FC_MAX_SEQ_LEN (2^30): stride-0 views, nothing allocated
+    _case("sk_too_long", lambda d: ((qkv(d)[0], *[x[:, :, :1].expand(B, H, 2**30 + 1, D) for x in qkv(d)[1:]]), {}),
+          ValueError, r"Sk=1073741825.*2\^30"),
+    _case("sk_near_int32_max", lambda d: ((qkv(d)[0], *[x[:, :, :1].expand(B, H, 2**31 - 1, D)
+                                                        for x in qkv(d)[1:]]), {}), ValueError, r"Sk=2147483647"),
+    _case("sq_too_long", lambda d: ((qkv(d)[0][:, :, :1].expand(B, H, 2**30 + 1, D), *qkv(d)[1:]), {}),
+          ValueError, r"Sq=1073741825.*2\^30"),
 ]
 
 
@@ -155,11 +187,25 @@ def test_message_shows_shape():
         flashcore.attention(q[..., 0], k, v)
 
 
-def test_alignment_ignored_without_causal():
-    """causal_alignment is validated only when a causal mask is requested."""
+def test_alignment_checked_without_causal():
+    """causal_alignment is validated whether or not a causal mask is requested,
+    and a valid one without causal changes nothing."""
     q, k, v = qkv("cpu")
-    out = flashcore.attention(q, k, v, causal_alignment="nonsense")
-    assert torch.isfinite(out).all()
+    with pytest.raises(ValueError, match=r"\bcausal_alignment\b"):
+        flashcore.attention(q, k, v, causal_alignment="nonsense")
+    out = flashcore.attention(q, k, v, causal_alignment="bottom_right")
+    assert torch.equal(out, flashcore.attention(q, k, v))
+
+
+def test_scale_takes_any_real_number():
+    """scale: a float, an int or a numpy scalar, as SDPA's float argument."""
+    np = pytest.importorskip("numpy")
+    q, k, v = qkv("cpu")
+    ref = flashcore.attention(q, k, v, scale=0.125)
+    for s in (np.float32(0.125), np.float64(0.125)):
+        assert torch.equal(flashcore.attention(q, k, v, scale=s), ref)
+    assert torch.equal(flashcore.attention(q, k, v, scale=1), flashcore.attention(q, k, v, scale=1.0))
+    assert torch.isfinite(flashcore.attention(q, k, v, scale=1e-40)).all()  # an fp32 denormal is still > 0
 
 
 def test_usable_after_errors():

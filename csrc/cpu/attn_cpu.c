@@ -1,7 +1,8 @@
 /* attn_cpu.c -- the C reference path: attention forward on host memory.
  *
  * Same semantics as the GPU kernels (fc_attn_params, both causal alignments,
- * GQA, strides, LSE, fully masked rows -> O = 0 and LSE = -inf), computed in
+ * GQA, strides, LSE, fully masked rows -> O = 0 and LSE = -inf, a NaN among
+ * a row's visible scores -> that row's O and LSE NaN), computed in
  * fp32 from fp16/bf16/fp32 inputs with the same online softmax: a block of
  * QB query rows streams over KC-key chunks, so nothing is allocated and the
  * stack use is bounded. Parallel over (batch, head, row block) with OpenMP
@@ -134,10 +135,10 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0) {
                 float dot = 0.f;
                 for (int d = 0; d < D; ++d) dot += q[r][d] * kc[j][d];
                 s[j] = dot * p->scale;
-                if (s[j] > mx) mx = s[j];
+                if (s[j] > mx || isnan(s[j])) mx = s[j];  /* a NaN score sticks: the row's result is NaN */
             }
             if (mx == -INFINITY) continue;  /* no visible key in this chunk */
-            const float m_new = mx > m[r] ? mx : m[r];
+            const float m_new = mx > m[r] || isnan(mx) ? mx : m[r];
             const float corr = expf(m[r] - m_new);  /* exp(-inf) = 0 on the first visible chunk */
             l[r] *= corr;
             for (int d = 0; d < D; ++d) acc[r][d] *= corr;
@@ -151,10 +152,11 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0) {
         }
     }
     for (int r = 0; r < rows; ++r) {
-        const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+        const int empty = l[r] == 0.f;  /* no visible key (a NaN sum is not empty: it stays NaN) */
+        const float inv = empty ? 0.f : 1.f / l[r];
         for (int d = 0; d < D; ++d) acc[r][d] *= inv;
         store_row(p->o, oo + (int64_t)(r0 + r) * p->o_row_stride, acc[r], D, p->dtype);
-        if (p->lse) p->lse[((int64_t)b * p->Hq + h) * p->Sq + r0 + r] = l[r] > 0.f ? m[r] + logf(l[r]) : -INFINITY;
+        if (p->lse) p->lse[((int64_t)b * p->Hq + h) * p->Sq + r0 + r] = empty ? -INFINITY : m[r] + logf(l[r]);
     }
 }
 

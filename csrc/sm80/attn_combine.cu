@@ -44,9 +44,11 @@ split_combine_kernel(const __grid_constant__ fc_attn_params p, const fc_split_pl
     for (int s = lane; s < sp.splits; s += WARP_SIZE) mx = fmaxf(mx, lse_s[s * total_rows]);
 #pragma unroll
     for (int o = WARP_SIZE / 2; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    // A split that saw no key has LSE -inf: weight 0. A NaN split (LSE NaN, which
+    // fmaxf skips) gives a NaN weight, so the row comes out NaN.
+    const float m_use = mx == -INFINITY ? 0.f : mx;
     float l = 0.f;
-    if (mx != -INFINITY)
-        for (int s = lane; s < sp.splits; s += WARP_SIZE) l += __expf(lse_s[s * total_rows] - mx);
+    for (int s = lane; s < sp.splits; s += WARP_SIZE) l += __expf(lse_s[s * total_rows] - m_use);
 #pragma unroll
     for (int o = WARP_SIZE / 2; o > 0; o /= 2) l += __shfl_xor_sync(0xffffffffu, l, o);
 
@@ -54,17 +56,17 @@ split_combine_kernel(const __grid_constant__ fc_attn_params p, const fc_split_pl
     const int c = lane * 8;  // this lane's first column
     if (c < p.D) {
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        if (l > 0.f) {
+        if (l != 0.f) {
             const float* o_s = sp.o_part + row * p.D + c;  // split s at o_s[s * total_rows * D]
             for (int s = 0; s < sp.splits; ++s) {
-                const float wt = __expf(lse_s[s * total_rows] - mx);  // 0 for a split that saw no key
+                const float wt = __expf(lse_s[s * total_rows] - m_use);  // 0 for a split that saw no key
                 const float4* src = reinterpret_cast<const float4*>(o_s + s * total_rows * p.D);
                 const float4 x0 = src[0], x1 = src[1];
                 acc[0] += wt * x0.x; acc[1] += wt * x0.y; acc[2] += wt * x0.z; acc[3] += wt * x0.w;
                 acc[4] += wt * x1.x; acc[5] += wt * x1.y; acc[6] += wt * x1.z; acc[7] += wt * x1.w;
             }
         }
-        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float inv = l != 0.f ? 1.f / l : 0.f;
         uint4 packed;
         packed.x = pack2<T>(acc[0] * inv, acc[1] * inv);
         packed.y = pack2<T>(acc[2] * inv, acc[3] * inv);
@@ -73,7 +75,7 @@ split_combine_kernel(const __grid_constant__ fc_attn_params p, const fc_split_pl
         T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (int64_t)i * p.o_row_stride + c;
         *reinterpret_cast<uint4*>(o) = packed;
     }
-    if (p.lse && lane == 0) p.lse[row] = l > 0.f ? mx + logf(l) : -INFINITY;
+    if (p.lse && lane == 0) p.lse[row] = l != 0.f ? mx + logf(l) : -INFINITY;
 }
 
 // ---------------------------------------------------------------------------

@@ -299,19 +299,20 @@ attn_decode_sm80_kernel(const __grid_constant__ fc_attn_params p, const fc_split
         for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, sM[w * ROWS + row]);
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         float l = 0.f;
-        if (mx != -INFINITY) {
+        // A warp that saw no key has m = -inf and l, O = 0: weight 0. One whose
+        // scores were all NaN has m = -inf too and l, O NaN, which 0 * NaN keeps.
+        const float m_use = mx == -INFINITY ? 0.f : mx;
 #pragma unroll
-            for (int w = 0; w < WARPS; ++w) {
-                const float wt = fast_exp2(sM[w * ROWS + row] - mx);  // 0 for a warp that saw no key
-                l += wt * sL[w * ROWS + row];
-                const float4* src = reinterpret_cast<const float4*>(sO + (w * ROWS + row) * Tile::O_STRIDE + c * 8);
-                const float4 x0 = src[0], x1 = src[1];
-                acc[0] += wt * x0.x; acc[1] += wt * x0.y; acc[2] += wt * x0.z; acc[3] += wt * x0.w;
-                acc[4] += wt * x1.x; acc[5] += wt * x1.y; acc[6] += wt * x1.z; acc[7] += wt * x1.w;
-            }
+        for (int w = 0; w < WARPS; ++w) {
+            const float wt = fast_exp2(sM[w * ROWS + row] - m_use);
+            l += wt * sL[w * ROWS + row];
+            const float4* src = reinterpret_cast<const float4*>(sO + (w * ROWS + row) * Tile::O_STRIDE + c * 8);
+            const float4 x0 = src[0], x1 = src[1];
+            acc[0] += wt * x0.x; acc[1] += wt * x0.y; acc[2] += wt * x0.z; acc[3] += wt * x0.w;
+            acc[4] += wt * x1.x; acc[5] += wt * x1.y; acc[6] += wt * x1.z; acc[7] += wt * x1.w;
         }
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        const float lse = l > 0.f ? (mx + log2f(l)) * FC_LN2 : -INFINITY;
+        const float inv = l != 0.f ? 1.f / l : 0.f;  // 0: no visible key (a NaN sum stays NaN)
+        const float lse = l != 0.f ? (mx + log2f(l)) * FC_LN2 : -INFINITY;
         const int i = r / G, h = hk * G + r % G;
         const int64_t grow = ((int64_t)b * p.Hq + h) * p.Sq + i;  // row of (B, Hq, Sq)
         if (sp.splits == 1) {

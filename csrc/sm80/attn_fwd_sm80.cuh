@@ -501,7 +501,7 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
             const float l = quad_sum(l_i[mt][hr]);
-            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const float inv = l > 0.f ? 1.f / l : 0.f;  // (a NaN row: acc is NaN, and NaN * 0 stays NaN)
             const int r = wrow + mt * 16 + lane / 4 + hr * 8;
 #pragma unroll
             for (int dt = 0; dt < D_TILES; ++dt) {
@@ -509,7 +509,7 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                 *reinterpret_cast<uint32_t*>(sQ + swz<DP>(r, dt) + (lane % 4) * 2) = packed;
             }
             if (lse && lane % 4 == 0 && r < q_rows)
-                lse[r] = l > 0.f ? (m_i[mt][hr] + log2f(l)) * FC_LN2 : -INFINITY;
+                lse[r] = l != 0.f ? (m_i[mt][hr] + log2f(l)) * FC_LN2 : -INFINITY;
         }
     __syncwarp();  // this warp's O rows in smem are complete before its lanes read them back
     // Lane l stores chunk l % CHUNKS of rows l / CHUNKS + i * ROW_STEP (a running pointer).

@@ -522,7 +522,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr) l[hr] = quad_sum(l_i[hr]);
 #pragma unroll
-            for (int hr = 0; hr < 2; ++hr) inv[hr] = l[hr] > 0.f ? 1.f / l[hr] : 0.f;
+            for (int hr = 0; hr < 2; ++hr) inv[hr] = l[hr] > 0.f ? 1.f / l[hr] : 0.f;  // (NaN O * 0 stays NaN)
 #pragma unroll
             for (int pass = 0; pass < PASSES; ++pass) {
                 // (ids 1-3; key-split mode's merge uses 3 and 4, but has only consumers 1-2)
@@ -553,7 +553,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
                         const int r = warp * 16 + lane / 4 + hr * 8;
                         if ((!Tile::PAD_FIRST || wrow0 + r >= 0) && wrow0 + r < p.Sq)
                             p.lse[((int64_t)t.b * p.Hq + t.h) * p.Sq + wrow0 + r] =
-                                l[hr] > 0.f ? (m_i[hr] + log2f(l[hr])) * FC_LN2 : -INFINITY;
+                                l[hr] != 0.f ? (m_i[hr] + log2f(l[hr])) * FC_LN2 : -INFINITY;
                     }
                 }
                 named_barrier_sync(1 + cw, 128);  // this warpgroup's O rows are in smem before its threads read them back

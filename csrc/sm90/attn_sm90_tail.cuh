@@ -151,7 +151,7 @@ __device__ __forceinline__ void sm90_tail_piece_end(const float (&o)[PARTS][HALF
             for (int k = 0; k < SM90_TAIL_MAX_PIECES; ++k)
                 c[k][hr] = mk[k] == -INFINITY ? 0.f : exp2f(mk[k] - mx[hr]);
             lsum[hr] = quad_sum(fmaf(lk[2], c[2][hr], fmaf(lk[1], c[1][hr], lk[0] * c[0][hr])));
-            inv[hr] = lsum[hr] > 0.f ? 1.f / lsum[hr] : 0.f;
+            inv[hr] = lsum[hr] > 0.f ? 1.f / lsum[hr] : 0.f;  // (a NaN piece's O: NaN * 0 stays NaN)
         }
     }
     // O: this thread's two columns of each of its two rows per float4, as the
@@ -182,7 +182,7 @@ __device__ __forceinline__ void sm90_tail_piece_end(const float (&o)[PARTS][HALF
         for (int hr = 0; hr < 2; ++hr) {
             const int row = wrow0 + warp * 16 + lane / 4 + hr * 8;
             if (row < p.Sq)
-                p.lse[((int64_t)b * p.Hq + h) * p.Sq + row] = lsum[hr] > 0.f ? (mx[hr] + log2f(lsum[hr])) * FC_LN2 : -INFINITY;
+                p.lse[((int64_t)b * p.Hq + h) * p.Sq + row] = lsum[hr] != 0.f ? (mx[hr] + log2f(lsum[hr])) * FC_LN2 : -INFINITY;
         }
     }
 }

@@ -1,0 +1,99 @@
+"""NaN in the inputs comes out as NaN, as in SDPA, never as a plausible number:
+a query row holding a NaN, or a key holding one that a row sees, makes that
+row's output and LSE NaN; a NaN in a value makes that column of the rows that
+see it NaN. Whatever never reads the NaN is unaffected.
+(A NaN in a value that a causal row does not see may still reach that row in
+a kernel that multiplies it by a zero weight; those rows are not asserted.)
+
+Runs on the CPU path and on every GPU path: auto, each forced kernel, the
+split-KV kernel and its combine, and a D = 128 shape long enough for the
+Hopper kernel's split tail.
+"""
+import pytest
+import torch
+
+from conftest import GPU_KERNELS, dtype_id, make_qkv, mode_id, ref_attention, requires_gpu, run_poisoned
+
+# (device, kernel, num_splits)
+TARGETS = [pytest.param("cpu", "auto", None, id="cpu")] + [
+    pytest.param("cuda", kern, None, id=f"cuda-{kern}", marks=requires_gpu) for kern in ["auto"] + GPU_KERNELS
+] + [pytest.param("cuda", "auto", 3, id="cuda-split3", marks=requires_gpu)]
+
+# (B, Hq, Hkv, Sq, Sk, D): several tiles with a partial one, Sq != Sk, GQA
+SHAPES = [(2, 4, 2, 203, 203, 64), (1, 4, 4, 100, 333, 128), (1, 2, 1, 5, 1000, 256)]
+ATOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}
+
+
+def shape_id(s):
+    return "B{}_Hq{}_Hkv{}_Sq{}_Sk{}_D{}".format(*s)
+
+
+def check_nan_rows(q, k, v, mode, kernel, num_splits):
+    """Run flashcore on inputs holding NaN and compare with the fp64 reference:
+    NaN exactly where the reference has it (whole rows for a NaN score, one
+    column for a NaN value; the LSE where a score is NaN), the rest close to it."""
+    out, lse = run_poisoned(q, k, v, mode, kernel=kernel, num_splits=num_splits)
+    ref_out, ref_lse = ref_attention(q, k, v, None, mode)
+    nan_ref = torch.isnan(ref_out)
+    assert nan_ref.any(), "the case must put a NaN into some output"
+    assert torch.equal(torch.isnan(out).cpu(), nan_ref.cpu()), (
+        f"NaN pattern: {torch.isnan(out).sum().item()} NaN elements where the reference has {nan_ref.sum().item()}")
+    assert torch.equal(torch.isnan(lse).cpu(), torch.isnan(ref_lse).cpu()), "LSE: NaN where a row reads a NaN score"
+    fine = ~nan_ref
+    err = (out[fine].double() - ref_out[fine].double()).abs().max().item() if fine.any() else 0.0
+    assert err <= ATOL[q.dtype], f"elements without NaN: max|out - ref| = {err:.3e}"
+    live = torch.isfinite(ref_lse)
+    lse_err = (lse[live].double() - ref_lse[live].double()).abs().max().item() if live.any() else 0.0
+    assert lse_err <= 2e-3, f"LSE without NaN: max error {lse_err:.3e}"
+
+
+def dtypes_for(device):
+    return [torch.float16, torch.bfloat16] + ([torch.float32] if device == "cpu" else [])
+
+
+@pytest.mark.parametrize("device,kernel,num_splits", TARGETS)
+@pytest.mark.parametrize("mode", [None, "top_left", "bottom_right"], ids=mode_id)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_nan_in_a_query_row(device, kernel, num_splits, mode, shape):
+    B, Hq, Hkv, Sq, Sk, D = shape
+    for dtype in dtypes_for(device):
+        q, k, v = make_qkv(B, Hq, Hkv, Sq, Sk, D, dtype, device)
+        q = q.clone()
+        q[B - 1, Hq - 1, Sq - 1, D // 2] = float("nan")  # the last row sees a key in every mode
+        q[0, 0, Sq // 2, 0] = float("nan")
+        check_nan_rows(q, k, v, mode, kernel, num_splits)
+
+
+@pytest.mark.parametrize("device,kernel,num_splits", TARGETS)
+@pytest.mark.parametrize("mode", [None, "top_left"], ids=mode_id)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_nan_in_a_key(device, kernel, num_splits, mode, shape):
+    # Causal: rows before the NaN key mask it and stay finite.
+    B, Hq, Hkv, Sq, Sk, D = shape
+    for dtype in dtypes_for(device):
+        q, k, v = make_qkv(B, Hq, Hkv, Sq, Sk, D, dtype, device)
+        k = k.clone()
+        k[0, 0, min(Sq, Sk) // 2, D - 1] = float("nan")
+        check_nan_rows(q, k, v, mode, kernel, num_splits)
+
+
+@pytest.mark.parametrize("device,kernel,num_splits", TARGETS)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_nan_in_a_value(device, kernel, num_splits, shape, dtype):
+    B, Hq, Hkv, Sq, Sk, D = shape
+    q, k, v = make_qkv(B, Hq, Hkv, Sq, Sk, D, dtype, device)
+    v = v.clone()
+    v[B - 1, Hkv - 1, Sk - 1, 0] = float("nan")
+    check_nan_rows(q, k, v, None, kernel, num_splits)
+
+
+@requires_gpu
+@pytest.mark.parametrize("where", ["q", "k"])
+def test_nan_long_rows(where):
+    # D = 128 non-causal from Sk = 4096: the Hopper kernel's CTA pairs and split tail.
+    q, k, v = make_qkv(1, 8, 8, 4096, 4096, 128, torch.float16, "cuda")
+    t = (q if where == "q" else k).clone()
+    t[0, 3, 4000, 5] = float("nan")
+    q, k = (t, k) if where == "q" else (q, t)
+    check_nan_rows(q, k, v, None, "auto", None)
