@@ -366,10 +366,17 @@ const at::Tensor& tensor_arg(const pybind11::handle& o, const char* name) {
     return THPVariable_Unpack(o.ptr());
 }
 
+// A bool (or numpy bool) object: what SDPA's bool arguments take.
+bool is_bool(const pybind11::handle& o) {
+    if (PyBool_Check(o.ptr())) return true;
+    const std::string t = type_name(o);
+    return t == "numpy.bool_" || t == "numpy.bool";
+}
+
 // A bool argument (SDPA's bool: True or False, not any truthy object).
 bool bool_arg(const pybind11::handle& o, const char* name) {
-    if (!PyBool_Check(o.ptr())) type_error(std::string(name) + ": expected a bool, got " + type_name(o) + "; pass True or False");
-    return o.ptr() == Py_True;
+    if (!is_bool(o)) type_error(std::string(name) + ": expected a bool, got " + type_name(o) + "; pass True or False");
+    return PyObject_IsTrue(o.ptr()) == 1;
 }
 
 // A float argument (SDPA's float): a Python float or int, or a numpy-style
@@ -415,9 +422,9 @@ CallArgs parse_args(const pybind11::object& attn_mask, const pybind11::object& d
     bool_arg(enable_gqa, "enable_gqa");  // GQA is always on; the flag is SDPA's
     bool causal_v = is_causal_v;
     if (!causal.is_none()) {
-        if (!PyBool_Check(causal.ptr()))
+        if (!is_bool(causal))
             type_error("causal: expected None or a bool, got " + type_name(causal) + "; pass True or False");
-        causal_v = causal.ptr() == Py_True;
+        causal_v = PyObject_IsTrue(causal.ptr()) == 1;
         if (causal_v != is_causal_v && is_causal_v)
             value_error("causal / is_causal: both given and they disagree; pass only one");
     }

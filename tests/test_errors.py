@@ -197,6 +197,16 @@ def test_alignment_checked_without_causal():
     assert torch.equal(out, flashcore.attention(q, k, v))
 
 
+def test_flags_take_numpy_bools():
+    """is_causal, causal, enable_gqa and return_lse take numpy bools, as SDPA's bools do."""
+    np = pytest.importorskip("numpy")
+    q, k, v = qkv("cpu")
+    assert torch.equal(flashcore.attention(q, k, v, is_causal=np.bool_(True), enable_gqa=np.bool_(False)),
+                       flashcore.attention(q, k, v, is_causal=True))
+    out, lse = flashcore.attention(q, k, v, causal=np.bool_(False), return_lse=np.bool_(True))
+    assert torch.equal(out, flashcore.attention(q, k, v)) and lse.shape == (B, H, S)
+
+
 def test_scale_takes_any_real_number():
     """scale: a float, an int or a numpy scalar, as SDPA's float argument."""
     np = pytest.importorskip("numpy")
