@@ -167,14 +167,15 @@ fc_dtype to_fc_dtype(at::ScalarType t) {
     return t == at::kHalf ? FC_DTYPE_FP16 : t == at::kBFloat16 ? FC_DTYPE_BF16 : FC_DTYPE_FP32;
 }
 
-// scale as the kernels take it: a finite fp32 > 0 (1e-50 would round to 0).
+// scale as the kernels take it: an fp32 > 0 (1e-50 would round to 0), at
+// most FC_MAX_SCALE.
 void check_scale(double scale) {
     const float s32 = (float)scale;
-    if (!std::isfinite(scale) || scale <= 0.0 || !std::isfinite(s32) || s32 <= 0.f) {
+    if (!(scale > 0.0 && scale <= FC_MAX_SCALE && s32 > 0.f)) {  // (false for NaN)
         char got[64];
         snprintf(got, sizeof got, "%g", scale);
-        value_error(std::string("scale: got ") + got + "; it must be > 0 and finite in fp32 (about 1.4e-45 to "
-                    "3.4e38); pass None for 1/sqrt(D)");
+        value_error(std::string("scale: got ") + got + "; it must be > 0 in fp32 (from about 1.4e-45) and at most "
+                    "2.3e38; pass None for 1/sqrt(D)");
     }
 }
 
@@ -366,37 +367,37 @@ const at::Tensor& tensor_arg(const pybind11::handle& o, const char* name) {
     return THPVariable_Unpack(o.ptr());
 }
 
-// A bool (or numpy bool) object: what SDPA's bool arguments take.
-bool is_bool(const pybind11::handle& o) {
-    if (PyBool_Check(o.ptr())) return true;
-    const std::string t = type_name(o);
-    return t == "numpy.bool_" || t == "numpy.bool";
-}
-
-// A bool argument (SDPA's bool: True or False, not any truthy object).
+// A bool argument: True or False, as SDPA's bool arguments (not any truthy
+// object, nor a numpy bool, which SDPA refuses too).
 bool bool_arg(const pybind11::handle& o, const char* name) {
-    if (!is_bool(o)) type_error(std::string(name) + ": expected a bool, got " + type_name(o) + "; pass True or False");
-    return PyObject_IsTrue(o.ptr()) == 1;
+    if (!PyBool_Check(o.ptr()))
+        type_error(std::string(name) + ": expected a bool, got " + type_name(o) + "; pass True or False");
+    return o.ptr() == Py_True;
 }
 
-// A float argument (SDPA's float): a Python float or int, or a numpy-style
-// scalar with __float__; not a bool, a string or a tensor.
+// A float argument: a Python float or int, or a numpy scalar (anything with
+// __float__); not a bool, a string or a tensor (stricter than SDPA, which
+// takes a bool or a one-element tensor as a number).
 double float_arg(const pybind11::handle& o, const char* name, const char* fix) {
     PyObject* p = o.ptr();
     const bool number = PyFloat_Check(p) || PyLong_Check(p) || PyObject_HasAttrString(p, "__float__");
     if (!number || PyBool_Check(p) || THPVariable_Check(p) || PyComplex_Check(p))
         type_error(std::string(name) + ": expected a float, got " + type_name(o) + "; " + fix);
     const double d = PyFloat_AsDouble(p);
-    if (d == -1.0 && PyErr_Occurred()) {  // e.g. an int beyond a double's range
+    if (d == -1.0 && PyErr_Occurred()) {
+        const bool overflow = PyErr_ExceptionMatches(PyExc_OverflowError);  // an int beyond a double's range
         PyErr_Clear();
-        value_error(std::string(name) + ": " + pybind11::repr(o).cast<std::string>() + " is out of range; " + fix);
+        if (overflow)
+            value_error(std::string(name) + ": " + pybind11::repr(o).cast<std::string>() + " is out of range; " + fix);
+        type_error(std::string(name) + ": expected a float, got " + type_name(o) + " that does not convert to one; " +
+                   fix);
     }
     return d;
 }
 
-// flashcore.attention's non-tensor arguments, checked as SDPA's typed
-// signature checks them, with flashcore's options; shared by the eager call
-// and the torch.compile path (check_args), so both refuse the same inputs.
+// flashcore.attention's non-tensor arguments: their types checked as a typed
+// signature would (flashcore/__init__.py's _check_arg_types repeats the type
+// checks for the torch.compile path), then their values.
 struct CallArgs {
     int causal_mode;   // fc_causal
     int kernel;        // fc_kernel
@@ -422,9 +423,9 @@ CallArgs parse_args(const pybind11::object& attn_mask, const pybind11::object& d
     bool_arg(enable_gqa, "enable_gqa");  // GQA is always on; the flag is SDPA's
     bool causal_v = is_causal_v;
     if (!causal.is_none()) {
-        if (!is_bool(causal))
+        if (!PyBool_Check(causal.ptr()))
             type_error("causal: expected None or a bool, got " + type_name(causal) + "; pass True or False");
-        causal_v = PyObject_IsTrue(causal.ptr()) == 1;
+        causal_v = causal.ptr() == Py_True;
         if (causal_v != is_causal_v && is_causal_v)
             value_error("causal / is_causal: both given and they disagree; pass only one");
     }
@@ -507,13 +508,6 @@ PYBIND11_MODULE(_C, m) {
           py::arg("query"), py::arg("key"), py::arg("value"), py::arg("attn_mask"), py::arg("dropout_p"),
           py::arg("is_causal"), py::arg("scale"), py::arg("enable_gqa"), py::arg("causal"),
           py::arg("causal_alignment"), py::arg("return_lse"), py::arg("kernel"), py::arg("num_splits"));
-    m.def("check_args", [](const py::object& attn_mask, const py::object& dropout_p, const py::object& is_causal,
-                           const py::object& scale, const py::object& enable_gqa, const py::object& causal,
-                           const py::object& causal_alignment, const py::object& return_lse,
-                           const py::object& kernel, const py::object& num_splits) {
-        parse_args(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal, causal_alignment, return_lse, kernel,
-                   num_splits);
-    }, "flashcore.attention's checks of its non-tensor arguments (the torch.compile path runs them)");
     m.attr("ATTENTION_DOC") = FC_ATTENTION_DOC;
     m.attr("REQUIRES_GRAD_MSG") = FC_REQUIRES_GRAD_MSG;
     m.attr("KERNELS") = name_dict(KERNEL_IDS);

@@ -288,16 +288,16 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
     if (p->B < 0 || p->Hq < 0 || p->Hkv < 0 || p->Sq < 0 || p->Sk < 0)
         fail(&r, FC_ERR_INVALID_SHAPE, "shape: B=%d Hq=%d Hkv=%d Sq=%d Sk=%d must all be >= 0",
              p->B, p->Hq, p->Hkv, p->Sq, p->Sk);
-    else if (p->Sq > FC_MAX_SEQ_LEN || p->Sk > FC_MAX_SEQ_LEN)
-        fail(&r, FC_ERR_INVALID_SHAPE, "shape: Sq=%d, Sk=%d: sequence lengths above 2^30 are not supported; split "
-             "the call (queries into chunks, or keys into chunks merged by their LSE)", p->Sq, p->Sk);
     else if (p->Hkv == 0 ? p->Hq > 0 : p->Hq % p->Hkv != 0)
         fail(&r, FC_ERR_INVALID_SHAPE, "k, v: Hkv=%d must divide Hq=%d (Hkv = 0 only with Hq = 0)", p->Hkv, p->Hq);
+    if (p->Sq > FC_MAX_SEQ_LEN || p->Sk > FC_MAX_SEQ_LEN)
+        fail(&r, FC_ERR_INVALID_SHAPE, "shape: Sq=%d, Sk=%d: sequence lengths above 2^30 are not supported; split "
+             "the call (queries into chunks, or keys into chunks merged by their LSE)", p->Sq, p->Sk);
     if (p->D < 8 || p->D > FC_MAX_HEAD_DIM || p->D % 8 != 0)
         fail(&r, FC_ERR_UNSUPPORTED_HEAD_DIM, "D: head dim %d is not supported; use a multiple of 8 from 8 to %d",
              p->D, FC_MAX_HEAD_DIM);
-    if (!(isfinite(p->scale) && p->scale > 0.f))
-        fail(&r, FC_ERR_INVALID_SCALE, "scale: %g must be finite and > 0", (double)p->scale);
+    if (!(p->scale > 0.f && p->scale <= FC_MAX_SCALE))  /* (false for NaN) */
+        fail(&r, FC_ERR_INVALID_SCALE, "scale: %g must be > 0 and at most FC_MAX_SCALE (2.3e38)", (double)p->scale);
     if (p->causal != FC_CAUSAL_NONE && p->causal != FC_CAUSAL_TOP_LEFT && p->causal != FC_CAUSAL_BOTTOM_RIGHT)
         fail(&r, FC_ERR_INVALID_ARGUMENT, "causal: unknown mode %d", (int)p->causal);
     if (p->dtype != FC_DTYPE_FP16 && p->dtype != FC_DTYPE_BF16 && p->dtype != FC_DTYPE_FP32)

@@ -37,7 +37,7 @@ typedef enum {
     FC_ERR_UNSUPPORTED_DTYPE,  /* dtype not supported by the chosen kernel */
     FC_ERR_UNSUPPORTED_HEAD_DIM, /* D not a multiple of 8, or above 256 */
     FC_ERR_INVALID_STRIDE,     /* a stride or pointer breaks 16-byte alignment */
-    FC_ERR_INVALID_SCALE,      /* scale is NaN, infinite or <= 0 */
+    FC_ERR_INVALID_SCALE,      /* scale is NaN, <= 0 or above FC_MAX_SCALE */
     FC_ERR_INVALID_ARGUMENT,   /* an enum field holds an unknown value */
     FC_ERR_ARCH,               /* the GPU (or forced kernel) cannot run this */
     FC_ERR_CUDA,               /* a CUDA runtime call failed */
@@ -107,6 +107,10 @@ const char* fc_status_string(fc_status s);
 /* Longest Sq and Sk (2^30): the kernels' key and row arithmetic is int32 with
  * a tile of headroom; longer sequences are refused (split the call). */
 #define FC_MAX_SEQ_LEN (1 << 30)
+
+/* Largest scale: the kernels work in exp2, and scale * log2(e) must stay a
+ * finite fp32 (FLT_MAX / log2(e) is 2.36e38). */
+#define FC_MAX_SCALE 2.3e38f
 
 /* Most ways Sk is ever split (forced num_splits above this are clamped). */
 #define FC_MAX_SPLITS 1024

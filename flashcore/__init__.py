@@ -31,9 +31,7 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     # below: the same binding at run time, output shapes from _attention_fake.
     if torch.compiler.is_compiling():
         _refuse_grad(query, key, value)
-        _check_arg_types(dropout_p, is_causal, scale, enable_gqa, causal, return_lse)
-        is_causal, return_lse = bool(is_causal), bool(return_lse)  # (numpy bools, for the op's schema)
-        causal = None if causal is None else bool(causal)
+        dropout_p, scale = _check_arg_types(dropout_p, is_causal, scale, enable_gqa, causal, return_lse, num_splits)
         out, lse = _attention_op(query, key, value, attn_mask, dropout_p, is_causal, scale, causal,
                                  causal_alignment, return_lse, kernel, num_splits)
         return (out, lse) if return_lse else out
@@ -56,30 +54,33 @@ def _refuse_grad(query, key, value):
             raise ValueError(_C.REQUIRES_GRAD_MSG.format(name=name))
 
 
-def _is_bool(val):
-    # A bool or a numpy bool, as the binding's is_bool. (Dynamo traces a numpy
-    # bool as an ndarray: refused under fullgraph=True, and without it the
-    # call falls back to eager, where it runs.)
-    return isinstance(val, bool) or (type(val).__module__ == "numpy" and type(val).__name__ in ("bool_", "bool"))
-
-
-def _check_arg_types(dropout_p, is_causal, scale, enable_gqa, causal, return_lse):
+def _check_arg_types(dropout_p, is_causal, scale, enable_gqa, causal, return_lse, num_splits):
     # The argument types that the binding's parse_args checks in eager calls,
     # with its messages, checked here while torch.compile traces: the op's
-    # schema below would coerce them (is_causal=2 to True). Their values (and
-    # every other argument) are checked when the op runs, by the binding.
+    # schema below would coerce them (is_causal=2 to True). Returns dropout_p
+    # and scale as Python floats (the schema takes no numpy scalar). Their
+    # values, and every other argument, are checked when the op runs.
     for name, val in (("is_causal", is_causal), ("enable_gqa", enable_gqa), ("return_lse", return_lse)):
-        if not _is_bool(val):
+        if not isinstance(val, bool):
             raise TypeError(f"{name}: expected a bool, got {type(val).__name__}; pass True or False")
-    if causal is not None and not _is_bool(causal):
+    if causal is not None and not isinstance(causal, bool):
         raise TypeError(f"causal: expected None or a bool, got {type(causal).__name__}; pass True or False")
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)):
+        raise TypeError(f"num_splits: expected None or an int, got {type(num_splits).__name__}")
+    floats = []
     for name, val, fix in (("dropout_p", dropout_p, "pass 0.0"),
                            ("scale", scale, "pass None for 1/sqrt(D) or a float > 0")):
         if name == "scale" and val is None:
+            floats.append(None)
             continue
         if (isinstance(val, (bool, str, bytes, complex, torch.Tensor))
                 or not (isinstance(val, (int, float)) or hasattr(val, "__float__"))):
             raise TypeError(f"{name}: expected a float, got {type(val).__name__}; {fix}")
+        try:
+            floats.append(float(val))
+        except OverflowError:
+            raise ValueError(f"{name}: {val!r} is out of range; {fix}") from None
+    return floats
 
 
 @torch.library.custom_op("flashcore::attention", mutates_args=())

@@ -119,7 +119,8 @@ def test_compiled_bad_argument(bad, match):
     ({"enable_gqa": None}, r"\benable_gqa\b: expected a bool"),
     ({"scale": "0.5"}, r"\bscale\b: expected a float, got str"),
     ({"dropout_p": True}, r"\bdropout_p\b: expected a float, got bool"),
-], ids=["is_causal", "causal", "return_lse", "enable_gqa", "scale", "dropout_p"])
+    ({"num_splits": True}, r"\bnum_splits\b: expected None or an int, got bool"),
+], ids=["is_causal", "causal", "return_lse", "enable_gqa", "scale", "dropout_p", "num_splits"])
 def test_compiled_bad_argument_type(bad, match):
     """A wrong argument type raises the eager TypeError while torch.compile
     traces (the op's schema would otherwise coerce it); under fullgraph=True
@@ -135,6 +136,16 @@ def test_compiled_bad_argument_type(bad, match):
     with pytest.raises(Exception, match=match):
         g(q, k, v)
     torch._dynamo.reset()
+
+
+def test_compiled_numpy_scale():
+    """A numpy float64 scale runs compiled as in eager (the op's schema takes a
+    Python float; the traced call converts it)."""
+    np = pytest.importorskip("numpy")
+    q, k, v = make_qkv(1, 2, 2, 17, 17, 64, torch.float32, "cpu")
+    f = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, scale=np.float64(0.3)), fullgraph=True,
+                      backend="aot_eager")
+    assert torch.equal(f(q, k, v), flashcore.attention(q, k, v, scale=0.3))
 
 
 def test_compiled_attn_mask_refused():

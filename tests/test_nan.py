@@ -3,14 +3,18 @@ a query row holding a NaN, or a key holding one that a row sees, makes that
 row's output and LSE NaN; a NaN in a value makes that column of the rows that
 see it NaN. Whatever never reads the NaN is unaffected.
 (A NaN in a value that a causal row does not see may still reach that row in
-a kernel that multiplies it by a zero weight; those rows are not asserted.)
+a tile kernel, which multiplies it by a zero weight; those rows are not
+asserted, but for the split-KV kernel, which keeps rows without a visible key
+at 0.)
 
 Runs on the CPU path and on every GPU path: auto, each forced kernel, the
-split-KV kernel and its combine, and a D = 128 shape long enough for the
-Hopper kernel's split tail.
+split-KV kernel and its combine, and the Hopper kernel's split tail.
 """
 import pytest
 import torch
+
+import flashcore
+from flashcore import _C
 
 from conftest import GPU_KERNELS, dtype_id, make_qkv, mode_id, ref_attention, requires_gpu, run_poisoned
 
@@ -20,7 +24,7 @@ TARGETS = [pytest.param("cpu", "auto", None, id="cpu")] + [
 ] + [pytest.param("cuda", "auto", 3, id="cuda-split3", marks=requires_gpu)]
 
 # (B, Hq, Hkv, Sq, Sk, D): several tiles with a partial one, Sq != Sk, GQA
-SHAPES = [(2, 4, 2, 203, 203, 64), (1, 4, 4, 100, 333, 128), (1, 2, 1, 5, 1000, 256)]
+SHAPES = [(2, 4, 2, 203, 203, 64), (1, 4, 4, 100, 333, 128), (1, 2, 1, 5, 1000, 256), (1, 2, 1, 150, 40, 64)]
 ATOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}
 
 
@@ -65,7 +69,7 @@ def test_nan_in_a_query_row(device, kernel, num_splits, mode, shape):
 
 
 @pytest.mark.parametrize("device,kernel,num_splits", TARGETS)
-@pytest.mark.parametrize("mode", [None, "top_left"], ids=mode_id)
+@pytest.mark.parametrize("mode", [None, "top_left", "bottom_right"], ids=mode_id)
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_nan_in_a_key(device, kernel, num_splits, mode, shape):
     # Causal: rows before the NaN key mask it and stay finite.
@@ -89,11 +93,34 @@ def test_nan_in_a_value(device, kernel, num_splits, shape, dtype):
 
 
 @requires_gpu
+@pytest.mark.parametrize("num_splits", [None, 2])
+def test_nan_value_split_kv_rows_without_keys(num_splits):
+    # The split-KV kernel leaves a warp that saw no key for a row out of its
+    # merge, so rows that see no key stay 0 / -inf although a value it loaded
+    # for other rows is NaN (a tile kernel may give them NaN: 0 * NaN).
+    q, k, v = make_qkv(2, 8, 2, 8, 4, 64, torch.float16, "cuda")
+    assert _C.num_splits(q, k, v, flashcore.CAUSAL_ALIGNMENTS["bottom_right"], 0, num_splits or 0) >= 1
+    v = v.clone()
+    v[:, :, 0, 3] = float("nan")
+    out, lse = run_poisoned(q, k, v, "bottom_right", num_splits=num_splits)
+    dead = slice(0, 4)  # query i sees keys j <= i - 4
+    assert (out[:, :, dead] == 0).all() and torch.isneginf(lse[:, :, dead]).all()
+    assert torch.isnan(out[:, :, 4:, 3]).all() and not torch.isnan(out[:, :, 4:, :3]).any()
+
+
+@requires_gpu
 @pytest.mark.parametrize("where", ["q", "k"])
-def test_nan_long_rows(where):
-    # D = 128 non-causal from Sk = 4096: the Hopper kernel's CTA pairs and split tail.
-    q, k, v = make_qkv(1, 8, 8, 4096, 4096, 128, torch.float16, "cuda")
+def test_nan_split_tail(where):
+    # D = 128 non-causal CTA pairs whose last tiles are split into pieces and
+    # merged (test_gpu's TAIL_SHAPES); batch 1, heads 7-8 hold those tiles.
+    from test_gpu import TAIL_SHAPES, guard_sms, tail_pieces
+    (B, H, Sq, Sk), D = TAIL_SHAPES[0]
+    if GPU_KERNELS[-1] != "sm90":
+        pytest.skip("the split tail is the Hopper kernel's")
+    assert tail_pieces(B, H, Sq, Sk, guard_sms() // 2) >= 2, "no split tail on this GPU"
+    q, k, v = make_qkv(B, H, H, Sq, Sk, D, torch.float16, "cuda")
     t = (q if where == "q" else k).clone()
-    t[0, 3, 4000, 5] = float("nan")
+    t[1, 8, 900, 5] = float("nan")
+    t[1, 7, 600, 70] = float("nan")
     q, k = (t, k) if where == "q" else (q, t)
     check_nan_rows(q, k, v, None, "auto", None)

@@ -23,7 +23,7 @@
 // visible key. G * Sq > 16 works (more row blocks, each re-reading K/V, mostly
 // from L2) but is what the tile kernel is for; dispatch only picks this kernel
 // for <= 64 packed rows unless num_splits > 1 forces it. Rows that see no key
-// (in a split or at all) give O = 0 and LSE = -inf, never NaN.
+// (in a split or at all) give O = 0 and LSE = -inf, even where v holds NaN.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -299,11 +299,13 @@ attn_decode_sm80_kernel(const __grid_constant__ fc_attn_params p, const fc_split
         for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, sM[w * ROWS + row]);
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         float l = 0.f;
-        // A warp that saw no key has m = -inf and l, O = 0: weight 0. One whose
-        // scores were all NaN has m = -inf too and l, O NaN, which 0 * NaN keeps.
+        // A warp that saw no key for the row (l exactly 0) is left out: its O may
+        // hold 0 * NaN from a NaN value of a key it masked. One whose scores were
+        // all NaN has m = -inf and l NaN: weight 0, and 0 * NaN keeps the NaN.
         const float m_use = mx == -INFINITY ? 0.f : mx;
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) {
+            if (sL[w * ROWS + row] == 0.f) continue;
             const float wt = fast_exp2(sM[w * ROWS + row] - m_use);
             l += wt * sL[w * ROWS + row];
             const float4* src = reinterpret_cast<const float4*>(sO + (w * ROWS + row) * Tile::O_STRIDE + c * 8);
