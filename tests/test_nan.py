@@ -95,9 +95,9 @@ def test_nan_in_a_value(device, kernel, num_splits, shape, dtype):
 @requires_gpu
 @pytest.mark.parametrize("num_splits", [None, 2])
 def test_nan_value_split_kv_rows_without_keys(num_splits):
-    # The split-KV kernel leaves a warp that saw no key for a row out of its
-    # merge, so rows that see no key stay 0 / -inf although a value it loaded
-    # for other rows is NaN (a tile kernel may give them NaN: 0 * NaN).
+    # The split-KV kernel's merge skips a row that no warp saw a key for, so
+    # rows that see no key stay 0 / -inf although a value loaded for other rows
+    # is NaN (a tile kernel may give them NaN: 0 * NaN).
     q, k, v = make_qkv(2, 8, 2, 8, 4, 64, torch.float16, "cuda")
     assert _C.num_splits(q, k, v, flashcore.CAUSAL_ALIGNMENTS["bottom_right"], 0, num_splits or 0) >= 1
     v = v.clone()

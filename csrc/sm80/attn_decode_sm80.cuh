@@ -294,24 +294,28 @@ attn_decode_sm80_kernel(const __grid_constant__ fc_attn_params p, const fc_split
     for (int e = tid; e < ROWS * CHUNKS; e += THREADS) {
         const int row = e / CHUNKS, c = e % CHUNKS, r = r0 + row;
         if (r >= n_rows || c * 8 >= p.D) continue;
-        float mx = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, sM[w * ROWS + row]);
-        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        float l = 0.f;
-        // A warp that saw no key for the row (l exactly 0) is left out: its O may
-        // hold 0 * NaN from a NaN value of a key it masked. One whose scores were
-        // all NaN has m = -inf and l NaN: weight 0, and 0 * NaN keeps the NaN.
-        const float m_use = mx == -INFINITY ? 0.f : mx;
+        float mx = -INFINITY, l_any = 0.f;  // l_any: 0 if no warp saw a key, NaN if one's scores were NaN
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) {
-            if (sL[w * ROWS + row] == 0.f) continue;
-            const float wt = fast_exp2(sM[w * ROWS + row] - m_use);
-            l += wt * sL[w * ROWS + row];
-            const float4* src = reinterpret_cast<const float4*>(sO + (w * ROWS + row) * Tile::O_STRIDE + c * 8);
-            const float4 x0 = src[0], x1 = src[1];
-            acc[0] += wt * x0.x; acc[1] += wt * x0.y; acc[2] += wt * x0.z; acc[3] += wt * x0.w;
-            acc[4] += wt * x1.x; acc[5] += wt * x1.y; acc[6] += wt * x1.z; acc[7] += wt * x1.w;
+            mx = fmaxf(mx, sM[w * ROWS + row]);
+            l_any += sL[w * ROWS + row];
+        }
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        float l = 0.f;
+        // A row without a visible key is skipped (its O stays 0, whatever 0 * NaN
+        // a warp's O holds from a NaN value it masked). A warp whose scores were
+        // all NaN has m = -inf and l NaN: weight 0, and 0 * NaN keeps the NaN.
+        if (mx != -INFINITY || l_any != 0.f) {
+            const float m_use = mx == -INFINITY ? 0.f : mx;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) {
+                const float wt = fast_exp2(sM[w * ROWS + row] - m_use);
+                l += wt * sL[w * ROWS + row];
+                const float4* src = reinterpret_cast<const float4*>(sO + (w * ROWS + row) * Tile::O_STRIDE + c * 8);
+                const float4 x0 = src[0], x1 = src[1];
+                acc[0] += wt * x0.x; acc[1] += wt * x0.y; acc[2] += wt * x0.z; acc[3] += wt * x0.w;
+                acc[4] += wt * x1.x; acc[5] += wt * x1.y; acc[6] += wt * x1.z; acc[7] += wt * x1.w;
+            }
         }
         const float inv = l != 0.f ? 1.f / l : 0.f;  // 0: no visible key (a NaN sum stays NaN)
         const float lse = l != 0.f ? (mx + log2f(l)) * FC_LN2 : -INFINITY;
