@@ -441,11 +441,8 @@ CallArgs parse_args(const pybind11::object& attn_mask, const pybind11::object& d
                         "; pass None or 0 (heuristic), 1 (no split) or n > 1 (split Sk n ways)");
         a.splits = n.cast<int64_t>();
     }
-    a.has_scale = !scale.is_none();
-    if (a.has_scale) {
-        a.scale = float_arg(scale, "scale", "pass None for 1/sqrt(D) or a float > 0");
-        check_scale(a.scale);
-    }
+    a.has_scale = !scale.is_none();  // (its value is checked in run_fwd, with the default's)
+    if (a.has_scale) a.scale = float_arg(scale, "scale", "pass None for 1/sqrt(D) or a float > 0");
     a.return_lse = bool_arg(return_lse, "return_lse");
     return a;
 }

@@ -55,17 +55,26 @@ def dtypes_for(device):
     return [torch.float16, torch.bfloat16] + ([torch.float32] if device == "cpu" else [])
 
 
+def check_with_nans(shape, dtypes, device, which, places, mode, kernel, num_splits):
+    """For each dtype: fresh q, k, v of `shape` with NaN at `places` (indices
+    into tensor `which`: "q", "k" or "v"), checked by check_nan_rows."""
+    B, Hq, Hkv, Sq, Sk, D = shape
+    for dtype in dtypes:
+        qkv = dict(zip("qkv", make_qkv(B, Hq, Hkv, Sq, Sk, D, dtype, device)))
+        qkv[which] = qkv[which].clone()
+        for at in places:
+            qkv[which][at] = float("nan")
+        check_nan_rows(qkv["q"], qkv["k"], qkv["v"], mode, kernel, num_splits)
+
+
 @pytest.mark.parametrize("device,kernel,num_splits", TARGETS)
 @pytest.mark.parametrize("mode", [None, "top_left", "bottom_right"], ids=mode_id)
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_nan_in_a_query_row(device, kernel, num_splits, mode, shape):
     B, Hq, Hkv, Sq, Sk, D = shape
-    for dtype in dtypes_for(device):
-        q, k, v = make_qkv(B, Hq, Hkv, Sq, Sk, D, dtype, device)
-        q = q.clone()
-        q[B - 1, Hq - 1, Sq - 1, D // 2] = float("nan")  # the last row sees a key in every mode
-        q[0, 0, Sq // 2, 0] = float("nan")
-        check_nan_rows(q, k, v, mode, kernel, num_splits)
+    # the last row sees a key in every mode
+    places = [(B - 1, Hq - 1, Sq - 1, D // 2), (0, 0, Sq // 2, 0)]
+    check_with_nans(shape, dtypes_for(device), device, "q", places, mode, kernel, num_splits)
 
 
 @pytest.mark.parametrize("device,kernel,num_splits", TARGETS)
@@ -74,11 +83,8 @@ def test_nan_in_a_query_row(device, kernel, num_splits, mode, shape):
 def test_nan_in_a_key(device, kernel, num_splits, mode, shape):
     # Causal: rows before the NaN key mask it and stay finite.
     B, Hq, Hkv, Sq, Sk, D = shape
-    for dtype in dtypes_for(device):
-        q, k, v = make_qkv(B, Hq, Hkv, Sq, Sk, D, dtype, device)
-        k = k.clone()
-        k[0, 0, min(Sq, Sk) // 2, D - 1] = float("nan")
-        check_nan_rows(q, k, v, mode, kernel, num_splits)
+    places = [(0, 0, min(Sq, Sk) // 2, D - 1)]
+    check_with_nans(shape, dtypes_for(device), device, "k", places, mode, kernel, num_splits)
 
 
 @pytest.mark.parametrize("device,kernel,num_splits", TARGETS)
@@ -86,10 +92,7 @@ def test_nan_in_a_key(device, kernel, num_splits, mode, shape):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
 def test_nan_in_a_value(device, kernel, num_splits, shape, dtype):
     B, Hq, Hkv, Sq, Sk, D = shape
-    q, k, v = make_qkv(B, Hq, Hkv, Sq, Sk, D, dtype, device)
-    v = v.clone()
-    v[B - 1, Hkv - 1, Sk - 1, 0] = float("nan")
-    check_nan_rows(q, k, v, None, kernel, num_splits)
+    check_with_nans(shape, [dtype], device, "v", [(B - 1, Hkv - 1, Sk - 1, 0)], None, kernel, num_splits)
 
 
 @requires_gpu
@@ -118,9 +121,5 @@ def test_nan_split_tail(where):
     if GPU_KERNELS[-1] != "sm90":
         pytest.skip("the split tail is the Hopper kernel's")
     assert tail_pieces(B, H, Sq, Sk, guard_sms() // 2) >= 2, "no split tail on this GPU"
-    q, k, v = make_qkv(B, H, H, Sq, Sk, D, torch.float16, "cuda")
-    t = (q if where == "q" else k).clone()
-    t[1, 8, 900, 5] = float("nan")
-    t[1, 7, 600, 70] = float("nan")
-    q, k = (t, k) if where == "q" else (q, t)
-    check_nan_rows(q, k, v, None, "auto", None)
+    check_with_nans((B, H, H, Sq, Sk, D), [torch.float16], "cuda", where, [(1, 8, 900, 5), (1, 7, 600, 70)], None,
+                    "auto", None)
