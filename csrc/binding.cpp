@@ -2,12 +2,15 @@
 // fills fc_attn_params, calls the C API on the current CUDA stream, and raises
 // a Python exception that names the argument and the fix on any bad input.
 #include <torch/extension.h>
+#include <ATen/autocast_mode.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/jit/frontend/tracer.h>
 
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -89,6 +92,11 @@ std::string shape_str(const at::Tensor& t) {
     return s + ")";
 }
 
+std::string nested_message(const std::string& name) {
+    return name + ": nested tensors are not supported; pad them to one (B, H, S, D) tensor (" + name +
+           ".to_padded_tensor(0.0)) and drop the padded rows' outputs";
+}
+
 // Every check that can be phrased in terms of the user's arguments lives
 // here, so the message names the argument; fc_attn_fwd_check is the backstop.
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -96,6 +104,13 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
     const char* names[3] = {"q", "k", "v"};
     for (int i = 0; i < 3; ++i) {
         const at::Tensor& t = *ts[i];
+        if (t.is_nested()) value_error(nested_message(names[i]));
+        if (t.layout() != at::kStrided) {
+            std::ostringstream layout;
+            layout << t.layout();
+            value_error(std::string(names[i]) + ": layout " + layout.str() + " is not supported; call " + names[i] +
+                        ".to_dense()");
+        }
         if (t.dim() != 4)
             value_error(std::string(names[i]) + ": expected a 4-D (B, H, S, D) tensor, got " +
                         std::to_string(t.dim()) + "-D of shape " + shape_str(t) +
@@ -116,10 +131,18 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
         if (t.stride(3) != 1)
             value_error(std::string(names[i]) + ": the last dim must be contiguous (stride 1), got stride " +
                         std::to_string(t.stride(3)) + "; call " + names[i] + ".contiguous()");
+        // A negated view (torch._neg_view) holds -x as x plus a flag the kernels do not read.
+        if (t.is_neg())
+            value_error(std::string(names[i]) + ": is a negated view; call " + names[i] + ".resolve_neg()");
         // The output would carry no grad_fn, and a backward pass would leave
-        // out this path's gradients without a word: refused instead.
+        // out this path's gradients without a word: refused instead. The same
+        // holds for a forward-mode tangent (torch.autograd.forward_ad).
         if (t.requires_grad() && at::GradMode::is_enabled())
             value_error(requires_grad_message(names[i]));
+        if (t._fw_grad(/*level=*/0).defined())
+            value_error(std::string(names[i]) + ": carries a forward-mode AD tangent, but flashcore.attention has no "
+                        "derivative; pass torch.autograd.forward_ad.unpack_dual(" + names[i] +
+                        ").primal, or use scaled_dot_product_attention");
     }
     for (int i = 1; i < 3; ++i) {
         if (ts[i]->device() != q.device())
@@ -258,6 +281,11 @@ void forget_zeroed_workspace(const at::Tensor& q, cudaStream_t stream) {
     zeroed_kept->erase(key);
 }
 
+// Test switch (_C.set_poison_outputs): fill out and lse with NaN, and the
+// allocated scratch with 0xff bytes, before each launch, so an element a kernel
+// does not write reads as NaN whatever memory the allocator handed back.
+static bool poison_outputs = false;
+
 // Checks, allocates out (and lse), runs the C API; lse is undefined unless return_lse.
 std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                           double scale, int causal, int kernel, bool return_lse,
@@ -302,9 +330,21 @@ std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor&
         }
         p.workspace_bytes = ws_bytes;
     }
+    if (poison_outputs) {
+        out.fill_(NAN);
+        if (return_lse) lse.fill_(NAN);
+        if (workspace.defined()) workspace.fill_(0xff);
+    }
 
     // One call does check + launch; the reasons are only formatted on failure.
-    fc_status st = fc_attn_fwd(&p, stream);
+    // The CPU path computes the whole attention here: other Python threads run meanwhile.
+    fc_status st;
+    if (q.is_cuda()) {
+        st = fc_attn_fwd(&p, stream);
+    } else {
+        pybind11::gil_scoped_release no_gil;
+        st = fc_attn_fwd(&p, stream);
+    }
     if (st != FC_OK) {
         if (p.counters_zeroed) forget_zeroed_workspace(q, (cudaStream_t)stream);
         char why[1024];
@@ -447,17 +487,51 @@ CallArgs parse_args(const pybind11::object& attn_mask, const pybind11::object& d
     return a;
 }
 
+// True for a q, k or v that only torch's dispatcher can run: a tensor
+// subclass (FakeTensor, wrapper subclasses, __torch_function__ overrides) or a
+// functorch wrapper (vmap, jvp: no storage of its own). attention() then
+// returns NotImplemented and flashcore.attention calls the custom op instead.
+bool for_dispatcher(const pybind11::handle& o, const char* name) {
+    if (!THPVariable_Check(o.ptr())) return false;  // (tensor_arg raises)
+    if (!THPVariable_CheckExact(o.ptr())) {
+        // A nested tensor of jagged layout is a Python subclass; refused as check_inputs refuses the others.
+        if (pybind11::getattr(o, "is_nested", pybind11::bool_(false)).ptr() == Py_True) value_error(nested_message(name));
+        return true;
+    }
+    const at::Tensor& t = THPVariable_Unpack(o.ptr());
+    return !t.is_nested() && t.layout() == at::kStrided && !t.has_storage();  // (check_inputs refuses the others)
+}
+
+// Under torch.autocast SDPA runs in the autocast dtype (by default fp16 on
+// CUDA, bf16 on the CPU), casting floating inputs other than fp64: flashcore
+// casts as SDPA does.
+void autocast_inputs(at::Tensor& q, at::Tensor& k, at::Tensor& v) {
+    const c10::DeviceType dev = q.device().type();
+    if ((dev != c10::DeviceType::CUDA && dev != c10::DeviceType::CPU) || !at::autocast::is_autocast_enabled(dev))
+        return;
+    const at::ScalarType to = at::autocast::get_autocast_dtype(dev);
+    q = at::autocast::cached_cast(to, q, dev);
+    k = at::autocast::cached_cast(to, k, dev);
+    v = at::autocast::cached_cast(to, v, dev);
+}
+
 // flashcore.attention: SDPA's argument list plus flashcore's keyword-only
-// options, handled here so an eager call does no Python-level work.
+// options, handled here so an eager call does no Python-level work. Returns
+// NotImplemented for calls the custom op must take: inputs for_dispatcher
+// names, and calls under torch.jit.trace (which records dispatcher ops only).
 pybind11::object attention(const pybind11::handle& query, const pybind11::handle& key, const pybind11::handle& value,
                            const pybind11::object& attn_mask, const pybind11::object& dropout_p,
                            const pybind11::object& is_causal, const pybind11::object& scale,
                            const pybind11::object& enable_gqa, const pybind11::object& causal,
                            const pybind11::object& causal_alignment, const pybind11::object& return_lse,
                            const pybind11::object& kernel, const pybind11::object& num_splits) {
-    const at::Tensor& q = tensor_arg(query, "q");
-    const at::Tensor& k = tensor_arg(key, "k");
-    const at::Tensor& v = tensor_arg(value, "v");
+    if (torch::jit::tracer::isTracing() || for_dispatcher(query, "q") || for_dispatcher(key, "k") ||
+        for_dispatcher(value, "v"))
+        return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
+    at::Tensor q = tensor_arg(query, "q");
+    at::Tensor k = tensor_arg(key, "k");
+    at::Tensor v = tensor_arg(value, "v");
+    autocast_inputs(q, k, v);
     const CallArgs a = parse_args(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal, causal_alignment,
                                   return_lse, kernel, num_splits);
     const double d = q.dim() > 0 ? (double)q.size(-1) : 0.0;
@@ -513,6 +587,8 @@ PYBIND11_MODULE(_C, m) {
     m.def("picked_kernel", &picked_kernel, "kernel that kernel='auto' runs for (q, k)");
     m.def("num_splits", &num_splits_for, "split-KV plan for (q, k, v, causal_mode, kernel, num_splits): "
           "0 = tile kernel, n >= 1 = split-KV kernel with n splits");
+    m.def("set_poison_outputs", [](bool on) { poison_outputs = on; },
+          "tests: fill out and lse with NaN (scratch with 0xff) before every launch");
     m.def("arch_reason", [](int kernel, int cc_major, int cc_minor) {
         const char* r = fc_arch_reason((fc_kernel)kernel, cc_major, cc_minor);
         return r ? std::string(r) : std::string();

@@ -26,17 +26,24 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
               enable_gqa=False, *, causal=None, causal_alignment="top_left", return_lse=False,
               kernel="auto", num_splits=None):
     # Eager calls go straight to the binding, which does all the argument
-    # handling in C++ (per-call host time is the point). torch.compile cannot
-    # trace into a C++ function, so while it traces, the call is the custom op
-    # below: the same binding at run time, output shapes from _attention_fake.
-    if torch.compiler.is_compiling():
-        _refuse_grad(query, key, value)
-        dropout_p, scale = _check_arg_types(dropout_p, is_causal, scale, enable_gqa, causal, return_lse, num_splits)
-        out, lse = _attention_op(query, key, value, attn_mask, dropout_p, is_causal, scale, causal,
-                                 causal_alignment, return_lse, kernel, num_splits)
-        return (out, lse) if return_lse else out
-    return _C.attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
-                        causal_alignment, return_lse, kernel, num_splits)
+    # handling in C++ (per-call host time is the point). What only torch's
+    # dispatcher can run is the custom op below (the same binding at run time,
+    # output shapes from _attention_fake): a torch.compile trace (which cannot
+    # enter a C++ function), and the calls the binding hands back as
+    # NotImplemented (torch.jit.trace, tensor subclasses, vmap and other
+    # functorch transforms).
+    if not torch.compiler.is_compiling():
+        r = _C.attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
+                         causal_alignment, return_lse, kernel, num_splits)
+        if r is not NotImplemented:
+            return r
+    _refuse_grad(query, key, value)
+    dropout_p, scale = _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
+                                        causal_alignment, return_lse, kernel, num_splits)
+    query, key, value = _autocast(query, key, value)
+    out, lse = _attention_op(query, key, value, attn_mask, dropout_p, is_causal, scale, causal,
+                             causal_alignment, return_lse, kernel, num_splits)
+    return (out, lse) if return_lse else out
 
 
 attention.__doc__ = _C.ATTENTION_DOC
@@ -54,12 +61,32 @@ def _refuse_grad(query, key, value):
             raise ValueError(_C.REQUIRES_GRAD_MSG.format(name=name))
 
 
-def _check_arg_types(dropout_p, is_causal, scale, enable_gqa, causal, return_lse, num_splits):
-    # The argument types that the binding's parse_args checks in eager calls,
-    # with its messages, checked here while torch.compile traces: the op's
-    # schema below would coerce them (is_causal=2 to True). Returns dropout_p
-    # and scale as Python floats (the schema takes no numpy scalar). Their
-    # values, and every other argument, are checked when the op runs.
+def _autocast(query, key, value):
+    # binding.cpp's autocast_inputs for the op path: under torch.autocast,
+    # floating inputs other than fp64 on the autocast device take its dtype,
+    # as SDPA's do.
+    dev = query.device.type
+    if dev not in ("cuda", "cpu") or not torch.is_autocast_enabled(dev):
+        return query, key, value
+    dtype = torch.get_autocast_dtype(dev)
+    return tuple(t.to(dtype) if t.device.type == dev and t.is_floating_point() and t.dtype != torch.float64 else t
+                 for t in (query, key, value))
+
+
+def _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal, causal_alignment, return_lse,
+                     kernel, num_splits):
+    # The argument checks that the binding's parse_args makes in eager calls,
+    # with its messages, made here for the op path: the op's schema below would
+    # coerce some (is_causal=2 to True) and refuse others in its own words
+    # (kernel=1). Returns dropout_p and scale as Python floats (the schema
+    # takes no numpy scalar). Their values (kernel="nope", a mask tensor), and
+    # the tensors, are checked when the op runs.
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        raise ValueError("attn_mask: flashcore supports no explicit mask; pass attn_mask=None "
+                         "(use causal=True for a causal mask)")
+    for name, val, table in (("causal_alignment", causal_alignment, CAUSAL_ALIGNMENTS), ("kernel", kernel, KERNELS)):
+        if not isinstance(val, str):
+            raise ValueError(f"{name}: expected one of {', '.join(map(repr, table))}, got {val!r}")
     for name, val in (("is_causal", is_causal), ("enable_gqa", enable_gqa), ("return_lse", return_lse)):
         if not isinstance(val, bool):
             raise TypeError(f"{name}: expected a bool, got {type(val).__name__}; pass True or False")
@@ -89,8 +116,14 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   scale: Optional[float], causal: Optional[bool], causal_alignment: str,
                   return_lse: bool, kernel: str, num_splits: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
     """flashcore.attention as a torch.library op: (out, lse), lse of shape (0,) unless return_lse."""
+    # A __torch_function__ subclass reaches the implementation as itself (its
+    # handler ran the op with torch functions off); its data is a plain tensor's.
+    query, key, value = (t.as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t
+                         for t in (query, key, value))
     r = _C.attention(query, key, value, attn_mask, dropout_p, is_causal, scale, False, causal,
                      causal_alignment, return_lse, kernel, num_splits)
+    if r is NotImplemented:
+        raise RuntimeError("flashcore: internal error: the custom op's implementation got tensors without storage")
     if return_lse:
         return r
     return r, query.new_empty((0,), dtype=torch.float32)

@@ -34,6 +34,6 @@ export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
 # Builds flashcore/_C in place (ninja, parallel; incremental on reruns).
 build_ext() {
   local t0=$SECONDS
-  "$PY" setup.py -q build_ext --inplace
+  "$PY" setup.py -q build_ext --inplace || return $?   # (a caller under set +e still sees the failure)
   echo "flashcore: extension built in $((SECONDS - t0)) s (MAX_JOBS=$MAX_JOBS)"
 }

@@ -228,18 +228,15 @@ def test_cpu_single_key_and_query():
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), atol=2e-6, rtol=1e-5)
 
 
-def test_cpu_misaligned_pointer_is_correct_or_rejected():
+def test_cpu_misaligned_pointer_is_correct():
     """A view whose data pointer is not 16-byte aligned (offset of one fp16
-    element, row stride D+1): either computed correctly or a ValueError."""
+    element, row stride D+1): the CPU path has no alignment rule, so it is
+    computed (the GPU kernels refuse it, test_gpu)."""
     D = 64
     base = torch.randn(1, 2, 19, D + 1).to(torch.float16)
     q = base[..., 1:]
     k, v = make_qkv(1, 2, 2, 19, 19, D, torch.float16, DEV)[1:]
-    try:
-        out, lse = call(q, k, v, None)
-    except ValueError as e:
-        assert str(e)
-        return
+    out, lse = call(q, k, v, None)
     check_attention(out, lse, q, k, v, None, None)
 
 

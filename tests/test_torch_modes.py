@@ -1,0 +1,169 @@
+"""flashcore.attention under torch's other modes, as SDPA behaves there.
+
+Eager calls go straight to the binding; what only torch's dispatcher can run
+takes the custom op (torch.ops.flashcore.attention): torch.jit.trace, tensor
+subclasses (wrapper subclasses, FakeTensor, __torch_function__ overrides) and
+functorch transforms (vmap). torch.autocast casts the inputs as it does for
+SDPA. Layouts and views the kernels cannot read, and forward-mode AD
+tangents, are refused by name. CPU tests, plus one autocast test on the GPU.
+"""
+import threading
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flashcore
+
+from conftest import make_qkv, requires_gpu
+
+DEV = "cuda"
+
+
+def qkv(dtype=torch.float32, device="cpu", Sq=17, Sk=23, D=64):
+    return make_qkv(2, 4, 2, Sq, Sk, D, dtype, device)
+
+
+def test_jit_trace_records_the_op():
+    """A traced function reruns the attention on new inputs (the trace holds
+    the custom op, not the output's allocation)."""
+    q, k, v = qkv()
+    traced = torch.jit.trace(lambda q, k, v: flashcore.attention(q, k, v, is_causal=True), (q, k, v))
+    assert "flashcore::attention" in str(traced.graph)
+    q2, k2, v2 = qkv()
+    assert torch.equal(traced(q2, k2, v2), flashcore.attention(q2, k2, v2, is_causal=True))
+
+
+def test_vmap_over_a_leading_dim():
+    q, k, v = qkv()
+    qs = torch.stack([q, 2 * q, -q])
+    with pytest.warns(UserWarning):  # torch's per-sample fallback for an op without a batching rule
+        out = torch.vmap(lambda x: flashcore.attention(x, k, v))(qs)
+    for i in range(3):
+        assert torch.equal(out[i], flashcore.attention(qs[i], k, v))
+
+
+def test_wrapper_subclass_runs_through_the_op():
+    two_tensor = pytest.importorskip("torch.testing._internal.two_tensor")
+    q, k, v = qkv()
+    q2, k2, v2 = qkv()
+    out = flashcore.attention(two_tensor.TwoTensor(q, q2), two_tensor.TwoTensor(k, k2), two_tensor.TwoTensor(v, v2))
+    assert type(out) is two_tensor.TwoTensor
+    assert torch.equal(out.a, flashcore.attention(q, k, v))
+    assert torch.equal(out.b, flashcore.attention(q2, k2, v2))
+
+
+def test_fake_tensors_give_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        q, k, v = torch.empty(2, 8, 33, 64), torch.empty(2, 2, 40, 64), torch.empty(2, 2, 40, 64)
+        out, lse = flashcore.attention(q, k, v, return_lse=True)
+    assert out.shape == (2, 8, 33, 64) and lse.shape == (2, 8, 33) and lse.dtype == torch.float32
+
+
+class Logged(torch.Tensor):
+    """A __torch_function__ subclass that records the functions it sees."""
+    seen = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.seen.append(getattr(func, "__name__", str(func)))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_torch_function_subclass_sees_the_call():
+    q, k, v = qkv()
+    Logged.seen.clear()
+    out = flashcore.attention(q.as_subclass(Logged), k, v)
+    assert type(out) is Logged and any("attention" in name for name in Logged.seen)
+    assert torch.equal(out.as_subclass(torch.Tensor), flashcore.attention(q, k, v))
+
+
+def test_forward_ad_tangent_refused():
+    """A dual tensor would lose its tangent (there is no derivative): refused."""
+    import torch.autograd.forward_ad as fwAD
+    q, k, v = qkv()
+    with fwAD.dual_level():
+        for name in "qkv":
+            args = {"q": q, "k": k, "v": v}
+            args[name] = fwAD.make_dual(args[name], torch.randn_like(args[name]))
+            with pytest.raises(ValueError, match=rf"^{name}: carries a forward-mode AD tangent.*unpack_dual\({name}\)"):
+                flashcore.attention(args["q"], args["k"], args["v"])
+        # the primal alone runs
+        out = flashcore.attention(fwAD.unpack_dual(fwAD.make_dual(q, torch.randn_like(q))).primal, k, v)
+    assert torch.equal(out, flashcore.attention(q, k, v))
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda t: t.to_sparse(), r"^q: layout Sparse is not supported; call q\.to_dense\(\)"),
+    (lambda t: torch._neg_view(t), r"^q: is a negated view; call q\.resolve_neg\(\)"),
+], ids=["sparse", "neg_view"])
+def test_unreadable_layouts_refused(make, match):
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=match):
+        flashcore.attention(make(q), k, v)
+
+
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged], ids=["strided", "jagged"])
+def test_nested_tensors_refused(layout):
+    nt = torch.nested.nested_tensor([torch.randn(2, 8, 64), torch.randn(2, 5, 64)], layout=layout)
+    with pytest.raises(ValueError, match=r"^q: nested tensors are not supported.*to_padded_tensor"):
+        flashcore.attention(nt, nt, nt)
+
+
+def test_autocast_cpu_casts_like_sdpa():
+    """Under CPU autocast (bf16) fp32 inputs run in bf16, as SDPA's do; an fp32
+    k beside a bf16 q is cast too. Eager and compiled."""
+    q, k, v = qkv()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        out = flashcore.attention(q, k, v)
+        mixed = flashcore.attention(q.bfloat16(), k, v)
+        compiled = torch.compile(lambda q, k, v: flashcore.attention(q, k, v), fullgraph=True,
+                                 backend="aot_eager")(q, k, v)
+    assert ref.dtype == out.dtype == mixed.dtype == compiled.dtype == torch.bfloat16
+    plain = flashcore.attention(q.bfloat16(), k.bfloat16(), v.bfloat16())
+    assert torch.equal(out, plain) and torch.equal(mixed, plain) and torch.equal(compiled, plain)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    # fp64 inputs are not cast by autocast (SDPA's rule), and flashcore refuses fp64
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(TypeError, match=r"^q: dtype Double"):
+        flashcore.attention(q.double(), k.double(), v.double())
+
+
+@requires_gpu
+def test_autocast_cuda_casts_like_sdpa():
+    """Standard mixed precision: fp32 activations under autocast('cuda') run
+    in fp16 (or the dtype autocast names), as SDPA's do."""
+    q, k, v = qkv(device=DEV, Sq=300, Sk=301, D=128)
+    for dtype in (torch.float16, torch.bfloat16):
+        with torch.autocast("cuda", dtype=dtype):
+            out = flashcore.attention(q, k, v, is_causal=True)
+            ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        assert out.dtype == ref.dtype == dtype
+        assert torch.equal(out, flashcore.attention(q.to(dtype), k.to(dtype), v.to(dtype), is_causal=True))
+        torch.testing.assert_close(out.float(), ref.float(), atol=2e-2 if dtype == torch.bfloat16 else 2e-3,
+                                   rtol=1e-2)
+
+
+def test_cpu_call_releases_the_gil():
+    """The CPU path computes with the GIL released: a Python thread runs
+    alongside a call of several tenths of a second."""
+    q, k, v = make_qkv(1, 8, 8, 1024, 1024, 128, torch.float32, "cpu")
+    ticks, done = [0], threading.Event()
+
+    def count():
+        while not done.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+
+    t = threading.Thread(target=count)
+    t.start()
+    t0 = time.perf_counter()
+    flashcore.attention(q, k, v)
+    took = time.perf_counter() - t0
+    done.set()
+    t.join()
+    # with the GIL held through the C code the thread would tick once or twice at its ends;
+    # released, about once per millisecond
+    assert took > 0.05 and ticks[0] >= 10, (ticks[0], took)
