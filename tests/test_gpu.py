@@ -765,7 +765,8 @@ def test_gpu_misaligned_pointer_is_rejected(kernel):
     k, v = make_qkv(2, 4, 4, 97, 97, D, torch.float16, DEV)[1:]
     with pytest.raises(ValueError, match=r"q: data pointer is not 16-byte aligned.*q\.contiguous\(\)"):
         call(q, k, v, "top_left", kernel=kernel)
-    out, lse = call(q.contiguous(), k, v, "top_left", kernel=kernel)
+    q = q.contiguous()
+    out, lse = call(q, k, v, "top_left", kernel=kernel)
     check_attention(out, lse, q, k, v, None, "top_left")
 
 

@@ -38,8 +38,8 @@ def test_jit_trace_records_the_op():
 def test_vmap_over_a_leading_dim():
     q, k, v = qkv()
     qs = torch.stack([q, 2 * q, -q])
-    with pytest.warns(UserWarning):  # torch's per-sample fallback for an op without a batching rule
-        out = torch.vmap(lambda x: flashcore.attention(x, k, v))(qs)
+    # (torch warns that it runs an op without a batching rule once per sample)
+    out = torch.vmap(lambda x: flashcore.attention(x, k, v))(qs)
     for i in range(3):
         assert torch.equal(out[i], flashcore.attention(qs[i], k, v))
 
