@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "flashcore.h"
+#include "kernels.h"
 
 namespace {
 
@@ -568,6 +569,19 @@ std::string picked_kernel(const at::Tensor& q, const at::Tensor& k) {
     }
 }
 
+#ifdef FC_HAVE_SM90
+// The sm90 instantiation a call of this shape runs on num_sms SMs (kernels.h's
+// fc_sm90_route_d*; host logic, no GPU needed). For tests.
+std::string sm90_route(int B, int Hq, int Hkv, int Sq, int Sk, int D, int causal, int num_sms) {
+    fc_attn_params p = {};
+    p.B = B; p.Hq = Hq; p.Hkv = Hkv; p.Sq = Sq; p.Sk = Sk; p.D = D;
+    p.causal = (fc_causal)causal;
+    if (D < 1 || D > FC_MAX_HEAD_DIM || num_sms < 1) value_error("sm90_route: D in 1..256 and num_sms >= 1");
+    return D <= 64 ? fc_sm90_route_d64(&p, num_sms) : D <= 128 ? fc_sm90_route_d128(&p, num_sms)
+                                                               : fc_sm90_route_d256(&p, num_sms);
+}
+#endif
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -587,6 +601,11 @@ PYBIND11_MODULE(_C, m) {
     m.def("picked_kernel", &picked_kernel, "kernel that kernel='auto' runs for (q, k)");
     m.def("num_splits", &num_splits_for, "split-KV plan for (q, k, v, causal_mode, kernel, num_splits): "
           "0 = tile kernel, n >= 1 = split-KV kernel with n splits");
+#ifdef FC_HAVE_SM90
+    m.def("sm90_route", &sm90_route, "the sm90 instantiation (B, Hq, Hkv, Sq, Sk, D, causal_mode, num_sms) runs",
+          py::arg("B"), py::arg("Hq"), py::arg("Hkv"), py::arg("Sq"), py::arg("Sk"), py::arg("D"),
+          py::arg("causal"), py::arg("num_sms"));
+#endif
     m.def("set_poison_outputs", [](bool on) { poison_outputs = on; },
           "tests: fill out and lse with NaN (scratch with 0xff) before every launch");
     m.def("arch_reason", [](int kernel, int cc_major, int cc_minor) {

@@ -153,6 +153,13 @@ static inline int fc_sm90_dynamic_order(const fc_attn_params* p, int num_sms) {
     if (p->Sk >= FC_SM90_DYN_MAX_SK) return fc_sm90_d128_wide(p, num_sms);
     return !fc_sm90_key_split(p, num_sms) && fc_sm90_tiles(p, 128) > num_sms;
 }
+/* The instantiation an sm90 call runs on num_sms SMs, by name ("key_split",
+ * "dyn_kv192", "dyn_cons3", "dyn_cons2", "kv192", "cons3", "pairs", "long",
+ * "cons2"; see Sm90Kind in csrc/sm90/attn_fwd_sm90_launch.cuh): host logic only,
+ * so tests check the routing of their shapes without a GPU. */
+const char* fc_sm90_route_d64(const fc_attn_params* p, int num_sms);
+const char* fc_sm90_route_d128(const fc_attn_params* p, int num_sms);
+const char* fc_sm90_route_d256(const fc_attn_params* p, int num_sms);
 size_t fc_sm90_smem_d64(void);   /* dynamic shared memory per CTA, bytes (the larger mode) */
 size_t fc_sm90_smem_d128(void);
 size_t fc_sm90_smem_d256(void);

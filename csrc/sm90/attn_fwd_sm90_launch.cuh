@@ -371,6 +371,57 @@ static inline bool sm90_wide_kv(const fc_attn_params* p, bool cons3, bool dyn) {
     return wide * 1000 <= narrow * (1000 + SM90_WIDE_KV_SLACK_PERMILLE);
 }
 
+// The instantiation a call runs, decided by sm90_route from the params and the
+// SM count alone (fc_sm90_route_d* names it for tests and tools).
+enum Sm90Kind {
+    SM90_KEY_SPLIT,   // 64-row tiles, each CTA on half the keys (D <= 128)
+    SM90_DYN_KV192,   // three D = 64 consumers, 192-key K/V tiles, dynamic order
+    SM90_DYN_CONS3,   // three consumers, dynamic order (D = 64, causal D = 128)
+    SM90_DYN_CONS2,   // two consumers, dynamic order (causal D >= 128)
+    SM90_KV192,       // three D = 64 consumers, 192-key K/V tiles, static order (row plan)
+    SM90_CONS3,       // three D = 64 consumers, static order
+    SM90_PAIRS,       // CTA pairs sharing K/V (long rows at D = 128, 256)
+    SM90_LONG,        // two D = 128 consumers, the softmax pinned ahead of the P V wait
+    SM90_CONS2,       // two consumers, static order
+};
+static const char* const SM90_KIND_NAMES[] = {"key_split", "dyn_kv192", "dyn_cons3", "dyn_cons2", "kv192",
+                                              "cons3", "pairs", "long", "cons2"};
+struct Sm90Route {
+    Sm90Kind kind;
+    bool kv_split;  // key-split mode (fc_sm90_key_split)
+    bool cons3;     // three consumer warpgroups (192-row tiles)
+    bool dyn;       // the dynamic tile order (fc_sm90_dynamic_order)
+    bool wide_kv;   // 192-key K/V tiles (sm90_wide_kv)
+    bool pairs;     // CTA pairs
+};
+template <int DP>
+static Sm90Route sm90_route(const fc_attn_params* p, int num_sms) {
+    using Tile = Sm90Tile<DP>;
+    Sm90Route r = {};
+    // Key-split mode when the 64-row tiles fit on the SMs in one wave: twice
+    // the SMs at work, each on half the keys of its tile.
+    static_assert(Tile::KV_SPLIT_OK == (DP <= 128) && Tile::WG_ROWS == 64, "fc_sm90_key_split (kernels.h)");
+    r.kv_split = fc_sm90_key_split(p, num_sms);
+    r.cons3 = !r.kv_split && sm90_use_cons3<DP>(p, num_sms);
+    r.dyn = fc_sm90_dynamic_order(p, num_sms);
+    r.wide_kv = DP == 64 && sm90_wide_kv(p, r.cons3, r.dyn);
+    // CTA pairs for long rows, when the query blocks of a head pair up evenly (the
+    // dynamic order's rows are shorter: FC_SM90_DYN_MAX_SK <= sm90_cluster_min_sk).
+    r.pairs = !r.kv_split && !r.cons3 && sm90_cluster_min_sk(DP) > 0 && p->Sk >= sm90_cluster_min_sk(DP) &&
+              (p->Sq + Tile::BR - 1) / Tile::BR % SM90_CLUSTER == 0;
+    // (at D = 64 the dynamic order implies three consumers, fc_sm90_d64_dynamic)
+    r.kind = r.kv_split                                  ? SM90_KEY_SPLIT
+             : r.dyn && r.wide_kv                        ? SM90_DYN_KV192
+             : r.dyn && r.cons3                          ? SM90_DYN_CONS3
+             : r.dyn                                     ? SM90_DYN_CONS2
+             : r.wide_kv                                 ? SM90_KV192
+             : DP == 64 && r.cons3                       ? SM90_CONS3
+             : r.pairs                                   ? SM90_PAIRS
+             : DP == 128 && p->Sk >= SM90_LONG_MIN_SK    ? SM90_LONG
+                                                         : SM90_CONS2;
+    return r;
+}
+
 template <int DP, typename T>
 static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cudaStream_t stream) {
     using Tile = Sm90Tile<DP>;
@@ -381,15 +432,10 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
 #ifdef FC_SM90_TRACE
     a.trace = fc_sm90_trace_buf;
 #endif
-    // Key-split mode when the 64-row tiles fit on the SMs in one wave: twice
-    // the SMs at work, each on half the keys of its tile.
-    static_assert(Tile::KV_SPLIT_OK == (DP <= 128) && Tile::WG_ROWS == 64, "fc_sm90_key_split (kernels.h)");
-    const bool kv_split = fc_sm90_key_split(p, num_sms);
-    const bool cons3 = !kv_split && sm90_use_cons3<DP>(p, num_sms);
+    const Sm90Route r = sm90_route<DP>(p, num_sms);
+    const bool kv_split = r.kv_split, cons3 = r.cons3, dyn = r.dyn, wide_kv = r.wide_kv, pairs = r.pairs;
     const int br = kv_split ? Tile::WG_ROWS : cons3 ? 3 * Tile::WG_ROWS : Tile::BR;  // 3 consumers: Sm90Tile<DP, 3>::BR
     const int q_box = Tile::Q_HALVES ? Tile::WG_ROWS : br;  // rows of one Q load (Q_HALVES: a consumer's)
-    const bool dyn = fc_sm90_dynamic_order(p, num_sms);  // the dynamic tile order (kernels.h)
-    const bool wide_kv = DP == 64 && sm90_wide_kv(p, cons3, dyn);
     const int bc = wide_kv ? Sm90WideKv::BC : Tile::BC;  // keys per K/V tile (one K or V load)
     fc_status s = fc_sm90_tensor_map(&a.q_map, p->dtype, p->q, p->D, p->Sq, p->Hq, p->B, p->q_row_stride,
                                      p->q_head_stride, p->q_batch_stride, q_box);
@@ -402,45 +448,49 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     if (s != FC_OK) return s;
     const long long n_tiles = fc_sm90_tiles(p, br);
     const unsigned grid = (unsigned)(n_tiles < num_sms ? n_tiles : num_sms);
-    // CTA pairs for long rows, when the query blocks of a head pair up evenly (the
-    // dynamic order's rows are shorter: FC_SM90_DYN_MAX_SK <= sm90_cluster_min_sk).
-    const bool pairs = !kv_split && !cons3 && sm90_cluster_min_sk(DP) > 0 && p->Sk >= sm90_cluster_min_sk(DP) &&
-                       (p->Sq + Tile::BR - 1) / Tile::BR % SM90_CLUSTER == 0;
     // The tile order (pairs: their own, in attn_fwd_sm90_run_cluster). Every kernel reads
     // its last_window; the divisors only the MAGIC_DIV kernels.
     a.sched = sm90_sched(p, br, (int)grid, (long long)p->Sk * DP * 4, sm90_merge_windows(dyn, cons3 ? 3 : 2),
                          sm90_magic_div(DP, cons3 ? 3 : 2) && !pairs, sm90_window_cap(dyn, cons3 ? 3 : 2));
-    if constexpr (Tile::KV_SPLIT_OK) {
-        if (kv_split) return attn_fwd_sm90_run<DP, 2, T, true>(a, grid, stream);
-    }
     if (dyn) {  // (dispatch checked the workspace)
         if (!p->workspace || p->workspace_bytes < FC_SM90_DYN_WORKSPACE) return FC_ERR_WORKSPACE;
         a.tile_counter = static_cast<unsigned int*>(p->workspace);
         // (the kernel leaves the counter at zero: a workspace kept zero needs no memset)
         if (!p->counters_zeroed && cudaMemsetAsync(a.tile_counter, 0, sizeof(unsigned int), stream) != cudaSuccess)
             return FC_ERR_CUDA;
-        if constexpr (DP == 64) {
-            if (wide_kv) return attn_fwd_sm90_run<DP, 3, T, false, true, true>(a, grid, stream);
-        }
-        if constexpr (DP <= 128) {
-            if (cons3) return attn_fwd_sm90_run<DP, 3, T, false, false, true>(a, grid, stream);
-        }
-        if constexpr (DP >= 128) return attn_fwd_sm90_run<DP, 2, T, false, false, true>(a, grid, stream);
-    }  // (at D = 64 the dynamic order implies three consumers, fc_sm90_d64_dynamic)
-    if constexpr (DP == 64) {
-        if (wide_kv) return attn_fwd_sm90_run<DP, 3, T, false, true>(a, grid, stream, sm90_row_plan(p, a.sched, (int)grid));
-        if (cons3) return attn_fwd_sm90_run<DP, 3, T, false>(a, grid, stream);
     }
-    if constexpr (sm90_cluster_min_sk(DP) > 0) {
-        if (pairs)
-            return attn_fwd_sm90_run_cluster<DP, T, DP == 128>(a, fc_sm90_tiles(p, SM90_CLUSTER * Tile::BR), grid,
-                                                               num_sms, stream);
+    switch (r.kind) {
+        case SM90_KEY_SPLIT:
+            if constexpr (Tile::KV_SPLIT_OK) return attn_fwd_sm90_run<DP, 2, T, true>(a, grid, stream);
+            break;
+        case SM90_DYN_KV192:
+            if constexpr (DP == 64) return attn_fwd_sm90_run<DP, 3, T, false, true, true>(a, grid, stream);
+            break;
+        case SM90_DYN_CONS3:
+            if constexpr (DP <= 128) return attn_fwd_sm90_run<DP, 3, T, false, false, true>(a, grid, stream);
+            break;
+        case SM90_DYN_CONS2:
+            if constexpr (DP >= 128) return attn_fwd_sm90_run<DP, 2, T, false, false, true>(a, grid, stream);
+            break;
+        case SM90_KV192:
+            if constexpr (DP == 64)
+                return attn_fwd_sm90_run<DP, 3, T, false, true>(a, grid, stream, sm90_row_plan(p, a.sched, (int)grid));
+            break;
+        case SM90_CONS3:
+            if constexpr (DP == 64) return attn_fwd_sm90_run<DP, 3, T, false>(a, grid, stream);
+            break;
+        case SM90_PAIRS:
+            if constexpr (sm90_cluster_min_sk(DP) > 0)
+                return attn_fwd_sm90_run_cluster<DP, T, DP == 128>(a, fc_sm90_tiles(p, SM90_CLUSTER * Tile::BR), grid,
+                                                                   num_sms, stream);
+            break;
+        case SM90_LONG:
+            if constexpr (DP == 128) return attn_fwd_sm90_run<DP, 2, T, false, true>(a, grid, stream);
+            break;
+        case SM90_CONS2:
+            return attn_fwd_sm90_run<DP, 2, T, false>(a, grid, stream);
     }
-
-    if constexpr (DP == 128) {
-        if (p->Sk >= SM90_LONG_MIN_SK) return attn_fwd_sm90_run<DP, 2, T, false, true>(a, grid, stream);
-    }
-    return attn_fwd_sm90_run<DP, 2, T, false>(a, grid, stream);
+    return FC_ERR_ARCH;  // (unreachable: sm90_route gives only the kinds this DP instantiates)
 }
 
 // Dynamic smem of the largest instantiation at DP (dispatch checks the device can give it).
@@ -458,4 +508,7 @@ static constexpr size_t sm90_smem_max() {
                    ? attn_fwd_sm90_launch<DP, __nv_bfloat16>(p, num_sms, (cudaStream_t)stream)          \
                    : attn_fwd_sm90_launch<DP, __half>(p, num_sms, (cudaStream_t)stream);                \
     }                                                                                                   \
-    extern "C" size_t fc_sm90_smem_d##DP(void) { return sm90_smem_max<DP>(); }
+    extern "C" size_t fc_sm90_smem_d##DP(void) { return sm90_smem_max<DP>(); }                        \
+    extern "C" const char* fc_sm90_route_d##DP(const fc_attn_params* p, int num_sms) {                  \
+        return SM90_KIND_NAMES[sm90_route<DP>(p, num_sms).kind];                                        \
+    }

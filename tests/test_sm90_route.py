@@ -1,0 +1,114 @@
+"""Which sm90 instantiation each of test_gpu's path shapes runs, asked of the C
+launcher itself (_C.sm90_route: the host logic of attn_fwd_sm90_launch.cuh,
+no GPU needed) for an H100's 132 SMs. test_gpu's correctness tests run these
+shapes to cover those paths; its Python mirrors of the launcher's rules are
+checked against the C here over a sweep, so a change to either shows up on
+the CPU, in CI.
+"""
+import itertools
+
+import pytest
+
+from flashcore import _C
+
+import test_gpu as g
+
+pytestmark = pytest.mark.skipif(not hasattr(_C, "sm90_route"), reason="the build has no sm_90a code")
+
+SMS = g.DESIGN_SMS
+CAUSAL = {None: 0, "top_left": 1, "bottom_right": 2}
+
+
+def route(B, H, Sq, Sk, D, mode=None, sms=SMS):
+    return _C.sm90_route(B, H, H, Sq, Sk, D, CAUSAL[mode], sms)
+
+
+def test_standard_grid_routes():
+    """The standard grid's shapes at S = 2k-16k, as the perf notes describe them."""
+    for S in (2048, 4096, 8192, 16384):
+        B = 16384 // S
+        assert route(B, 32, S, S, 64) == "kv192"
+        for mode in ("top_left", "bottom_right"):
+            assert route(B, 32, S, S, 64, mode) == "dyn_kv192"
+            assert route(B, 16, S, S, 128, mode) == "dyn_cons3"
+            assert route(B, 8, S, S, 256, mode) == "pairs"
+        assert route(B, 16, S, S, 128) == ("long" if S == 2048 else "pairs")
+        assert route(B, 8, S, S, 256) == "pairs"
+    assert route(32, 32, 512, 512, 64) == "cons3" and route(16, 32, 1024, 1024, 64) == "cons3"
+    assert route(32, 16, 512, 512, 128, "top_left") == "dyn_cons2"
+    assert route(32, 16, 512, 512, 128) == "cons2"
+    assert route(1, 8, 512, 512, 64) == "key_split"
+
+
+@pytest.mark.parametrize("shape", g.LARGE_GRID_SHAPES, ids=g.shape_id)
+def test_large_grid_shapes_not_key_split(shape):
+    for mode in CAUSAL:
+        assert route(*shape, 64, mode) != "key_split"
+
+
+@pytest.mark.parametrize("shape,D", g.WIDE_SHAPES, ids=lambda x: f"D{x}" if isinstance(x, int) else g.shape_id(x))
+def test_wide_shapes_run_three_consumers(shape, D):
+    for mode in ("top_left", "bottom_right"):
+        r = route(*shape, D, mode)
+        if D == 128:
+            # bottom-right chunks of fewer than 2048 queries keep two consumers in the static
+            # order (fc_sm90_d128_wide), on the long-row kernel (their 5 query blocks do not pair)
+            two = mode == "bottom_right" and shape[2] < 2048
+            assert r == ("long" if two else "dyn_cons3"), (mode, r)
+        else:
+            assert r == ("dyn_kv192" if shape == (4, 32, 550, 2300) else "cons3"), (mode, r)
+
+
+@pytest.mark.parametrize("shape", g.KV192_SHAPES, ids=g.shape_id)
+def test_kv192_shapes(shape):
+    assert route(*shape, 64) == "kv192"
+
+
+def test_kv192_causal_shapes():
+    for shape in (g.KV192_CAUSAL_SHAPE, g.KV192_CAUSAL_ROWS_SHAPE, g.KV192_CAUSAL_TALL_SHAPE):
+        for mode in ("top_left", "bottom_right"):
+            assert route(*shape, 64, mode) == "dyn_kv192", (shape, mode)
+
+
+@pytest.mark.parametrize("shape", g.Q_AHEAD_SHAPES, ids=g.shape_id)
+def test_q_ahead_shapes_static_order(shape):
+    for mode in CAUSAL:
+        assert route(*shape, 128, mode) in ("cons2", "long"), mode
+
+
+def test_q_halves_shapes_cover_both_orders():
+    """D = 256 causal: the dynamic order for the second shape, the static one (single
+    CTAs, or CTA pairs from 2048 keys) for the others."""
+    for shape, want in zip(g.Q_HALVES_SHAPES, ("cons2", "dyn_cons2", "pairs")):
+        assert route(*shape, 256, "top_left") == want, shape
+
+
+@pytest.mark.parametrize("shape,D", g.CLUSTER_SHAPES + g.TAIL_SHAPES,
+                         ids=lambda x: f"D{x}" if isinstance(x, int) else g.shape_id(x))
+def test_pair_shapes(shape, D):
+    assert route(*shape, D) == "pairs"
+    if D > 128:
+        for mode in ("top_left", "bottom_right"):
+            assert route(*shape, D, mode) == "pairs"
+
+
+SWEEP = list(itertools.product((1, 2, 4, 8), (4, 16, 32), (300, 550, 1000, 2100, 4100), (300, 2048, 2300, 8192)))
+
+
+def test_mirrors_agree_with_the_launcher():
+    """test_gpu's Python mirrors (three consumers, the D = 64 dynamic order, 192-key
+    tiles) give the launcher's answers on a sweep of shapes."""
+    for B, H, Sq, Sk in SWEEP:
+        for mode in CAUSAL:
+            r64 = route(B, H, Sq, Sk, 64, mode)
+            key_split = -(-Sq // 64) * B * H <= SMS
+            if key_split:
+                assert r64 == "key_split"
+                continue
+            cons3 = g.uses_three_consumers(B, H, Sq, SMS)
+            assert (r64 in ("cons3", "kv192", "dyn_cons3", "dyn_kv192")) == cons3, (B, H, Sq, Sk, mode, r64)
+            assert (r64 in ("kv192", "dyn_kv192")) == g.takes_192_key_tiles(B, H, Sq, Sk, mode, SMS), \
+                (B, H, Sq, Sk, mode, r64)
+            if mode:
+                assert r64.startswith("dyn") == g.d64_takes_dynamic_order(B, H, Sq, Sk, SMS, mode), \
+                    (B, H, Sq, Sk, mode, r64)
