@@ -97,6 +97,37 @@ def test_forced_splits(shape, D, dtype, mode, num_splits):
     check_attention(out, lse, q, k, v, None, mode)
 
 
+# Forced splits on what FORCED_SHAPES leaves out: unpadded head dims (40, 96, 136,
+# 200), odd unequal lengths both ways, and rows for many packed-row blocks.
+FORCED_ODD = [((1, 4, 2, 113, 203), 40), ((2, 4, 4, 203, 113), 200), ((1, 2, 1, 1024, 1023), 96),
+              ((2, 6, 3, 97, 1000), 136)]
+
+
+@pytest.mark.parametrize("num_splits", [3, 64])
+@mode_param
+@dtype_param
+@pytest.mark.parametrize("shape,D", FORCED_ODD, ids=lambda x: f"D{x}" if isinstance(x, int) else sid(x))
+@requires_gpu
+def test_forced_splits_odd(shape, D, dtype, mode, num_splits):
+    B, Hq, Hkv, Sq, Sk = shape
+    q, k, v = make_qkv(B, Hq, Hkv, Sq, Sk, D, dtype, DEV)
+    assert plan(q, k, v, mode, num_splits) > 1
+    out, lse = run_poisoned(q, k, v, mode, num_splits=num_splits)
+    check_attention(out, lse, q, k, v, None, mode)
+
+
+@requires_gpu
+@pytest.mark.skipif("sm90" not in GPU_KERNELS, reason="needs the sm90 kernel (an H100/H200)")
+def test_forced_sm90_refuses_splits():
+    """kernel='sm90' never splits Sk: num_splits > 1 with it is refused by name
+    (num_splits=1 runs)."""
+    q, k, v = make_qkv(1, 8, 2, 4, 4096, 128, torch.float16, DEV)
+    with pytest.raises(ValueError, match=r"num_splits: the sm90 kernel does not split Sk.*kernel='auto'"):
+        flashcore.attention(q, k, v, kernel="sm90", num_splits=4)
+    out, lse = run_poisoned(q, k, v, None, kernel="sm90", num_splits=1)
+    check_attention(out, lse, q, k, v, None, None)
+
+
 @pytest.mark.parametrize("D,Sq,Sk,Hq", [(256, 48, 40, 1), (256, 12, 40, 4), (128, 80, 72, 1), (64, 20, 72, 4)])
 @dtype_param
 @requires_gpu
