@@ -433,10 +433,10 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     a.trace = fc_sm90_trace_buf;
 #endif
     const Sm90Route r = sm90_route<DP>(p, num_sms);
-    const bool kv_split = r.kv_split, cons3 = r.cons3, dyn = r.dyn, wide_kv = r.wide_kv, pairs = r.pairs;
-    const int br = kv_split ? Tile::WG_ROWS : cons3 ? 3 * Tile::WG_ROWS : Tile::BR;  // 3 consumers: Sm90Tile<DP, 3>::BR
+    const int consumers = r.cons3 ? 3 : 2;
+    const int br = r.kv_split ? Tile::WG_ROWS : r.cons3 ? 3 * Tile::WG_ROWS : Tile::BR;  // 3 consumers: Sm90Tile<DP, 3>::BR
     const int q_box = Tile::Q_HALVES ? Tile::WG_ROWS : br;  // rows of one Q load (Q_HALVES: a consumer's)
-    const int bc = wide_kv ? Sm90WideKv::BC : Tile::BC;  // keys per K/V tile (one K or V load)
+    const int bc = r.wide_kv ? Sm90WideKv::BC : Tile::BC;  // keys per K/V tile (one K or V load)
     fc_status s = fc_sm90_tensor_map(&a.q_map, p->dtype, p->q, p->D, p->Sq, p->Hq, p->B, p->q_row_stride,
                                      p->q_head_stride, p->q_batch_stride, q_box);
     if (s == FC_OK)
@@ -450,9 +450,9 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     const unsigned grid = (unsigned)(n_tiles < num_sms ? n_tiles : num_sms);
     // The tile order (pairs: their own, in attn_fwd_sm90_run_cluster). Every kernel reads
     // its last_window; the divisors only the MAGIC_DIV kernels.
-    a.sched = sm90_sched(p, br, (int)grid, (long long)p->Sk * DP * 4, sm90_merge_windows(dyn, cons3 ? 3 : 2),
-                         sm90_magic_div(DP, cons3 ? 3 : 2) && !pairs, sm90_window_cap(dyn, cons3 ? 3 : 2));
-    if (dyn) {  // (dispatch checked the workspace)
+    a.sched = sm90_sched(p, br, (int)grid, (long long)p->Sk * DP * 4, sm90_merge_windows(r.dyn, consumers),
+                         sm90_magic_div(DP, consumers) && !r.pairs, sm90_window_cap(r.dyn, consumers));
+    if (r.dyn) {  // (dispatch checked the workspace)
         if (!p->workspace || p->workspace_bytes < FC_SM90_DYN_WORKSPACE) return FC_ERR_WORKSPACE;
         a.tile_counter = static_cast<unsigned int*>(p->workspace);
         // (the kernel leaves the counter at zero: a workspace kept zero needs no memset)
