@@ -349,6 +349,11 @@ std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor&
     if (st != FC_OK) {
         if (p.counters_zeroed) forget_zeroed_workspace(q, (cudaStream_t)stream);
         char why[1024];
+        if (st == FC_ERR_HOST_MEMORY) {  // the CPU kernel's scratch: Python's MemoryError
+            PyErr_SetString(PyExc_MemoryError, "flashcore: the CPU kernel could not allocate its scratch "
+                                               "(about 100 KB per thread)");
+            throw pybind11::error_already_set();
+        }
         if (fc_attn_fwd_check(&p, why, sizeof(why)) == FC_OK)  // checks passed: the launch failed
             throw std::runtime_error(std::string("flashcore: kernel launch failed: ") + fc_status_string(st));
         if (st == FC_ERR_CUDA || st == FC_ERR_ARCH) throw std::runtime_error(std::string("flashcore: ") + why);

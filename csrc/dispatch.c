@@ -39,6 +39,7 @@ const char* fc_status_string(fc_status s) {
         case FC_ERR_ARCH: return "unsupported GPU architecture";
         case FC_ERR_CUDA: return "CUDA error";
         case FC_ERR_WORKSPACE: return "workspace missing or too small";
+        case FC_ERR_HOST_MEMORY: return "out of host memory";
     }
     return "unknown status";
 }

@@ -42,6 +42,7 @@ typedef enum {
     FC_ERR_ARCH,               /* the GPU (or forced kernel) cannot run this */
     FC_ERR_CUDA,               /* a CUDA runtime call failed */
     FC_ERR_WORKSPACE,          /* workspace NULL, misaligned or smaller than fc_attn_fwd_workspace_size */
+    FC_ERR_HOST_MEMORY,        /* the CPU kernel could not malloc its per-thread scratch */
 } fc_status;
 
 typedef enum {

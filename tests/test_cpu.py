@@ -240,6 +240,38 @@ def test_cpu_misaligned_pointer_is_correct():
     check_attention(out, lse, q, k, v, None, None)
 
 
+SMALL_STACK_SCRIPT = """
+import threading, torch, flashcore
+torch.manual_seed(0)
+q, k, v = torch.randn(1, 2, 40, 256), torch.randn(1, 2, 70, 256), torch.randn(1, 2, 70, 256)
+res = {}
+threading.stack_size(64 * 1024)
+t = threading.Thread(target=lambda: res.setdefault("out", flashcore.attention(q, k, v)))
+t.start(); t.join()
+torch.set_num_threads(1)  # the reference runs after, on torch's own threads
+ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double())
+print("max_err", (res["out"].double() - ref).abs().max().item())
+"""
+
+
+def test_cpu_small_thread_stacks():
+    """The CPU kernel keeps its rows and key chunks in a per-thread heap
+    scratch (96 KB at D = 256), not on the stack: a Python thread with a 64 KB
+    stack and OpenMP workers with 64 KB stacks compute D = 256 correctly. Run
+    in a subprocess, so that a regression is a failed test, not a dead run."""
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.dirname(os.path.abspath(flashcore.__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="2", OMP_STACKSIZE="64K",
+               PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+    r = subprocess.run([sys.executable, "-c", SMALL_STACK_SCRIPT], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, "exit status {}: {}".format(r.returncode, r.stderr[-2000:])
+    err = float(r.stdout.split("max_err")[1])
+    assert err < 1e-5, r.stdout
+
+
 # ---------------------------------------------------------------------------
 # arch_reason (pure C, no GPU needed)
 # ---------------------------------------------------------------------------

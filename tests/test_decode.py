@@ -273,6 +273,16 @@ def _params(q, k, v, out, kernel, num_splits):
     return p
 
 
+def test_c_api_status_strings():
+    """Every fc_status (flashcore.h) has its own string; a value past the
+    last one reads "unknown status". CPU only: the strings are plain C."""
+    lib = _lib()
+    names = [lib.fc_status_string(s) for s in range(12)]
+    assert names[0] == b"ok" and names[11] == b"out of host memory"
+    assert len(set(names)) == 12 and b"unknown status" not in names
+    assert lib.fc_status_string(12) == b"unknown status"
+
+
 @requires_gpu
 def test_c_api_workspace_checks():
     lib = _lib()

@@ -4,13 +4,16 @@
  * GQA, strides, LSE, fully masked rows -> O = 0 and LSE = -inf, a NaN among
  * a row's visible scores -> that row's O and LSE NaN), computed in
  * fp32 from fp16/bf16/fp32 inputs with the same online softmax: a block of
- * QB query rows streams over KC-key chunks, so nothing is allocated and the
- * stack use is bounded. Parallel over (batch, head, row block) with OpenMP
- * when built with it. Used by flashcore.attention for CPU tensors and by the
+ * QB query rows streams over KC-key chunks. Each thread mallocs one scratch
+ * of (2 QB + 2 KC) x D floats (96 KB at D = 256) for its blocks' rows and
+ * chunks, so the stack use is small whatever the thread's stack size; a
+ * failed malloc returns FC_ERR_HOST_MEMORY. Parallel over (batch, head, row
+ * block) with OpenMP when built with it. Used by flashcore.attention for CPU tensors and by the
  * standalone harness as the reference for the GPU kernels.
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../flashcore.h"
@@ -18,6 +21,7 @@
 
 #define QB 16  /* query rows per block */
 #define KC 32  /* keys per chunk */
+#define SCRATCH_ROWS (2 * QB + 2 * KC)  /* q, acc (QB rows each), K and V chunks (KC rows each) */
 
 /* ---- element conversion (round to nearest even on the way out) ---- */
 
@@ -96,7 +100,8 @@ static void store_row(void* base, int64_t off, const float* src, int n, fc_dtype
 
 /* ---- one block of up to QB query rows of one (batch, head) ---- */
 
-static void attn_block(const fc_attn_params* p, int b, int h, int r0) {
+/* scratch: SCRATCH_ROWS x D floats, this thread's own */
+static void attn_block(const fc_attn_params* p, int b, int h, int r0, float* scratch) {
     const int D = p->D, hk = h / (p->Hq / p->Hkv);
     const int rows = p->Sq - r0 < QB ? p->Sq - r0 : QB;
     const int diag = p->causal == FC_CAUSAL_BOTTOM_RIGHT ? p->Sk - p->Sq : 0;
@@ -105,12 +110,14 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0) {
     const int64_t vo = (int64_t)b * p->v_batch_stride + (int64_t)hk * p->v_head_stride;
     const int64_t oo = (int64_t)b * p->o_batch_stride + (int64_t)h * p->o_head_stride;
 
-    float q[QB][FC_MAX_HEAD_DIM], acc[QB][FC_MAX_HEAD_DIM];  /* (rows, D) */
-    float kc[KC][FC_MAX_HEAD_DIM], vc[KC][FC_MAX_HEAD_DIM];  /* (keys, D) */
+    float* q = scratch;             /* (QB, D): row r at q + r * D */
+    float* acc = q + QB * D;        /* (QB, D) */
+    float* kc = acc + QB * D;       /* (KC, D) */
+    float* vc = kc + KC * D;        /* (KC, D) */
     float m[QB], l[QB], s[KC];
     for (int r = 0; r < rows; ++r) {
-        load_row(q[r], p->q, qo + (int64_t)(r0 + r) * p->q_row_stride, D, p->dtype);
-        memset(acc[r], 0, (size_t)D * sizeof(float));
+        load_row(q + r * D, p->q, qo + (int64_t)(r0 + r) * p->q_row_stride, D, p->dtype);
+        memset(acc + r * D, 0, (size_t)D * sizeof(float));
         m[r] = -INFINITY;
         l[r] = 0.f;
     }
@@ -123,17 +130,20 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0) {
     for (int c0 = 0; c0 < key_end; c0 += KC) {
         const int nk = key_end - c0 < KC ? key_end - c0 : KC;
         for (int j = 0; j < nk; ++j) {
-            load_row(kc[j], p->k, ko + (int64_t)(c0 + j) * p->k_row_stride, D, p->dtype);
-            load_row(vc[j], p->v, vo + (int64_t)(c0 + j) * p->v_row_stride, D, p->dtype);
+            load_row(kc + j * D, p->k, ko + (int64_t)(c0 + j) * p->k_row_stride, D, p->dtype);
+            load_row(vc + j * D, p->v, vo + (int64_t)(c0 + j) * p->v_row_stride, D, p->dtype);
         }
         for (int r = 0; r < rows; ++r) {
             const int i = r0 + r;
+            const float* qr = q + r * D;
+            float* ar = acc + r * D;
             float mx = -INFINITY;
             for (int j = 0; j < nk; ++j) {
                 const int key = c0 + j;
                 if (p->causal != FC_CAUSAL_NONE && key > i + diag) { s[j] = -INFINITY; continue; }
                 float dot = 0.f;
-                for (int d = 0; d < D; ++d) dot += q[r][d] * kc[j][d];
+                const float* kj = kc + j * D;
+                for (int d = 0; d < D; ++d) dot += qr[d] * kj[d];
                 s[j] = dot * p->scale;
                 if (s[j] > mx || isnan(s[j])) mx = s[j];  /* a NaN score sticks: the row's result is NaN */
             }
@@ -141,12 +151,13 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0) {
             const float m_new = mx > m[r] || isnan(mx) ? mx : m[r];
             const float corr = expf(m[r] - m_new);  /* exp(-inf) = 0 on the first visible chunk */
             l[r] *= corr;
-            for (int d = 0; d < D; ++d) acc[r][d] *= corr;
+            for (int d = 0; d < D; ++d) ar[d] *= corr;
             for (int j = 0; j < nk; ++j) {
                 if (s[j] == -INFINITY) continue;
                 const float pj = expf(s[j] - m_new);
                 l[r] += pj;
-                for (int d = 0; d < D; ++d) acc[r][d] += pj * vc[j][d];
+                const float* vj = vc + j * D;
+                for (int d = 0; d < D; ++d) ar[d] += pj * vj[d];
             }
             m[r] = m_new;
         }
@@ -154,8 +165,9 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0) {
     for (int r = 0; r < rows; ++r) {
         const int empty = l[r] == 0.f;  /* no visible key (a NaN sum is not empty: it stays NaN) */
         const float inv = empty ? 0.f : 1.f / l[r];
-        for (int d = 0; d < D; ++d) acc[r][d] *= inv;
-        store_row(p->o, oo + (int64_t)(r0 + r) * p->o_row_stride, acc[r], D, p->dtype);
+        float* ar = acc + r * D;
+        for (int d = 0; d < D; ++d) ar[d] *= inv;
+        store_row(p->o, oo + (int64_t)(r0 + r) * p->o_row_stride, ar, D, p->dtype);
         if (p->lse) p->lse[((int64_t)b * p->Hq + h) * p->Sq + r0 + r] = empty ? -INFINITY : m[r] + logf(l[r]);
     }
 }
@@ -163,12 +175,27 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0) {
 fc_status fc_cpu_fwd(const fc_attn_params* p) {
     const int nblk = (p->Sq + QB - 1) / QB;
     const int64_t total = (int64_t)p->B * p->Hq * nblk;
+    const size_t scratch_bytes = (size_t)SCRATCH_ROWS * p->D * sizeof(float);
+    int failed = 0;  /* set by any thread whose malloc failed; its blocks are not computed */
 #ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel
 #endif
-    for (int64_t t = 0; t < total; ++t) {
-        const int blk = (int)(t % nblk), h = (int)((t / nblk) % p->Hq), b = (int)(t / ((int64_t)nblk * p->Hq));
-        attn_block(p, b, h, blk * QB);
+    {
+        float* scratch = (float*)malloc(scratch_bytes);
+        if (!scratch) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t t = 0; t < total; ++t) {
+            const int blk = (int)(t % nblk), h = (int)((t / nblk) % p->Hq), b = (int)(t / ((int64_t)nblk * p->Hq));
+            if (scratch) attn_block(p, b, h, blk * QB, scratch);
+        }
+        free(scratch);
     }
-    return FC_OK;
+    return failed ? FC_ERR_HOST_MEMORY : FC_OK;
 }
