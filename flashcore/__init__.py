@@ -137,3 +137,30 @@ def _attention_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, c
     out = torch.empty_like(query, memory_format=torch.contiguous_format)
     lse = query.new_empty(tuple(query.shape[:3]) if return_lse else (0,), dtype=torch.float32)
     return out, lse
+
+
+@_attention_op.register_vmap
+def _attention_vmap(info, in_dims, query, key, value, attn_mask, dropout_p, is_causal, scale, causal,
+                    causal_alignment, return_lse, kernel, num_splits):
+    # torch.vmap's batching rule: one call with the vmapped dim folded into
+    # B, in place of torch's fallback of one call per sample. A sample's query
+    # rows never see another sample's keys, so the fold is exact. q, k and v:
+    # (N, B, H, S, D) after movedim, an unbatched one expanded to N (and
+    # copied by the reshape to (N * B, H, S, D)).
+    n = info.batch_size
+    args = (dropout_p, is_causal, scale, causal, causal_alignment, return_lse, kernel, num_splits)
+    ts = [t.movedim(d, 0) if d is not None else t.expand(n, *t.shape) for t, d in zip((query, key, value), in_dims)]
+    mask = attn_mask if in_dims[3] is None else attn_mask.movedim(in_dims[3], 0)
+    try:
+        if mask is not None or any(t.dim() != 5 for t in ts):
+            raise ValueError("flashcore: vmap: refused per sample")  # sample 0 raises the real message
+        out, lse = _attention_op(*(t.flatten(0, 1) for t in ts), None, *args)
+    except (ValueError, TypeError):
+        # The message an unbatched call gets, from sample 0 (the folded shapes
+        # would name N * B); a refusal that only the fold meets is re-raised.
+        _attention_op(*(t[0] for t in ts), None if mask is None else mask[0], *args)
+        raise
+    out = out.unflatten(0, (n, -1))
+    if not return_lse:
+        return (out, lse), (0, None)
+    return (out, lse.unflatten(0, (n, -1))), (0, 0)

@@ -3,7 +3,7 @@
 Eager calls go straight to the binding; what only torch's dispatcher can run
 takes the custom op (torch.ops.flashcore.attention): torch.jit.trace, tensor
 subclasses (wrapper subclasses, FakeTensor, __torch_function__ overrides) and
-functorch transforms (vmap). torch.autocast casts the inputs as it does for
+functorch transforms (vmap, with a batching rule). torch.autocast casts the inputs as it does for
 SDPA. Layouts and views the kernels cannot read, and forward-mode AD
 tangents, are refused by name. CPU tests, plus one autocast test on the GPU.
 """
@@ -38,10 +38,104 @@ def test_jit_trace_records_the_op():
 def test_vmap_over_a_leading_dim():
     q, k, v = qkv()
     qs = torch.stack([q, 2 * q, -q])
-    # (torch warns that it runs an op without a batching rule once per sample)
     out = torch.vmap(lambda x: flashcore.attention(x, k, v))(qs)
     for i in range(3):
         assert torch.equal(out[i], flashcore.attention(qs[i], k, v))
+
+
+class _CountingC:
+    """flashcore._C with its attention() calls counted."""
+
+    def __init__(self, c):
+        self._c, self.calls = c, 0
+
+    def __getattr__(self, name):
+        return getattr(self._c, name)
+
+    def attention(self, *args):
+        self.calls += 1
+        return self._c.attention(*args)
+
+
+def test_vmap_batching_rule_is_one_call(monkeypatch):
+    """vmap folds its dim into B: one kernel call for all samples (the eager
+    attempt that hands back NotImplemented, then the op), not torch's
+    fallback of one call per sample."""
+    q, k, v = qkv()
+    counting = _CountingC(flashcore._C)
+    monkeypatch.setattr(flashcore, "_C", counting)
+    out = torch.vmap(lambda x: flashcore.attention(x, k, v, is_causal=True))(torch.stack([q] * 5))
+    assert counting.calls == 2
+    assert out.shape == (5,) + q.shape
+
+
+@pytest.mark.parametrize("in_dims", [(0, 0, 0), (1, None, 2), (None, 3, None), (4, 1, 0)])
+@pytest.mark.parametrize("mode", [None, "top_left", "bottom_right"])
+def test_vmap_in_dims_and_lse(in_dims, mode):
+    """Any in_dims (an unbatched tensor broadcast to every sample), GQA,
+    Sq != Sk and LSE: each sample equals its own call."""
+    n = 3
+    per = [qkv(Sq=19, Sk=33) for _ in range(n)]
+    batched = []
+    for j in range(3):
+        d = in_dims[j]
+        batched.append(per[0][j] if d is None else torch.stack([p[j] for p in per], dim=d))
+    causal = {"causal": True, "causal_alignment": mode} if mode else {}
+    out, lse = torch.vmap(lambda q, k, v: flashcore.attention(q, k, v, return_lse=True, **causal),
+                          in_dims=in_dims)(*batched)
+    assert out.shape == (n, 2, 4, 19, 64) and lse.shape == (n, 2, 4, 19)
+    for i in range(n):
+        q, k, v = ((per[i][j] if in_dims[j] is not None else per[0][j]) for j in range(3))
+        o_i, l_i = flashcore.attention(q, k, v, return_lse=True, **causal)
+        assert torch.equal(out[i], o_i) and torch.equal(lse[i], l_i)
+
+
+def test_vmap_nested():
+    q, k, v = qkv()
+    qs = torch.stack([torch.stack([q, -q]), torch.stack([2 * q, 0.5 * q])])  # (2, 2, B, H, S, D)
+    out = torch.vmap(torch.vmap(lambda x: flashcore.attention(x, k, v)))(qs)
+    for i in range(2):
+        for j in range(2):
+            assert torch.equal(out[i, j], flashcore.attention(qs[i, j], k, v))
+
+
+def test_vmap_under_compile():
+    """torch.compile(fullgraph=True) of a vmapped call traces the batching rule."""
+    q, k, v = qkv()
+    qs = torch.stack([q, -q, 3 * q])
+    f = torch.compile(torch.vmap(lambda x: flashcore.attention(x, k, v, is_causal=True)), fullgraph=True)
+    out = f(qs)
+    for i in range(3):
+        assert torch.equal(out[i], flashcore.attention(qs[i], k, v, is_causal=True))
+
+
+def test_vmap_refusals_name_the_sample_shapes():
+    """Under vmap a refusal reads as an unbatched call's (shapes per sample,
+    not the folded N * B)."""
+    q, k, v = qkv()
+    qs = torch.stack([q, q])
+    with pytest.raises(ValueError, match=r"q: expected a 4-D \(B, H, S, D\) tensor, got 3-D of shape \(4, 17, 64\)"):
+        torch.vmap(lambda x: flashcore.attention(x, x, x))(qs[:, 0])
+    with pytest.raises(ValueError, match=r"k: batch 1 differs from q's 2"):
+        torch.vmap(lambda x: flashcore.attention(x, k[:1], v[:1]))(qs)
+    with pytest.raises(ValueError, match=r"attn_mask: flashcore supports no explicit mask"):
+        torch.vmap(lambda x, m: flashcore.attention(x, k, v, attn_mask=m))(qs, torch.ones(2, 17, 23, dtype=torch.bool))
+    with pytest.raises(TypeError, match=r"k: dtype Float differs from q's Half"):
+        torch.vmap(lambda x: flashcore.attention(x.half(), k, v))(qs)
+
+
+@requires_gpu
+def test_gpu_vmap_matches_per_sample_calls():
+    """On the GPU the folded call may take another kernel route than a
+    sample's own call (routes depend on B), so the check is the suite's
+    tolerance rather than bit equality."""
+    n = 4
+    per = [qkv(torch.float16, DEV, Sq=1000, Sk=1023, D=128) for _ in range(n)]
+    qs, ks, vs = (torch.stack([p[j] for p in per]) for j in range(3))
+    for causal in (False, True):
+        out = torch.vmap(lambda q, k, v: flashcore.attention(q, k, v, is_causal=causal))(qs, ks, vs)
+        for i in range(n):
+            torch.testing.assert_close(out[i], flashcore.attention(*per[i], is_causal=causal), atol=1e-3, rtol=1e-3)
 
 
 def test_wrapper_subclass_runs_through_the_op():
