@@ -28,6 +28,31 @@ if [ -z "${CUDA_HOME:-}" ]; then
     if [ -f "$d/include/cuda_runtime_api.h" ]; then export CUDA_HOME="$d"; break; fi
   done
 fi
+# No CUDA toolkit on the machine: install nvcc from pip (NVIDIA's cuda-toolkit
+# wheels, the version torch itself pins) into the Python that has torch, and
+# build with it. Its lib/ holds libcudart.so.13 only; the link needs the
+# unversioned name (the extension still loads the .so.13 that torch loads).
+if [ -z "${CUDA_HOME:-}" ]; then
+  pin="$("$PY" - <<'PYEOF'
+import importlib.metadata as md, re
+for r in md.requires("torch") or []:
+    m = re.match(r"cuda-toolkit\[[^]]*\]\s*(==\s*[0-9.]+)", r)
+    if m:
+        print("cuda-toolkit[nvcc,cccl]" + m.group(1).replace(" ", ""))
+PYEOF
+)"
+  if [ -z "$pin" ]; then
+    echo "flashcore: no CUDA toolkit found (set CUDA_HOME, or put nvcc on PATH), and this torch pins no" \
+         "cuda-toolkit wheel to install one from" >&2
+    return 1 2>/dev/null || exit 1
+  fi
+  echo "flashcore: no CUDA toolkit found; installing $pin from pip"
+  "$PY" -m pip install -q --no-cache-dir "$pin"
+  major="${pin##*==}"; major="${major%%.*}"
+  CUDA_HOME="$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/nvidia/cu$major"
+  export CUDA_HOME
+  ln -sf "libcudart.so.$major" "$CUDA_HOME/lib/libcudart.so"
+fi
 export PATH="${CUDA_HOME:+$CUDA_HOME/bin:}$PATH"
 export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
 
