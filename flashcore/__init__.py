@@ -150,15 +150,15 @@ def _attention_vmap(info, in_dims, query, key, value, attn_mask, dropout_p, is_c
     n = info.batch_size
     args = (dropout_p, is_causal, scale, causal, causal_alignment, return_lse, kernel, num_splits)
     ts = [t.movedim(d, 0) if d is not None else t.expand(n, *t.shape) for t, d in zip((query, key, value), in_dims)]
-    mask = attn_mask if in_dims[3] is None else attn_mask.movedim(in_dims[3], 0)
+    mask0 = attn_mask if in_dims[3] is None else attn_mask.select(in_dims[3], 0)  # sample 0's mask
     try:
-        if mask is not None or any(t.dim() != 5 for t in ts):
+        if attn_mask is not None or any(t.dim() != 5 for t in ts):
             raise ValueError("flashcore: vmap: refused per sample")  # sample 0 raises the real message
         out, lse = _attention_op(*(t.flatten(0, 1) for t in ts), None, *args)
     except (ValueError, TypeError):
         # The message an unbatched call gets, from sample 0 (the folded shapes
         # would name N * B); a refusal that only the fold meets is re-raised.
-        _attention_op(*(t[0] for t in ts), None if mask is None else mask[0], *args)
+        _attention_op(*(t[0] for t in ts), mask0, *args)
         raise
     out = out.unflatten(0, (n, -1))
     if not return_lse:
