@@ -351,7 +351,7 @@ std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor&
         char why[1024];
         if (st == FC_ERR_HOST_MEMORY) {  // the CPU kernel's scratch: Python's MemoryError
             PyErr_SetString(PyExc_MemoryError, "flashcore: the CPU kernel could not allocate its scratch "
-                                               "(about 100 KB per thread)");
+                                               "(at most 128 KB per thread)");
             throw pybind11::error_already_set();
         }
         if (fc_attn_fwd_check(&p, why, sizeof(why)) == FC_OK)  // checks passed: the launch failed

@@ -240,6 +240,19 @@ def test_cpu_misaligned_pointer_is_correct():
     check_attention(out, lse, q, k, v, None, None)
 
 
+
+def test_cpu_fp32_long_dot_products():
+    """fp32, D = 256, logits scaled 5x over the default, 300 keys: the C path
+    accumulates in fp64, so it stays within the suite's rule (an earlier fp32
+    accumulation was 1.75e-5 off against a 1.41e-5 bound on exactly this
+    draw: FC_FUZZ_SEED=55, CPU case 78)."""
+    torch.manual_seed(762700588)
+    q, k, v = make_qkv(2, 8, 4, 5, 300, 256, torch.float32, DEV, layouts=("sliced_hi", "batch_step", "transposed"))
+    out, lse = run_poisoned(q, k, v, "bottom_right", kernel="cpu", scale=0.3143798166880455)
+    check_attention(out, lse, q, k, v, 0.3143798166880455, "bottom_right")
+    ref, _ = ref_attention(q, k, v, 0.3143798166880455, "bottom_right")
+    assert (out - ref).abs().max().item() < 1e-6  # fp32 rounding of the output, not of the sums
+
 SMALL_STACK_SCRIPT = """
 import threading, torch, flashcore
 torch.manual_seed(0)
@@ -256,7 +269,7 @@ print("max_err", (res["out"].double() - ref).abs().max().item())
 
 def test_cpu_small_thread_stacks():
     """The CPU kernel keeps its rows and key chunks in a per-thread heap
-    scratch (96 KB at D = 256), not on the stack: a Python thread with a 64 KB
+    scratch (128 KB at D = 256), not on the stack: a Python thread with a 64 KB
     stack and OpenMP workers with 64 KB stacks compute D = 256 correctly. Run
     in a subprocess, so that a regression is a failed test, not a dead run."""
     import os

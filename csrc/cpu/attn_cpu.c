@@ -2,14 +2,18 @@
  *
  * Same semantics as the GPU kernels (fc_attn_params, both causal alignments,
  * GQA, strides, LSE, fully masked rows -> O = 0 and LSE = -inf, a NaN among
- * a row's visible scores -> that row's O and LSE NaN), computed in
- * fp32 from fp16/bf16/fp32 inputs with the same online softmax: a block of
- * QB query rows streams over KC-key chunks. Each thread mallocs one scratch
- * of (2 QB + 2 KC) x D floats (96 KB at D = 256) for its blocks' rows and
- * chunks, so the stack use is small whatever the thread's stack size; a
- * failed malloc returns FC_ERR_HOST_MEMORY. Parallel over (batch, head, row
- * block) with OpenMP when built with it. Used by flashcore.attention for CPU tensors and by the
- * standalone harness as the reference for the GPU kernels.
+ * a row's visible scores -> that row's O and LSE NaN) for fp16/bf16/fp32
+ * inputs, with the same online softmax: a block of QB query rows streams over
+ * KC-key chunks. q, K and V are held in fp32; the dot products, the softmax
+ * (max, exponentials, sums) and the O accumulator are fp64, so the
+ * reference's own rounding stays far below any kernel's and SDPA's (with
+ * sequential fp32 sums over D = 256 terms it did not, by 25 % in one fp32
+ * case). Each thread mallocs one scratch (QB + 2 KC rows of D floats, QB rows
+ * of D doubles: 128 KB at D = 256) for its blocks' rows and chunks, so the
+ * stack use is small whatever the thread's stack size; a failed malloc
+ * returns FC_ERR_HOST_MEMORY. Parallel over (batch, head, row block) with
+ * OpenMP when built with it. Used by flashcore.attention for CPU tensors and
+ * by the standalone harness as the reference for the GPU kernels.
  */
 #include <math.h>
 #include <stdint.h>
@@ -21,7 +25,7 @@
 
 #define QB 16  /* query rows per block */
 #define KC 32  /* keys per chunk */
-#define SCRATCH_ROWS (2 * QB + 2 * KC)  /* q, acc (QB rows each), K and V chunks (KC rows each) */
+#define SCRATCH_BYTES_PER_D ((QB + 2 * KC) * sizeof(float) + QB * sizeof(double))  /* q, K, V chunks; acc */
 
 /* ---- element conversion (round to nearest even on the way out) ---- */
 
@@ -100,8 +104,8 @@ static void store_row(void* base, int64_t off, const float* src, int n, fc_dtype
 
 /* ---- one block of up to QB query rows of one (batch, head) ---- */
 
-/* scratch: SCRATCH_ROWS x D floats, this thread's own */
-static void attn_block(const fc_attn_params* p, int b, int h, int r0, float* scratch) {
+/* scratch: SCRATCH_BYTES_PER_D x D bytes from malloc, this thread's own */
+static void attn_block(const fc_attn_params* p, int b, int h, int r0, void* scratch) {
     const int D = p->D, hk = h / (p->Hq / p->Hkv);
     const int rows = p->Sq - r0 < QB ? p->Sq - r0 : QB;
     const int diag = p->causal == FC_CAUSAL_BOTTOM_RIGHT ? p->Sk - p->Sq : 0;
@@ -110,16 +114,16 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0, float* scr
     const int64_t vo = (int64_t)b * p->v_batch_stride + (int64_t)hk * p->v_head_stride;
     const int64_t oo = (int64_t)b * p->o_batch_stride + (int64_t)h * p->o_head_stride;
 
-    float* q = scratch;             /* (QB, D): row r at q + r * D */
-    float* acc = q + QB * D;        /* (QB, D) */
-    float* kc = acc + QB * D;       /* (KC, D) */
-    float* vc = kc + KC * D;        /* (KC, D) */
-    float m[QB], l[QB], s[KC];
+    double* acc = (double*)scratch;    /* (QB, D): row r at acc + r * D */
+    float* q = (float*)(acc + QB * D); /* (QB, D); at the end, row r holds O's row in fp32 */
+    float* kc = q + QB * D;            /* (KC, D) */
+    float* vc = kc + KC * D;           /* (KC, D) */
+    double m[QB], l[QB], s[KC];        /* running max and sum per row; one chunk's scores */
     for (int r = 0; r < rows; ++r) {
         load_row(q + r * D, p->q, qo + (int64_t)(r0 + r) * p->q_row_stride, D, p->dtype);
-        memset(acc + r * D, 0, (size_t)D * sizeof(float));
+        memset(acc + r * D, 0, (size_t)D * sizeof(double));
         m[r] = -INFINITY;
-        l[r] = 0.f;
+        l[r] = 0.;
     }
     /* keys past this block's last visible key are never loaded */
     int key_end = p->Sk;
@@ -136,25 +140,28 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0, float* scr
         for (int r = 0; r < rows; ++r) {
             const int i = r0 + r;
             const float* qr = q + r * D;
-            float* ar = acc + r * D;
-            float mx = -INFINITY;
+            double* ar = acc + r * D;
+            double mx = -INFINITY;
             for (int j = 0; j < nk; ++j) {
                 const int key = c0 + j;
                 if (p->causal != FC_CAUSAL_NONE && key > i + diag) { s[j] = -INFINITY; continue; }
-                float dot = 0.f;
                 const float* kj = kc + j * D;
-                for (int d = 0; d < D; ++d) dot += qr[d] * kj[d];
+                double dot = 0.;
+#ifdef _OPENMP
+#pragma omp simd reduction(+ : dot)  /* lets the compiler keep partial sums in SIMD lanes */
+#endif
+                for (int d = 0; d < D; ++d) dot += (double)qr[d] * kj[d];
                 s[j] = dot * p->scale;
                 if (s[j] > mx || isnan(s[j])) mx = s[j];  /* a NaN score sticks: the row's result is NaN */
             }
             if (mx == -INFINITY) continue;  /* no visible key in this chunk */
-            const float m_new = mx > m[r] || isnan(mx) ? mx : m[r];
-            const float corr = expf(m[r] - m_new);  /* exp(-inf) = 0 on the first visible chunk */
+            const double m_new = mx > m[r] || isnan(mx) ? mx : m[r];
+            const double corr = exp(m[r] - m_new);  /* exp(-inf) = 0 on the first visible chunk */
             l[r] *= corr;
             for (int d = 0; d < D; ++d) ar[d] *= corr;
             for (int j = 0; j < nk; ++j) {
                 if (s[j] == -INFINITY) continue;
-                const float pj = expf(s[j] - m_new);
+                const double pj = exp(s[j] - m_new);
                 l[r] += pj;
                 const float* vj = vc + j * D;
                 for (int d = 0; d < D; ++d) ar[d] += pj * vj[d];
@@ -163,25 +170,26 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0, float* scr
         }
     }
     for (int r = 0; r < rows; ++r) {
-        const int empty = l[r] == 0.f;  /* no visible key (a NaN sum is not empty: it stays NaN) */
-        const float inv = empty ? 0.f : 1.f / l[r];
-        float* ar = acc + r * D;
-        for (int d = 0; d < D; ++d) ar[d] *= inv;
-        store_row(p->o, oo + (int64_t)(r0 + r) * p->o_row_stride, ar, D, p->dtype);
-        if (p->lse) p->lse[((int64_t)b * p->Hq + h) * p->Sq + r0 + r] = empty ? -INFINITY : m[r] + logf(l[r]);
+        const int empty = l[r] == 0.;  /* no visible key (a NaN sum is not empty: it stays NaN) */
+        const double inv = empty ? 0. : 1. / l[r];
+        const double* ar = acc + r * D;
+        float* orow = q + r * D;
+        for (int d = 0; d < D; ++d) orow[d] = (float)(ar[d] * inv);
+        store_row(p->o, oo + (int64_t)(r0 + r) * p->o_row_stride, orow, D, p->dtype);
+        if (p->lse) p->lse[((int64_t)b * p->Hq + h) * p->Sq + r0 + r] = empty ? -INFINITY : (float)(m[r] + log(l[r]));
     }
 }
 
 fc_status fc_cpu_fwd(const fc_attn_params* p) {
     const int nblk = (p->Sq + QB - 1) / QB;
     const int64_t total = (int64_t)p->B * p->Hq * nblk;
-    const size_t scratch_bytes = (size_t)SCRATCH_ROWS * p->D * sizeof(float);
+    const size_t scratch_bytes = SCRATCH_BYTES_PER_D * (size_t)p->D;
     int failed = 0;  /* set by any thread whose malloc failed; its blocks are not computed */
 #ifdef _OPENMP
 #pragma omp parallel
 #endif
     {
-        float* scratch = (float*)malloc(scratch_bytes);
+        void* scratch = malloc(scratch_bytes);
         if (!scratch) {
 #ifdef _OPENMP
 #pragma omp atomic write
