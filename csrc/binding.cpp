@@ -350,8 +350,8 @@ std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor&
         if (p.counters_zeroed) forget_zeroed_workspace(q, (cudaStream_t)stream);
         char why[1024];
         if (st == FC_ERR_HOST_MEMORY) {  // the CPU kernel's scratch: Python's MemoryError
-            PyErr_SetString(PyExc_MemoryError, "flashcore: the CPU kernel could not allocate its scratch "
-                                               "(at most 128 KB per thread)");
+            PyErr_SetString(PyExc_MemoryError, "flashcore: the CPU kernel could not allocate its per-thread "
+                                               "scratch (malloc failed)");
             throw pybind11::error_already_set();
         }
         if (fc_attn_fwd_check(&p, why, sizeof(why)) == FC_OK)  // checks passed: the launch failed

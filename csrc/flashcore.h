@@ -126,7 +126,9 @@ fc_status fc_attn_fwd_check(const fc_attn_params* p, char* why, size_t why_len);
 
 /*
  * Runs the forward pass on `stream` (ignored for FC_KERNEL_CPU, which runs on
- * the calling thread). Checks p first and launches nothing if it fails.
+ * the calling thread). Checks p first and launches nothing if it fails. After
+ * the checks pass it can still return FC_ERR_CUDA (a launch failed) or, for
+ * FC_KERNEL_CPU, FC_ERR_HOST_MEMORY.
  */
 fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream);
 

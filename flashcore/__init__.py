@@ -142,25 +142,38 @@ def _attention_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, c
 @_attention_op.register_vmap
 def _attention_vmap(info, in_dims, query, key, value, attn_mask, dropout_p, is_causal, scale, causal,
                     causal_alignment, return_lse, kernel, num_splits):
-    # torch.vmap's batching rule: one call with the vmapped dim folded into
-    # B, in place of torch's fallback of one call per sample. A sample's query
-    # rows never see another sample's keys, so the fold is exact. q, k and v:
-    # (N, B, H, S, D) after movedim, an unbatched one expanded to N (and
-    # copied by the reshape to (N * B, H, S, D)).
+    # torch.vmap's batching rule: one call for all N samples, in place of
+    # torch's fallback of one call per sample. A sample's query rows never see
+    # another sample's keys, so folding the samples into one call is exact:
+    # - k and v not vmapped (q alone): the samples become query heads, head
+    #   h * N + n, which reads KV head (h * N + n) / (N * Hq / Hkv) = h / (Hq / Hkv),
+    #   the one sample n's head h reads; k and v are read in place.
+    # - otherwise the samples fold into B: (N, B, H, S, D) -> (N * B, H, S, D).
+    # A tensor that does not fold as a view (an unbatched one is expanded to N)
+    # is copied. What an unbatched call would refuse is refused by sample 0's
+    # own call, so the message names per-sample shapes.
     n = info.batch_size
     args = (dropout_p, is_causal, scale, causal, causal_alignment, return_lse, kernel, num_splits)
     ts = [t.movedim(d, 0) if d is not None else t.expand(n, *t.shape) for t, d in zip((query, key, value), in_dims)]
-    mask0 = attn_mask if in_dims[3] is None else attn_mask.select(in_dims[3], 0)  # sample 0's mask
-    try:
-        if attn_mask is not None or any(t.dim() != 5 for t in ts):
-            raise ValueError("flashcore: vmap: refused per sample")  # sample 0 raises the real message
-        out, lse = _attention_op(*(t.flatten(0, 1) for t in ts), None, *args)
-    except (ValueError, TypeError):
-        # The message an unbatched call gets, from sample 0 (the folded shapes
-        # would name N * B); a refusal that only the fold meets is re-raised.
-        _attention_op(*(t[0] for t in ts), mask0, *args)
-        raise
-    out = out.unflatten(0, (n, -1))
-    if not return_lse:
-        return (out, lse), (0, None)
-    return (out, lse.unflatten(0, (n, -1))), (0, 0)
+    error = None
+    if attn_mask is None and all(t.dim() == 5 and t.stride(-1) == 1 for t in ts):
+        B, H = ts[0].shape[1], ts[0].shape[2]
+        try:
+            if in_dims[1] is None and in_dims[2] is None:
+                q = ts[0].permute(1, 2, 0, 3, 4).reshape(B, H * n, *ts[0].shape[3:])  # (B, H * N, Sq, D)
+                out, lse = _attention_op(q, key, value, None, *args)
+                out = out.unflatten(1, (H, n)).permute(2, 0, 1, 3, 4)
+                lse = lse.unflatten(1, (H, n)).permute(2, 0, 1, 3) if return_lse else lse
+            else:
+                out, lse = _attention_op(*(t.flatten(0, 1) for t in ts), None, *args)
+                out = out.unflatten(0, (n, B))
+                lse = lse.unflatten(0, (n, B)) if return_lse else lse
+            return (out, lse), (0, 0 if return_lse else None)
+        except (ValueError, TypeError) as e:
+            error = e  # raised below unless sample 0's own call refuses first
+    mask0 = attn_mask if in_dims[3] is None else attn_mask.select(in_dims[3], 0)
+    _attention_op(ts[0][0], ts[1][0], ts[2][0], mask0, *args)
+    if error is not None:
+        raise error  # a refusal only the folded call meets
+    raise RuntimeError("flashcore: internal error: vmap's batching rule found a call it cannot fold that "
+                       "sample 0 runs")

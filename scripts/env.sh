@@ -28,30 +28,33 @@ if [ -z "${CUDA_HOME:-}" ]; then
     if [ -f "$d/include/cuda_runtime_api.h" ]; then export CUDA_HOME="$d"; break; fi
   done
 fi
-# No CUDA toolkit on the machine: install nvcc from pip (NVIDIA's cuda-toolkit
-# wheels, the version torch itself pins) into the Python that has torch, and
-# build with it. Its lib/ holds libcudart.so.13 only; the link needs the
-# unversioned name (the extension still loads the .so.13 that torch loads).
+# No CUDA toolkit on the machine: use, or install, nvcc from pip (NVIDIA's
+# cuda-toolkit wheels at the version torch itself pins) in the Python that has
+# torch (scripts/pip_toolkit.py). The wheel's lib/ holds libcudart.so.<major>
+# only; the link needs the unversioned name (the extension still loads the
+# versioned one torch loads).
 if [ -z "${CUDA_HOME:-}" ]; then
-  pin="$("$PY" - <<'PYEOF'
-import importlib.metadata as md, re
-for r in md.requires("torch") or []:
-    m = re.match(r"cuda-toolkit\[[^]]*\]\s*(==\s*[0-9.]+)", r)
-    if m:
-        print("cuda-toolkit[nvcc,cccl]" + m.group(1).replace(" ", ""))
-PYEOF
-)"
-  if [ -z "$pin" ]; then
-    echo "flashcore: no CUDA toolkit found (set CUDA_HOME, or put nvcc on PATH), and this torch pins no" \
-         "cuda-toolkit wheel to install one from" >&2
-    return 1 2>/dev/null || exit 1
+  if ! CUDA_HOME="$("$PY" "$ROOT/scripts/pip_toolkit.py" home)"; then
+    if ! _fc_pin="$("$PY" "$ROOT/scripts/pip_toolkit.py" pin)"; then
+      echo "flashcore: no CUDA toolkit found (set CUDA_HOME, or put nvcc on PATH), and this torch pins no" \
+           "cuda-toolkit wheel to install one from" >&2
+      return 1 2>/dev/null || exit 1
+    fi
+    echo "flashcore: no CUDA toolkit found; installing $_fc_pin from pip"
+    "$PY" -m pip install -q --no-cache-dir "$_fc_pin"
+    if ! CUDA_HOME="$("$PY" "$ROOT/scripts/pip_toolkit.py" home)"; then
+      echo "flashcore: installed $_fc_pin, but its nvcc is not where the wheel lists it" >&2
+      return 1 2>/dev/null || exit 1
+    fi
+    unset _fc_pin
   fi
-  echo "flashcore: no CUDA toolkit found; installing $pin from pip"
-  "$PY" -m pip install -q --no-cache-dir "$pin"
-  major="${pin##*==}"; major="${major%%.*}"
-  CUDA_HOME="$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/nvidia/cu$major"
   export CUDA_HOME
-  ln -sf "libcudart.so.$major" "$CUDA_HOME/lib/libcudart.so"
+  for _fc_rt in "$CUDA_HOME"/lib/libcudart.so.[0-9]*; do
+    if [ -e "$_fc_rt" ] && [ ! -e "$CUDA_HOME/lib/libcudart.so" ]; then
+      ln -s "$(basename "$_fc_rt")" "$CUDA_HOME/lib/libcudart.so"
+    fi
+  done
+  unset _fc_rt
 fi
 export PATH="${CUDA_HOME:+$CUDA_HOME/bin:}$PATH"
 export MAX_JOBS="${MAX_JOBS:-$(nproc)}"

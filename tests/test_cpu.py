@@ -240,18 +240,37 @@ def test_cpu_misaligned_pointer_is_correct():
     check_attention(out, lse, q, k, v, None, None)
 
 
-
 def test_cpu_fp32_long_dot_products():
     """fp32, D = 256, logits scaled 5x over the default, 300 keys: the C path
     accumulates in fp64, so it stays within the suite's rule (an earlier fp32
     accumulation was 1.75e-5 off against a 1.41e-5 bound on exactly this
     draw: FC_FUZZ_SEED=55, CPU case 78)."""
     torch.manual_seed(762700588)
+    scale = 0.3143798166880455  # the draw's; the default is 1 / 16
     q, k, v = make_qkv(2, 8, 4, 5, 300, 256, torch.float32, DEV, layouts=("sliced_hi", "batch_step", "transposed"))
-    out, lse = run_poisoned(q, k, v, "bottom_right", kernel="cpu", scale=0.3143798166880455)
-    check_attention(out, lse, q, k, v, 0.3143798166880455, "bottom_right")
-    ref, _ = ref_attention(q, k, v, 0.3143798166880455, "bottom_right")
+    out, lse = run_poisoned(q, k, v, "bottom_right", kernel="cpu", scale=scale)
+    check_attention(out, lse, q, k, v, scale, "bottom_right")
+    ref, _ = ref_attention(q, k, v, scale, "bottom_right")
     assert (out - ref).abs().max().item() < 1e-6  # fp32 rounding of the output, not of the sums
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_cpu_score_past_fp32_range_is_nan(dtype):
+    """A score past the fp32 range is +inf in the kernels, as in SDPA, and the
+    row comes out NaN; the C path computes scores in fp64 and must do the same
+    (not return a finite row with LSE = +inf). Rows whose scores stay in range
+    are unaffected."""
+    q = torch.ones(1, 1, 2, 8, dtype=dtype)
+    q[0, 0, 0] = 3e19  # row 0: q . k = 8 * 3e19 * 3e19 overflows fp32 (and fp64 does not)
+    k = torch.full((1, 1, 3, 8), 3e19, dtype=dtype)
+    k[0, 0, 1] = 1.0
+    v = torch.randn(1, 1, 3, 8).to(dtype)
+    out, lse = flashcore.attention(q, k, v, scale=1.0, return_lse=True)
+    sdpa = F.scaled_dot_product_attention(q, k, v, scale=1.0)
+    assert torch.isnan(sdpa[0, 0, 0]).all()  # the behaviour matched
+    assert torch.isnan(out[0, 0, 0]).all() and torch.isnan(lse[0, 0, 0])
+    assert torch.isfinite(out[0, 0, 1]).all() and torch.isfinite(lse[0, 0, 1])
+
 
 SMALL_STACK_SCRIPT = """
 import threading, torch, flashcore
@@ -269,7 +288,7 @@ print("max_err", (res["out"].double() - ref).abs().max().item())
 
 def test_cpu_small_thread_stacks():
     """The CPU kernel keeps its rows and key chunks in a per-thread heap
-    scratch (128 KB at D = 256), not on the stack: a Python thread with a 64 KB
+    scratch (112 KiB at D = 256), not on the stack: a Python thread with a 64 KB
     stack and OpenMP workers with 64 KB stacks compute D = 256 correctly. Run
     in a subprocess, so that a regression is a failed test, not a dead run."""
     import os
@@ -283,6 +302,51 @@ def test_cpu_small_thread_stacks():
     assert r.returncode == 0, "exit status {}: {}".format(r.returncode, r.stderr[-2000:])
     err = float(r.stdout.split("max_err")[1])
     assert err < 1e-5, r.stdout
+
+
+# An LD_PRELOAD shim whose malloc fails for one size: the CPU kernel's
+# per-thread scratch at D = 136 (SCRATCH_BYTES_PER_D in csrc/cpu/attn_cpu.c:
+# 448 bytes per head-dim element).
+FAILING_MALLOC_C = r"""
+#include <stddef.h>
+extern void* __libc_malloc(size_t);
+void* malloc(size_t n) { return n == 448 * 136 ? NULL : __libc_malloc(n); }
+"""
+FAILING_MALLOC_SCRIPT = """
+import torch, flashcore
+q = torch.randn(1, 2, 20, 136)
+try:
+    flashcore.attention(q, q, q)
+except MemoryError as e:
+    print("MemoryError:", e)
+"""
+
+
+def test_cpu_failed_malloc_raises_memory_error(tmp_path):
+    """A scratch malloc that fails gives FC_ERR_HOST_MEMORY, raised as
+    MemoryError by the binding (glibc, a C compiler needed for the shim)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    cc = shutil.which("cc") or shutil.which("gcc")
+    try:
+        glibc = bool(os.confstr("CS_GNU_LIBC_VERSION"))
+    except (ValueError, OSError):
+        glibc = False
+    if cc is None or not glibc:
+        pytest.skip("needs a C compiler and glibc for the malloc shim")
+    src = tmp_path / "fail_malloc.c"
+    src.write_text(FAILING_MALLOC_C)
+    shim = tmp_path / "fail_malloc.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(shim), str(src)], check=True)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(flashcore.__file__)))
+    env = dict(os.environ, LD_PRELOAD=str(shim), OMP_NUM_THREADS="2",
+               PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+    r = subprocess.run([sys.executable, "-c", FAILING_MALLOC_SCRIPT], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, "exit status {}: {}".format(r.returncode, r.stderr[-2000:])
+    assert "MemoryError: flashcore: the CPU kernel could not allocate its per-thread scratch" in r.stdout, r.stdout
 
 
 # ---------------------------------------------------------------------------

@@ -277,10 +277,11 @@ def test_c_api_status_strings():
     """Every fc_status (flashcore.h) has its own string; a value past the
     last one reads "unknown status". CPU only: the strings are plain C."""
     lib = _lib()
-    names = [lib.fc_status_string(s) for s in range(12)]
-    assert names[0] == b"ok" and names[11] == b"out of host memory"
-    assert len(set(names)) == 12 and b"unknown status" not in names
-    assert lib.fc_status_string(12) == b"unknown status"
+    last = 11  # FC_ERR_HOST_MEMORY, the enum's last value
+    names = [lib.fc_status_string(s) for s in range(last + 1)]
+    assert names[0] == b"ok" and names[last] == b"out of host memory"
+    assert len(set(names)) == last + 1 and b"unknown status" not in names
+    assert lib.fc_status_string(last + 1) == b"unknown status"
 
 
 @requires_gpu

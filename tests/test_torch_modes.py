@@ -69,11 +69,13 @@ def test_vmap_batching_rule_is_one_call(monkeypatch):
     assert out.shape == (5,) + q.shape
 
 
-@pytest.mark.parametrize("in_dims", [(0, 0, 0), (1, None, 2), (None, 3, None), (4, 1, 0)])
+@pytest.mark.parametrize("in_dims", [(0, 0, 0), (1, None, 2), (None, 3, None), (3, 1, 0), (0, None, None),
+                                     (2, None, None)])
 @pytest.mark.parametrize("mode", [None, "top_left", "bottom_right"])
 def test_vmap_in_dims_and_lse(in_dims, mode):
-    """Any in_dims (an unbatched tensor broadcast to every sample), GQA,
-    Sq != Sk and LSE: each sample equals its own call."""
+    """Any in_dims (an unbatched tensor broadcast to every sample; q alone
+    vmapped folds the samples into heads, else into B), GQA, Sq != Sk and
+    LSE: each sample equals its own call."""
     n = 3
     per = [qkv(Sq=19, Sk=33) for _ in range(n)]
     batched = []
@@ -122,6 +124,22 @@ def test_vmap_refusals_name_the_sample_shapes():
         torch.vmap(lambda x, m: flashcore.attention(x, k, v, attn_mask=m))(qs, torch.ones(2, 17, 23, dtype=torch.bool))
     with pytest.raises(TypeError, match=r"k: dtype Float differs from q's Half"):
         torch.vmap(lambda x: flashcore.attention(x.half(), k, v))(qs)
+    # vmapped at the last dim: a sample's last dim is strided, as an eager call refuses
+    with pytest.raises(ValueError, match=r"q: the last dim must be contiguous"):
+        torch.vmap(lambda x: flashcore.attention(x, k, v), in_dims=-1)(torch.stack([q, q], dim=-1))
+
+
+@pytest.mark.parametrize("kv_batched", [False, True])
+def test_vmap_over_no_samples(kv_batched):
+    q, k, v = qkv()
+    qs = q.new_empty((0,) + q.shape)
+    if kv_batched:
+        k, v = k.new_empty((0,) + k.shape), v.new_empty((0,) + v.shape)
+        f = torch.vmap(lambda x, y, z: flashcore.attention(x, y, z, return_lse=True))
+    else:
+        f = torch.vmap(lambda x, y, z: flashcore.attention(x, y, z, return_lse=True), in_dims=(0, None, None))
+    out, lse = f(qs, k, v)
+    assert out.shape == (0,) + q.shape and lse.shape == (0,) + q.shape[:3]
 
 
 @requires_gpu
@@ -136,6 +154,11 @@ def test_gpu_vmap_matches_per_sample_calls():
         out = torch.vmap(lambda q, k, v: flashcore.attention(q, k, v, is_causal=causal))(qs, ks, vs)
         for i in range(n):
             torch.testing.assert_close(out[i], flashcore.attention(*per[i], is_causal=causal), atol=1e-3, rtol=1e-3)
+        # q alone vmapped: the samples become query heads over the shared k and v
+        k, v = per[0][1], per[0][2]
+        out = torch.vmap(lambda q: flashcore.attention(q, k, v, is_causal=causal))(qs)
+        for i in range(n):
+            torch.testing.assert_close(out[i], flashcore.attention(qs[i], k, v, is_causal=causal), atol=1e-3, rtol=1e-3)
 
 
 def test_wrapper_subclass_runs_through_the_op():
