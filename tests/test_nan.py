@@ -95,6 +95,32 @@ def test_nan_in_a_value(device, kernel, num_splits, shape, dtype):
     check_with_nans(shape, [dtype], device, "v", [(B - 1, Hkv - 1, Sk - 1, 0)], None, kernel, num_splits)
 
 
+@pytest.mark.parametrize("device,kernel,num_splits", TARGETS)
+@pytest.mark.parametrize("mode", [None, "top_left", "bottom_right"], ids=mode_id)
+def test_score_past_fp32_range(device, kernel, num_splits, mode):
+    """A score past the fp32 range (a bf16 q . k over 3.4e38) is inf, as in
+    fp32 math and SDPA, and makes its row's output and LSE NaN (the CPU path
+    computes scores in fp64 and must overflow too); the other rows, which
+    read the same key with ordinary scores, come out as the reference has
+    them."""
+    B, Hq, Hkv, Sq, Sk, D = 1, 4, 2, 150, 203, 64
+    q, k, v = (t.clone() for t in make_qkv(B, Hq, Hkv, Sq, Sk, D, torch.bfloat16, device))
+    row = Sq - 1  # sees key 0 in every causal mode
+    q[..., 0] = 0  # dim 0 adds nothing to any score ...
+    q[0, 1, row, 0] = 3e19  # ... but this one's with key 0 (q head 1 reads KV head 0): 9e38 > 3.4e38
+    k[0, 0, 0, 0] = 3e19
+    out, lse = run_poisoned(q, k, v, mode, kernel=kernel, num_splits=num_splits)
+    assert torch.isnan(out[0, 1, row]).all() and torch.isnan(lse[0, 1, row])
+    ref_out, ref_lse = ref_attention(q, k, v, None, mode)
+    keep = torch.ones(B, Hq, Sq, dtype=torch.bool, device=q.device)
+    keep[0, 1, row] = False
+    assert torch.isfinite(out[keep]).all() and torch.isfinite(lse[keep]).all()
+    err = (out[keep].double() - ref_out[keep].double()).abs().max().item()
+    assert err <= ATOL[torch.bfloat16], f"rows in range: max|out - ref| = {err:.3e}"
+    lse_err = (lse[keep].double() - ref_lse[keep].double()).abs().max().item()
+    assert lse_err <= 2e-3, f"LSE of rows in range: max error {lse_err:.3e}"
+
+
 @requires_gpu
 @pytest.mark.parametrize("num_splits", [None, 2])
 def test_nan_value_split_kv_rows_without_keys(num_splits):

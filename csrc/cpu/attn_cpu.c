@@ -8,10 +8,10 @@
  * (max, exponentials, sums) and the O accumulator are fp64, so the
  * reference's own rounding stays far below any kernel's and SDPA's (with
  * sequential fp32 sums over D = 256 terms it did not, by 25 % in one fp32
- * case); a score past the fp32 range becomes +-inf, as in the kernels. Each
- * thread mallocs one scratch (QB + 2 KC rows of D floats, QB rows of D
- * doubles: 112 KiB at D = 256) for its blocks' rows and chunks, so the
- * stack use is small whatever the thread's stack size; a failed malloc
+ * case); a dot product or score past the fp32 range becomes +-inf, as in the
+ * kernels. Each thread mallocs one scratch (QB + 2 KC rows of D floats, QB
+ * rows of D doubles: 112 KiB at D = 256) for its blocks' rows and chunks, so
+ * the stack use is small whatever the thread's stack size; a failed malloc
  * returns FC_ERR_HOST_MEMORY. Parallel over (batch, head, row block) with
  * OpenMP when built with it. Used by flashcore.attention for CPU tensors and
  * by the standalone harness as the reference for the GPU kernels.
@@ -104,6 +104,9 @@ static void store_row(void* base, int64_t off, const float* src, int n, fc_dtype
     }
 }
 
+/* x, or +-inf where x is past the fp32 range (as an fp32 result overflows) */
+static double fp32_range(double x) { return fabs(x) > FLT_MAX ? copysign(INFINITY, x) : x; }
+
 /* ---- one block of up to QB query rows of one (batch, head) ---- */
 
 /* scratch: SCRATCH_BYTES_PER_D x D bytes from malloc, this thread's own */
@@ -153,8 +156,7 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0, void* scra
 #pragma omp simd reduction(+ : dot)  /* lets the compiler keep partial sums in SIMD lanes */
 #endif
                 for (int d = 0; d < D; ++d) dot += (double)qr[d] * kj[d];
-                s[j] = dot * p->scale;
-                if (fabs(s[j]) > FLT_MAX) s[j] = copysign(INFINITY, s[j]);  /* overflows as an fp32 score does */
+                s[j] = fp32_range(fp32_range(dot) * p->scale);  /* the kernels' fp32 dot and score overflow */
                 if (s[j] > mx || isnan(s[j])) mx = s[j];  /* a NaN score sticks: the row's result is NaN */
             }
             if (mx == -INFINITY) continue;  /* no visible key in this chunk */
