@@ -4,6 +4,10 @@ Runs in CI (no GPU). The CPU path is a plain C loop, so shapes stay small:
 B*H*Sq*Sk*D stays under ~3e7 per case.
 """
 import math
+import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -272,6 +276,16 @@ def test_cpu_score_past_fp32_range_is_nan(dtype):
     assert torch.isfinite(out[0, 0, 1]).all() and torch.isfinite(lse[0, 0, 1])
 
 
+def run_python(script, **env):
+    """Runs `script` in a fresh Python with this flashcore importable and the
+    extra environment `env`; a crash (a signal) fails the calling test."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(flashcore.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])), **env)
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, "exit status {}: {}".format(r.returncode, r.stderr[-2000:])
+    return r
+
+
 SMALL_STACK_SCRIPT = """
 import threading, torch, flashcore
 torch.manual_seed(0)
@@ -291,15 +305,7 @@ def test_cpu_small_thread_stacks():
     scratch (112 KiB at D = 256), not on the stack: a Python thread with a 64 KB
     stack and OpenMP workers with 64 KB stacks compute D = 256 correctly. Run
     in a subprocess, so that a regression is a failed test, not a dead run."""
-    import os
-    import subprocess
-    import sys
-    here = os.path.dirname(os.path.dirname(os.path.abspath(flashcore.__file__)))
-    env = dict(os.environ, OMP_NUM_THREADS="2", OMP_STACKSIZE="64K",
-               PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
-    r = subprocess.run([sys.executable, "-c", SMALL_STACK_SCRIPT], env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, "exit status {}: {}".format(r.returncode, r.stderr[-2000:])
+    r = run_python(SMALL_STACK_SCRIPT, OMP_NUM_THREADS="2", OMP_STACKSIZE="64K")
     err = float(r.stdout.split("max_err")[1])
     assert err < 1e-5, r.stdout
 
@@ -325,10 +331,6 @@ except MemoryError as e:
 def test_cpu_failed_malloc_raises_memory_error(tmp_path):
     """A scratch malloc that fails gives FC_ERR_HOST_MEMORY, raised as
     MemoryError by the binding (glibc, a C compiler needed for the shim)."""
-    import os
-    import shutil
-    import subprocess
-    import sys
     cc = shutil.which("cc") or shutil.which("gcc")
     try:
         glibc = bool(os.confstr("CS_GNU_LIBC_VERSION"))
@@ -340,12 +342,7 @@ def test_cpu_failed_malloc_raises_memory_error(tmp_path):
     src.write_text(FAILING_MALLOC_C)
     shim = tmp_path / "fail_malloc.so"
     subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(shim), str(src)], check=True)
-    here = os.path.dirname(os.path.dirname(os.path.abspath(flashcore.__file__)))
-    env = dict(os.environ, LD_PRELOAD=str(shim), OMP_NUM_THREADS="2",
-               PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
-    r = subprocess.run([sys.executable, "-c", FAILING_MALLOC_SCRIPT], env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, "exit status {}: {}".format(r.returncode, r.stderr[-2000:])
+    r = run_python(FAILING_MALLOC_SCRIPT, LD_PRELOAD=str(shim), OMP_NUM_THREADS="2")
     assert "MemoryError: flashcore: the CPU kernel could not allocate its per-thread scratch" in r.stdout, r.stdout
 
 
