@@ -163,6 +163,62 @@ int fc_attn_fwd_num_splits(const fc_attn_params* p);
  */
 size_t fc_attn_fwd_workspace_size(const fc_attn_params* p);
 
+/* ---- backward ----
+ *
+ * Gradients of O = softmax(scale * Q K^T + mask) V, given the forward's O and
+ * LSE and dO (the loss's gradient with respect to O):
+ *   P  = exp(scale * Q K^T - LSE)        (the forward's probabilities)
+ *   dV = P^T dO
+ *   dS = P * (dO V^T - Delta),  Delta_i = sum_d dO_id O_id
+ *   dQ = scale * dS K,  dK = scale * dS^T Q
+ * dK and dV of a KV head sum over the Hq / Hkv query heads that read it.
+ * Rows that see no key (LSE = -inf) give dQ = 0 and add nothing to dK, dV;
+ * keys no row sees get dK = dV = 0. Same shapes, strides, dtypes and causal
+ * modes as the forward. GPU kernels need D <= 128; the CPU path takes any D
+ * the forward takes.
+ */
+typedef struct {
+    const void* q;    /* (B, Hq, Sq, D) the forward's queries */
+    const void* k;    /* (B, Hkv, Sk, D) keys */
+    const void* v;    /* (B, Hkv, Sk, D) values */
+    const void* o;    /* (B, Hq, Sq, D) the forward's output */
+    const void* dout; /* (B, Hq, Sq, D) gradient of the loss with respect to o */
+    const float* lse; /* (B, Hq, Sq) contiguous fp32, the forward's LSE (natural log) */
+    void* dq;         /* (B, Hq, Sq, D) gradient for q, written */
+    void* dk;         /* (B, Hkv, Sk, D) gradient for k, written */
+    void* dv;         /* (B, Hkv, Sk, D) gradient for v, written */
+
+    int64_t q_batch_stride, q_head_stride, q_row_stride;    /* in elements */
+    int64_t k_batch_stride, k_head_stride, k_row_stride;    /* in elements */
+    int64_t v_batch_stride, v_head_stride, v_row_stride;    /* in elements */
+    int64_t o_batch_stride, o_head_stride, o_row_stride;    /* in elements */
+    int64_t do_batch_stride, do_head_stride, do_row_stride; /* in elements, of dout */
+    int64_t dq_batch_stride, dq_head_stride, dq_row_stride; /* in elements */
+    int64_t dk_batch_stride, dk_head_stride, dk_row_stride; /* in elements */
+    int64_t dv_batch_stride, dv_head_stride, dv_row_stride; /* in elements */
+
+    int B, Hq, Hkv, Sq, Sk, D; /* as in fc_attn_params */
+    fc_dtype dtype;   /* element type of every tensor but lse */
+    float scale;      /* the forward's softmax scale */
+    fc_causal causal; /* the forward's mask mode */
+    fc_kernel kernel; /* FC_KERNEL_AUTO or FC_KERNEL_SM80 on the GPU (one GPU family: mma.sync), or
+                         FC_KERNEL_CPU; FC_KERNEL_SM90 is refused */
+    void* workspace;  /* device scratch, 16-byte aligned: fp32 dQ accumulator and Delta */
+    size_t workspace_bytes; /* bytes at workspace; must be >= fc_attn_bwd_workspace_size(p) */
+} fc_attn_bwd_params;
+
+/* Says whether fc_attn_bwd would accept p; reasons as in fc_attn_fwd_check. */
+fc_status fc_attn_bwd_check(const fc_attn_bwd_params* p, char* why, size_t why_len);
+
+/* Runs the backward pass on `stream` (the CPU path on the calling thread).
+ * Checks p first and launches nothing if it fails. */
+fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream);
+
+/* Bytes of workspace fc_attn_bwd needs for p: 0 for the CPU path, empty
+ * calls and params the check rejects, else B*Hq*Sq*(D + 1)*4 rounded up to 16:
+ * the fp32 dQ accumulator (B, Hq, Sq, D) followed by Delta (B, Hq, Sq). */
+size_t fc_attn_bwd_workspace_size(const fc_attn_bwd_params* p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -19,6 +19,15 @@ size_t fc_sm80_smem_d64(void);   /* dynamic shared memory per CTA, bytes */
 size_t fc_sm80_smem_d128(void);
 size_t fc_sm80_smem_d256(void);
 
+/* Portable mma.sync backward, one per padded head dim up to 128
+ * (csrc/sm80/attn_bwd_sm80*.cu). The workspace (fc_attn_bwd_workspace_size)
+ * holds the fp32 dQ accumulator (B, Hq, Sq, D) contiguous, then Delta
+ * (B, Hq, Sq) fp32; the launcher fills both itself (no memset needed). */
+fc_status fc_sm80_bwd_d64(const fc_attn_bwd_params* p, fc_stream_t stream);   /* D <= 64 */
+fc_status fc_sm80_bwd_d128(const fc_attn_bwd_params* p, fc_stream_t stream);  /* 64 < D <= 128 */
+size_t fc_sm80_bwd_smem_d64(void);   /* dynamic shared memory per CTA of the main kernel, bytes */
+size_t fc_sm80_bwd_smem_d128(void);
+
 /* Hopper wgmma + TMA kernels, sm_90a only (csrc/sm90/); num_sms sizes the
  * persistent grid. Present when the build defines FC_HAVE_SM90. */
 fc_status fc_sm90_fwd_d64(const fc_attn_params* p, int num_sms, fc_stream_t stream);   /* D <= 64 */
@@ -196,6 +205,7 @@ fc_status fc_split_combine(const fc_attn_params* p, const fc_split_plan* sp, fc_
 
 /* Host reference path (csrc/cpu/), synchronous, on host memory. */
 fc_status fc_cpu_fwd(const fc_attn_params* p);
+fc_status fc_cpu_bwd(const fc_attn_bwd_params* p);
 
 #ifdef __cplusplus
 }
