@@ -61,10 +61,10 @@ free, so ``x.transpose(1, 2)`` of a (B, S, H, D) tensor works as is.
 NaN in the inputs gives NaN where it is read: in every column of a row
 with a NaN score, in one column for a NaN value. Sq and Sk go up to 2^30.
 
-Forward only: there is no backward. Inputs that require grad raise
-``ValueError`` while autograd is recording (outside ``torch.no_grad()`` /
-``torch.inference_mode()``), rather than return an output that a backward
-pass would silently skip.
+Autograd: gradients for q, k and v (and through ``lse`` when returned)
+come from flashcore's backward, on the CPU for any head dim and on CUDA
+for D <= 128 (larger head dims that require grad raise ``ValueError``).
+There is no double backward and no forward-mode AD.
 
 Returns:
     ``out`` of shape (B, Hq, Sq, D) and q's dtype, or ``(out, lse)``.)";
@@ -72,12 +72,11 @@ Returns:
 [[noreturn]] void value_error(const std::string& msg) { throw pybind11::value_error(msg); }
 
 // The refusal of an input that requires grad, with {name} for the argument.
-// Exported as _C.REQUIRES_GRAD_MSG: flashcore.attention raises the same text
-// while torch.compile traces (where this C++ check cannot run).
+// Raised by the raw entry point _C.fwd; flashcore.attention takes inputs that
+// require grad through its custom op, whose autograd formula runs fc_attn_bwd.
 const char* const FC_REQUIRES_GRAD_MSG =
-    "{name}: requires grad, but flashcore.attention is forward-only (no backward); call it under "
-    "torch.no_grad() or torch.inference_mode(), pass {name}.detach(), or use scaled_dot_product_attention "
-    "for training";
+    "{name}: requires grad, but this entry point has no autograd formula; call flashcore.attention (which "
+    "has a backward), or call it under torch.no_grad() or pass {name}.detach()";
 
 std::string requires_grad_message(const std::string& name) {
     std::string msg = FC_REQUIRES_GRAD_MSG;
@@ -135,9 +134,10 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
         // A negated view (torch._neg_view) holds -x as x plus a flag the kernels do not read.
         if (t.is_neg())
             value_error(std::string(names[i]) + ": is a negated view; call " + names[i] + ".resolve_neg()");
-        // The output would carry no grad_fn, and a backward pass would leave
-        // out this path's gradients without a word: refused instead. The same
-        // holds for a forward-mode tangent (torch.autograd.forward_ad).
+        // (_C.fwd only: flashcore.attention sends these to its custom op.) The
+        // output would carry no grad_fn, and a backward pass would leave out
+        // this path's gradients without a word: refused instead. The same holds
+        // for a forward-mode tangent (torch.autograd.forward_ad): no jvp exists.
         if (t.requires_grad() && at::GradMode::is_enabled())
             value_error(requires_grad_message(names[i]));
         if (t._fw_grad(/*level=*/0).defined())
@@ -372,6 +372,109 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>> fwd(const at::Tensor& q, const
     return {r.first, return_lse ? c10::optional<at::Tensor>(r.second) : c10::nullopt};
 }
 
+// A tensor the backward reads as given when its rows suit the kernels (last
+// dim contiguous; on the GPU 16-byte aligned rows), else a contiguous copy:
+// autograd hands in gradients of any layout (an expanded one from a sum()).
+at::Tensor rows_usable(const at::Tensor& t) {
+    bool ok = t.stride(3) == 1;
+    if (ok && t.is_cuda())
+        ok = t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0 &&
+             reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+    return ok ? t : t.contiguous();
+}
+
+// bwd(dout, q, k, v, out, lse, dlse | None, scale, causal_mode) -> (dq, dk, dv): the
+// backward of a forward call with these q, k, v, scale and causal mode that gave
+// out and lse (flashcore/__init__.py's autograd formula). dq, dk, dv are
+// contiguous, in q's dtype.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                                   const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                                   const c10::optional<at::Tensor>& dlse, double scale, int causal) {
+    at::NoGradGuard no_grad;  // (a create_graph backward: the op itself has no derivative)
+    check_inputs(q, k, v);
+    check_scale(scale);
+    if (causal < FC_CAUSAL_NONE || causal > FC_CAUSAL_BOTTOM_RIGHT)
+        value_error("causal: unknown mode " + std::to_string(causal));
+    const std::vector<int64_t> rows = {q.size(0), q.size(1), q.size(2)};
+    const std::pair<const at::Tensor*, const char*> like_q[2] = {{&dout, "dout"}, {&out, "out"}};
+    for (const auto& t : like_q) {
+        if (t.first->sizes() != q.sizes() || t.first->scalar_type() != q.scalar_type() ||
+            t.first->device() != q.device())
+            value_error(std::string(t.second) + ": expected q's shape " + shape_str(q) + ", dtype and device, got " +
+                        shape_str(*t.first) + " " + std::string(c10::toString(t.first->scalar_type())) + " on " +
+                        t.first->device().str());
+    }
+    const std::pair<const at::Tensor*, const char*> like_lse[2] = {{&lse, "lse"}, {dlse ? &*dlse : nullptr, "dlse"}};
+    for (const auto& t : like_lse) {
+        if (t.first && (t.first->sizes() != rows || t.first->scalar_type() != at::kFloat ||
+                        t.first->device() != q.device()))
+            value_error(std::string(t.second) + ": expected a float32 (B, Hq, Sq) tensor on q's device, got " +
+                        shape_str(*t.first) + " " + std::string(c10::toString(t.first->scalar_type())));
+    }
+    c10::OptionalDeviceGuard guard(q.device());
+    const at::Tensor g = rows_usable(dout), o = rows_usable(out), l = lse.contiguous();
+    const at::Tensor dl = dlse ? dlse->contiguous() : at::Tensor();
+    at::Tensor dq = at::empty(q.sizes(), q.options());
+    at::Tensor dk = at::empty(k.sizes(), k.options());
+    at::Tensor dv = at::empty(v.sizes(), v.options());
+
+    fc_attn_bwd_params p = {};
+    p.q = q.data_ptr(); p.k = k.data_ptr(); p.v = v.data_ptr(); p.o = o.data_ptr(); p.dout = g.data_ptr();
+    p.lse = l.data_ptr<float>(); p.dlse = dl.defined() ? dl.data_ptr<float>() : nullptr;
+    p.dq = dq.data_ptr(); p.dk = dk.data_ptr(); p.dv = dv.data_ptr();
+    auto strides = [](const at::Tensor& t, int64_t& batch, int64_t& head, int64_t& row) {
+        batch = t.stride(0); head = t.stride(1); row = t.stride(2);
+    };
+    strides(q, p.q_batch_stride, p.q_head_stride, p.q_row_stride);
+    strides(k, p.k_batch_stride, p.k_head_stride, p.k_row_stride);
+    strides(v, p.v_batch_stride, p.v_head_stride, p.v_row_stride);
+    strides(o, p.o_batch_stride, p.o_head_stride, p.o_row_stride);
+    strides(g, p.do_batch_stride, p.do_head_stride, p.do_row_stride);
+    strides(dq, p.dq_batch_stride, p.dq_head_stride, p.dq_row_stride);
+    strides(dk, p.dk_batch_stride, p.dk_head_stride, p.dk_row_stride);
+    strides(dv, p.dv_batch_stride, p.dv_head_stride, p.dv_row_stride);
+    p.B = (int)q.size(0); p.Hq = (int)q.size(1); p.Hkv = (int)k.size(1);
+    p.Sq = (int)q.size(2); p.Sk = (int)k.size(2); p.D = (int)q.size(3);
+    p.dtype = to_fc_dtype(q.scalar_type());
+    p.scale = (float)scale;
+    p.causal = (fc_causal)causal;
+    p.kernel = q.is_cpu() ? FC_KERNEL_CPU : FC_KERNEL_AUTO;
+
+    fc_stream_t stream = q.is_cuda() ? (fc_stream_t)c10::cuda::getCurrentCUDAStream().stream() : nullptr;
+    at::Tensor workspace;
+    const size_t ws_bytes = q.is_cuda() ? fc_attn_bwd_workspace_size(&p) : 0;
+    if (ws_bytes > 0) {
+        workspace = at::empty({(int64_t)ws_bytes}, q.options().dtype(at::kByte));
+        p.workspace = workspace.data_ptr();
+        p.workspace_bytes = ws_bytes;
+    }
+    if (poison_outputs) {
+        dq.fill_(NAN); dk.fill_(NAN); dv.fill_(NAN);
+        if (workspace.defined()) workspace.fill_(0xff);
+    }
+    fc_status st;
+    if (q.is_cuda()) {
+        st = fc_attn_bwd(&p, stream);
+    } else {
+        pybind11::gil_scoped_release no_gil;
+        st = fc_attn_bwd(&p, stream);
+    }
+    if (st != FC_OK) {
+        char why[1024];
+        if (st == FC_ERR_HOST_MEMORY) {
+            PyErr_SetString(PyExc_MemoryError, "flashcore: the CPU backward could not allocate its scratch "
+                                               "(malloc failed)");
+            throw pybind11::error_already_set();
+        }
+        if (fc_attn_bwd_check(&p, why, sizeof(why)) == FC_OK)
+            throw std::runtime_error(std::string("flashcore: backward kernel launch failed: ") + fc_status_string(st));
+        if (st == FC_ERR_CUDA || st == FC_ERR_ARCH) throw std::runtime_error(std::string("flashcore: ") + why);
+        if (st == FC_ERR_UNSUPPORTED_DTYPE) type_error(std::string("flashcore: ") + why);
+        value_error(std::string("flashcore: ") + why);
+    }
+    return {dq, dk, dv};
+}
+
 // Name -> id tables (fc_kernel, fc_causal); flashcore.KERNELS and
 // CAUSAL_ALIGNMENTS are these, exported by the module (name_dict).
 struct NamedId {
@@ -524,7 +627,8 @@ void autocast_inputs(at::Tensor& q, at::Tensor& k, at::Tensor& v) {
 // flashcore.attention: SDPA's argument list plus flashcore's keyword-only
 // options, handled here so an eager call does no Python-level work. Returns
 // NotImplemented for calls the custom op must take: inputs for_dispatcher
-// names, and calls under torch.jit.trace (which records dispatcher ops only).
+// names, inputs that require grad (the op carries the autograd formula), and
+// calls under torch.jit.trace (which records dispatcher ops only).
 pybind11::object attention(const pybind11::handle& query, const pybind11::handle& key, const pybind11::handle& value,
                            const pybind11::object& attn_mask, const pybind11::object& dropout_p,
                            const pybind11::object& is_causal, const pybind11::object& scale,
@@ -537,6 +641,10 @@ pybind11::object attention(const pybind11::handle& query, const pybind11::handle
     at::Tensor q = tensor_arg(query, "q");
     at::Tensor k = tensor_arg(key, "k");
     at::Tensor v = tensor_arg(value, "v");
+    // Inputs that require grad while autograd records take the custom op, whose
+    // autograd formula runs the backward (flashcore/__init__.py).
+    if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
+        return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
     autocast_inputs(q, k, v);
     const CallArgs a = parse_args(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal, causal_alignment,
                                   return_lse, kernel, num_splits);
@@ -603,6 +711,9 @@ PYBIND11_MODULE(_C, m) {
     m.attr("KERNELS") = name_dict(KERNEL_IDS);
     m.attr("CAUSAL_ALIGNMENTS") = name_dict(ALIGNMENT_IDS);
     m.def("fwd", &fwd, "attention forward with causal mode and kernel ids (see flashcore.attention)");
+    m.def("bwd", &bwd, "attention backward: (dout, q, k, v, out, lse, dlse | None, scale, causal_mode) -> "
+          "(dq, dk, dv)");
+    m.attr("BWD_MAX_GPU_HEAD_DIM") = FC_BWD_MAX_GPU_HEAD_DIM;
     m.def("picked_kernel", &picked_kernel, "kernel that kernel='auto' runs for (q, k)");
     m.def("num_splits", &num_splits_for, "split-KV plan for (q, k, v, causal_mode, kernel, num_splits): "
           "0 = tile kernel, n >= 1 = split-KV kernel with n splits");

@@ -465,3 +465,130 @@ fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
         return FC_ERR_CUDA;
     return s;
 }
+
+/* ---- backward ----
+ *
+ * The forward's checks run on the backward's q, k, v and o (a forward params
+ * view with the sm80 family or the CPU as its kernel), then the backward's
+ * own: dout, dq, dk, dv and lse pointers and alignment, the GPU kernel's head
+ * dim and shared memory, and the workspace. On the GPU the portable kernel
+ * runs on every sm80+ device, H100 and H200 included (no sm90 backward yet).
+ */
+static fc_attn_params bwd_forward_view(const fc_attn_bwd_params* p) {
+    fc_attn_params f;
+    memset(&f, 0, sizeof f);
+    f.q = p->q; f.k = p->k; f.v = p->v; f.o = (void*)p->o;
+    f.q_batch_stride = p->q_batch_stride; f.q_head_stride = p->q_head_stride; f.q_row_stride = p->q_row_stride;
+    f.k_batch_stride = p->k_batch_stride; f.k_head_stride = p->k_head_stride; f.k_row_stride = p->k_row_stride;
+    f.v_batch_stride = p->v_batch_stride; f.v_head_stride = p->v_head_stride; f.v_row_stride = p->v_row_stride;
+    f.o_batch_stride = p->o_batch_stride; f.o_head_stride = p->o_head_stride; f.o_row_stride = p->o_row_stride;
+    f.B = p->B; f.Hq = p->Hq; f.Hkv = p->Hkv; f.Sq = p->Sq; f.Sk = p->Sk; f.D = p->D;
+    f.dtype = p->dtype; f.scale = p->scale; f.causal = p->causal;
+    f.kernel = p->kernel == FC_KERNEL_CPU ? FC_KERNEL_CPU : FC_KERNEL_SM80;
+    f.num_splits = 1;
+    return f;
+}
+
+static size_t bwd_workspace_bytes(const fc_attn_bwd_params* p) {
+    const size_t rows = (size_t)p->B * p->Hq * p->Sq;
+    return (rows * ((size_t)p->D + 1) * sizeof(float) + 15) / 16 * 16;
+}
+
+/* Whether the GPU backward runs its kernels (and needs the workspace): not
+ * for an empty call, nor when Sq or Sk is 0 (the gradients are zeros). */
+static int bwd_needs_workspace(const fc_attn_bwd_params* p) {
+    return p->B > 0 && p->Hq > 0 && p->Sq > 0 && p->Sk > 0;
+}
+
+static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int check_workspace) {
+    if (!p) { fail(rp, FC_ERR_NULL_POINTER, "params: NULL"); return rp->first; }
+    if (p->kernel != FC_KERNEL_AUTO && p->kernel != FC_KERNEL_SM80 && p->kernel != FC_KERNEL_CPU) {
+        if (p->kernel == FC_KERNEL_SM90)
+            fail(rp, FC_ERR_ARCH, "kernel: the backward has no sm90 kernel; use kernel='auto' or 'sm80' (the "
+                 "portable backward runs on H100 and H200)");
+        else
+            fail(rp, FC_ERR_INVALID_ARGUMENT, "kernel: unknown value %d", (int)p->kernel);
+        return rp->first;
+    }
+    const fc_attn_params f = bwd_forward_view(p);
+    fc_choice c;
+    check_impl(&f, rp, 0, &c);
+    const int no_rows = no_output_rows(&f);
+    if (!no_rows && (!p->dout || !p->dq || !p->lse))
+        fail(rp, FC_ERR_NULL_POINTER, "dout, dq, lse: must be non-NULL (they may be NULL when B, Hq or Sq is 0)");
+    if (p->B > 0 && p->Hkv > 0 && p->Sk > 0 && (!p->dk || !p->dv))
+        fail(rp, FC_ERR_NULL_POINTER, "dk, dv: must be non-NULL (they may be NULL when B, Hkv or Sk is 0)");
+    if (p->kernel == FC_KERNEL_CPU || rp->first != FC_OK) return rp->first;
+
+    check_aligned(rp, "dout", p->dout, p->do_batch_stride, p->do_head_stride, p->do_row_stride);
+    check_aligned(rp, "dq", p->dq, p->dq_batch_stride, p->dq_head_stride, p->dq_row_stride);
+    check_aligned(rp, "dk", p->dk, p->dk_batch_stride, p->dk_head_stride, p->dk_row_stride);
+    check_aligned(rp, "dv", p->dv, p->dv_batch_stride, p->dv_head_stride, p->dv_row_stride);
+    if (p->D > FC_BWD_MAX_GPU_HEAD_DIM)
+        fail(rp, FC_ERR_UNSUPPORTED_HEAD_DIM, "D: the GPU backward supports head dims up to %d, got %d; use "
+             "scaled_dot_product_attention for training at this head dim", FC_BWD_MAX_GPU_HEAD_DIM, p->D);
+    else if ((p->D <= 64 ? fc_sm80_bwd_smem_d64() : fc_sm80_bwd_smem_d128()) > (size_t)c.dev->smem_optin)
+        fail(rp, FC_ERR_ARCH, "device: the backward at head dim %d needs %zu bytes of shared memory per block, "
+             "this GPU allows %d", p->D, p->D <= 64 ? fc_sm80_bwd_smem_d64() : fc_sm80_bwd_smem_d128(),
+             c.dev->smem_optin);
+    if ((int64_t)p->B * p->Hkv * ((p->Sk + 63) / 64) > FC_GRID_X_MAX)
+        fail(rp, FC_ERR_INVALID_SHAPE, "shape: B=%d x Hkv=%d x Sk=%d needs more than 2^31-1 thread blocks; "
+             "split the batch", p->B, p->Hkv, p->Sk);
+    if (p->B > 0 && p->Hq > 0 && p->Sq == 0 && (int64_t)p->B * p->Hkv * p->Sk / FC_COMBINE_ROWS >= FC_GRID_X_MAX)
+        fail(rp, FC_ERR_INVALID_SHAPE, "shape: B=%d x Hkv=%d x Sk=%d zero rows of dk and dv need more than 2^31-1 "
+             "thread blocks; split the batch", p->B, p->Hkv, p->Sk);
+    const size_t need = bwd_needs_workspace(p) ? bwd_workspace_bytes(p) : 0;
+    if (check_workspace && need > 0) {
+        if (!p->workspace || p->workspace_bytes < need)
+            fail(rp, FC_ERR_WORKSPACE, "workspace: %zu bytes given, %zu needed for the dQ accumulator; allocate "
+                 "fc_attn_bwd_workspace_size(params) bytes", p->workspace ? p->workspace_bytes : (size_t)0, need);
+        else if ((uintptr_t)p->workspace % 16 != 0)
+            fail(rp, FC_ERR_WORKSPACE, "workspace: pointer is not 16-byte aligned");
+    }
+    return rp->first;
+}
+
+fc_status fc_attn_bwd_check(const fc_attn_bwd_params* p, char* why, size_t why_len) {
+    fc_reasons r = {FC_OK, why, why_len, 0};
+    if (why && why_len) why[0] = '\0';
+    return bwd_check_impl(p, &r, 1);
+}
+
+size_t fc_attn_bwd_workspace_size(const fc_attn_bwd_params* p) {
+    fc_reasons r = {FC_OK, NULL, 0, 0};
+    if (bwd_check_impl(p, &r, 0) != FC_OK || p->kernel == FC_KERNEL_CPU || !bwd_needs_workspace(p)) return 0;
+    return bwd_workspace_bytes(p);
+}
+
+/* Writes zero rows into t: B batches x H heads x S rows of D elements (the
+ * combine kernel of zero splits, which writes O = 0 and reads nothing). */
+static fc_status zero_rows(void* t, int64_t sb, int64_t sh, int64_t sr, int B, int H, int S, int D, fc_dtype dt,
+                           fc_stream_t stream) {
+    fc_attn_params z;
+    memset(&z, 0, sizeof z);
+    z.o = t; z.o_batch_stride = sb; z.o_head_stride = sh; z.o_row_stride = sr;
+    z.B = B; z.Hq = H; z.Hkv = H; z.Sq = S; z.D = D; z.dtype = dt;
+    const fc_split_plan none = {0};
+    return fc_split_combine(&z, &none, stream);
+}
+
+fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream) {
+    fc_reasons r = {FC_OK, NULL, 0, 0};
+    fc_status s = bwd_check_impl(p, &r, 1);
+    if (s != FC_OK) return s;
+    if (p->kernel == FC_KERNEL_CPU) return fc_cpu_bwd(p);
+    if (p->B == 0 || p->Hq == 0) return FC_OK;
+    /* one side empty: the other side's gradients are zero (no row sees a key) */
+    if (p->Sq == 0 || p->Sk == 0) {
+        if (p->Sq > 0)
+            return zero_rows(p->dq, p->dq_batch_stride, p->dq_head_stride, p->dq_row_stride, p->B, p->Hq, p->Sq,
+                             p->D, p->dtype, stream);
+        if (p->Sk == 0) return FC_OK;
+        s = zero_rows(p->dk, p->dk_batch_stride, p->dk_head_stride, p->dk_row_stride, p->B, p->Hkv, p->Sk, p->D,
+                      p->dtype, stream);
+        if (s != FC_OK) return s;
+        return zero_rows(p->dv, p->dv_batch_stride, p->dv_head_stride, p->dv_row_stride, p->B, p->Hkv, p->Sk, p->D,
+                         p->dtype, stream);
+    }
+    return p->D <= 64 ? fc_sm80_bwd_d64(p, stream) : fc_sm80_bwd_d128(p, stream);
+}

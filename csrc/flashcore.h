@@ -171,12 +171,14 @@ size_t fc_attn_fwd_workspace_size(const fc_attn_params* p);
  *   dV = P^T dO
  *   dS = P * (dO V^T - Delta),  Delta_i = sum_d dO_id O_id
  *   dQ = scale * dS K,  dK = scale * dS^T Q
+ * With a gradient dlse for the LSE as well, dS = P * (dO V^T - Delta + dlse).
  * dK and dV of a KV head sum over the Hq / Hkv query heads that read it.
  * Rows that see no key (LSE = -inf) give dQ = 0 and add nothing to dK, dV;
  * keys no row sees get dK = dV = 0. Same shapes, strides, dtypes and causal
- * modes as the forward. GPU kernels need D <= 128; the CPU path takes any D
- * the forward takes.
+ * modes as the forward. GPU kernels need D <= FC_BWD_MAX_GPU_HEAD_DIM; the CPU
+ * path takes any D the forward takes.
  */
+#define FC_BWD_MAX_GPU_HEAD_DIM 128
 typedef struct {
     const void* q;    /* (B, Hq, Sq, D) the forward's queries */
     const void* k;    /* (B, Hkv, Sk, D) keys */
@@ -184,6 +186,8 @@ typedef struct {
     const void* o;    /* (B, Hq, Sq, D) the forward's output */
     const void* dout; /* (B, Hq, Sq, D) gradient of the loss with respect to o */
     const float* lse; /* (B, Hq, Sq) contiguous fp32, the forward's LSE (natural log) */
+    const float* dlse; /* (B, Hq, Sq) contiguous fp32 gradient of the loss with respect to lse, or NULL
+                          (none): it adds P_ij * dlse_i to dS_ij */
     void* dq;         /* (B, Hq, Sq, D) gradient for q, written */
     void* dk;         /* (B, Hkv, Sk, D) gradient for k, written */
     void* dv;         /* (B, Hkv, Sk, D) gradient for v, written */
@@ -214,8 +218,9 @@ fc_status fc_attn_bwd_check(const fc_attn_bwd_params* p, char* why, size_t why_l
  * Checks p first and launches nothing if it fails. */
 fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream);
 
-/* Bytes of workspace fc_attn_bwd needs for p: 0 for the CPU path, empty
- * calls and params the check rejects, else B*Hq*Sq*(D + 1)*4 rounded up to 16:
+/* Bytes of workspace fc_attn_bwd needs for p: 0 for the CPU path, for calls
+ * with B, Hq, Sq or Sk = 0 (the gradients are zeros) and for params the
+ * check rejects, else B*Hq*Sq*(D + 1)*4 rounded up to 16:
  * the fp32 dQ accumulator (B, Hq, Sq, D) followed by Delta (B, Hq, Sq). */
 size_t fc_attn_bwd_workspace_size(const fc_attn_bwd_params* p);
 

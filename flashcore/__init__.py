@@ -1,4 +1,4 @@
-"""flashcore: fused attention forward for PyTorch, with a thin C core.
+"""flashcore: fused attention for PyTorch (forward and backward), with a thin C core.
 
     import flashcore
     out = flashcore.attention(q, k, v, causal=True)
@@ -8,6 +8,7 @@
 It also works under ``torch.compile`` (``fullgraph=True`` included): there it
 runs as the custom op ``torch.ops.flashcore.attention``.
 """
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -37,28 +38,31 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                          causal_alignment, return_lse, kernel, num_splits)
         if r is not NotImplemented:
             return r
-    _refuse_grad(query, key, value)
     dropout_p, scale = _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
                                         causal_alignment, return_lse, kernel, num_splits)
+    grad = _needs_grad(query, key, value)
     query, key, value = _autocast(query, key, value)
+    # With grad the op always returns the LSE: the backward reads it.
     out, lse = _attention_op(query, key, value, attn_mask, dropout_p, is_causal, scale, causal,
-                             causal_alignment, return_lse, kernel, num_splits)
+                             causal_alignment, return_lse or grad, kernel, num_splits)
     return (out, lse) if return_lse else out
 
 
 attention.__doc__ = _C.ATTENTION_DOC
 
 
-def _refuse_grad(query, key, value):
-    # binding.cpp's check_inputs refuses inputs that require grad while autograd
-    # records; the op has no backward, so a traced call refuses them here, as
-    # the trace sees them, with the binding's message. Under fullgraph=True
-    # torch.compile reports the ValueError inside its own error.
+def _needs_grad(query, key, value):
+    # Whether autograd records this call (an input requires grad). The GPU
+    # backward covers head dims up to _C.BWD_MAX_GPU_HEAD_DIM; a larger one is
+    # refused here, before the forward runs, rather than in backward().
     if not torch.is_grad_enabled():
-        return
-    for name, t in (("q", query), ("k", key), ("v", value)):
-        if isinstance(t, torch.Tensor) and t.requires_grad:
-            raise ValueError(_C.REQUIRES_GRAD_MSG.format(name=name))
+        return False
+    names = [n for n, t in (("q", query), ("k", key), ("v", value)) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if names and query.is_cuda and query.dim() == 4 and query.shape[-1] > _C.BWD_MAX_GPU_HEAD_DIM:
+        raise ValueError(f"{names[0]}: requires grad, but flashcore's GPU backward supports head dims up to "
+                         f"{_C.BWD_MAX_GPU_HEAD_DIM}, got D={query.shape[-1]}; call it under torch.no_grad() for "
+                         f"inference, or use scaled_dot_product_attention for training at this head dim")
+    return bool(names)
 
 
 def _autocast(query, key, value):
@@ -120,8 +124,9 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     # handler ran the op with torch functions off); its data is a plain tensor's.
     query, key, value = (t.as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t
                          for t in (query, key, value))
-    r = _C.attention(query, key, value, attn_mask, dropout_p, is_causal, scale, False, causal,
-                     causal_alignment, return_lse, kernel, num_splits)
+    with torch.no_grad():  # (the autograd formula below records the call, not the binding)
+        r = _C.attention(query, key, value, attn_mask, dropout_p, is_causal, scale, False, causal,
+                         causal_alignment, return_lse, kernel, num_splits)
     if r is NotImplemented:
         raise RuntimeError("flashcore: internal error: the custom op's implementation got tensors without storage")
     if return_lse:
@@ -177,3 +182,52 @@ def _attention_vmap(info, in_dims, query, key, value, attn_mask, dropout_p, is_c
         raise error  # a refusal only the folded call meets
     raise RuntimeError("flashcore: internal error: vmap's batching rule found a call it cannot fold that "
                        "sample 0 runs")
+
+
+# ---- backward ----
+#
+# The op's autograd formula: the forward saves q, k, v, out and lse (the op
+# returns lse whenever grad is needed, see attention), and the backward op
+# runs fc_attn_bwd (the CPU path, or the portable GPU kernel at D <= 128).
+# The gradient of lse, when the caller used it, enters as dlse.
+
+def _causal_mode(is_causal, causal, causal_alignment):
+    on = is_causal if causal is None else causal
+    return CAUSAL_ALIGNMENTS[causal_alignment] if on else 0
+
+
+def _attention_setup_context(ctx, inputs, output):
+    query, key, value, attn_mask, dropout_p, is_causal, scale, causal, causal_alignment, _, kernel, num_splits = inputs
+    out, lse = output
+    ctx.scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    ctx.causal_mode = _causal_mode(is_causal, causal, causal_alignment)
+    # (a direct op call without return_lse leaves lse empty: the backward recomputes it)
+    ctx.forward_args = (attn_mask, dropout_p, is_causal, scale, causal, causal_alignment, True, kernel, num_splits)
+    ctx.save_for_backward(query, key, value, out, lse)
+
+
+def _attention_backward(ctx, grad_out, grad_lse):
+    query, key, value, out, lse = ctx.saved_tensors
+    if lse.dim() != 3:
+        out, lse = _attention_op(query, key, value, *ctx.forward_args)
+    dlse = grad_lse if grad_lse is not None and grad_lse.dim() == 3 else None
+    dq, dk, dv = _attention_backward_op(grad_out, query, key, value, out, lse, dlse, ctx.scale, ctx.causal_mode)
+    return (dq, dk, dv) + (None,) * 9
+
+
+@torch.library.custom_op("flashcore::attention_backward", mutates_args=())
+def _attention_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           out: torch.Tensor, lse: torch.Tensor, grad_lse: Optional[torch.Tensor], scale: float,
+                           causal_mode: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward of flashcore::attention: (dq, dk, dv), contiguous, in q's dtype."""
+    ts = [t.as_subclass(torch.Tensor) if t is not None and type(t) is not torch.Tensor else t
+          for t in (grad_out, query, key, value, out, lse, grad_lse)]
+    return _C.bwd(*ts, scale, causal_mode)
+
+
+@_attention_backward_op.register_fake
+def _attention_backward_fake(grad_out, query, key, value, out, lse, grad_lse, scale, causal_mode):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (query, key, value))
+
+
+_attention_op.register_autograd(_attention_backward, setup_context=_attention_setup_context)

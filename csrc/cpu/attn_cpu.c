@@ -212,3 +212,190 @@ fc_status fc_cpu_fwd(const fc_attn_params* p) {
     }
     return failed ? FC_ERR_HOST_MEMORY : FC_OK;
 }
+
+/* ---- backward ----
+ *
+ * Two passes, each parallel over blocks whose outputs no other block writes:
+ *   rows (b, h, QB query rows): one stream over the visible keys gives, per
+ *     row, Delta_i = sum_j P_ij dP_ij (exact: dO_i . O_i with the unrounded O)
+ *     and dQ_i = scale * (sum_j P_ij dP_ij k_j - (Delta_i - dlse_i) sum_j P_ij k_j),
+ *     fp64; Delta - dlse goes to a heap array for the second pass.
+ *   keys (b, KV head, KC keys): a stream over the rows of the group's query
+ *     heads that see any of the block's keys gives dV_j = sum_i P_ij dO_i and
+ *     dK_j = scale * sum_i P_ij (dP_ij - Delta_i + dlse_i) q_i, fp64.
+ * P_ij = exp(s_ij - lse_i) with the forward's LSE; a row with LSE = -inf sees
+ * no key (dQ = 0, adds nothing). The scores are the forward's (fp32_range). */
+
+/* whether key j is visible to query i (diag: Sk - Sq for bottom-right, else 0) */
+static int visible(const fc_attn_bwd_params* p, int i, int j, int diag) {
+    return p->causal == FC_CAUSAL_NONE || j <= i + diag;
+}
+
+static double dot_d(const float* a, const float* b, int D) {
+    double s = 0.;
+#ifdef _OPENMP
+#pragma omp simd reduction(+ : s)
+#endif
+    for (int d = 0; d < D; ++d) s += (double)a[d] * b[d];
+    return s;
+}
+
+/* scratch of the rows pass, per D: q, dO (QB rows) and K, V (KC keys) in fp32; two fp64 sums per row */
+#define BWD_ROWS_SCRATCH_PER_D ((2 * QB + 2 * KC) * sizeof(float) + 2 * QB * sizeof(double))
+
+static void bwd_rows_block(const fc_attn_bwd_params* p, int b, int h, int r0, double* delta, void* scratch) {
+    const int D = p->D, hk = h / (p->Hq / p->Hkv);
+    const int rows = p->Sq - r0 < QB ? p->Sq - r0 : QB;
+    const int diag = p->causal == FC_CAUSAL_BOTTOM_RIGHT ? p->Sk - p->Sq : 0;
+    const int64_t qo = (int64_t)b * p->q_batch_stride + (int64_t)h * p->q_head_stride;
+    const int64_t go = (int64_t)b * p->do_batch_stride + (int64_t)h * p->do_head_stride;
+    const int64_t ko = (int64_t)b * p->k_batch_stride + (int64_t)hk * p->k_head_stride;
+    const int64_t vo = (int64_t)b * p->v_batch_stride + (int64_t)hk * p->v_head_stride;
+    const int64_t dqo = (int64_t)b * p->dq_batch_stride + (int64_t)h * p->dq_head_stride;
+    const int64_t row0 = ((int64_t)b * p->Hq + h) * p->Sq + r0; /* index of row r0 in lse and delta */
+
+    double* pdk = (double*)scratch; /* (QB, D): sum_j P_ij dP_ij k_j */
+    double* pk = pdk + QB * D;      /* (QB, D): sum_j P_ij k_j */
+    float* q = (float*)(pk + QB * D);
+    float* g = q + QB * D;          /* dO rows */
+    float* kc = g + QB * D;
+    float* vc = kc + KC * D;
+    double lse[QB], dsum[QB];
+    for (int r = 0; r < rows; ++r) {
+        load_row(q + r * D, p->q, qo + (int64_t)(r0 + r) * p->q_row_stride, D, p->dtype);
+        load_row(g + r * D, p->dout, go + (int64_t)(r0 + r) * p->do_row_stride, D, p->dtype);
+        memset(pdk + r * D, 0, (size_t)D * sizeof(double));
+        memset(pk + r * D, 0, (size_t)D * sizeof(double));
+        lse[r] = p->lse[row0 + r];
+        dsum[r] = 0.;
+    }
+    int key_end = p->Sk;
+    if (p->causal != FC_CAUSAL_NONE) {
+        const int last = r0 + rows - 1 + diag + 1;
+        key_end = last < 0 ? 0 : (last < key_end ? last : key_end);
+    }
+    for (int c0 = 0; c0 < key_end; c0 += KC) {
+        const int nk = key_end - c0 < KC ? key_end - c0 : KC;
+        for (int j = 0; j < nk; ++j) {
+            load_row(kc + j * D, p->k, ko + (int64_t)(c0 + j) * p->k_row_stride, D, p->dtype);
+            load_row(vc + j * D, p->v, vo + (int64_t)(c0 + j) * p->v_row_stride, D, p->dtype);
+        }
+        for (int r = 0; r < rows; ++r) {
+            if (lse[r] == -INFINITY) continue; /* the row sees no key */
+            for (int j = 0; j < nk; ++j) {
+                if (!visible(p, r0 + r, c0 + j, diag)) continue;
+                const float* kj = kc + j * D;
+                const double s = fp32_range(fp32_range(dot_d(q + r * D, kj, D)) * p->scale);
+                const double pij = exp(s - lse[r]);
+                const double pdp = pij * dot_d(g + r * D, vc + j * D, D);
+                dsum[r] += pdp;
+                for (int d = 0; d < D; ++d) {
+                    pdk[r * D + d] += pdp * kj[d];
+                    pk[r * D + d] += pij * kj[d];
+                }
+            }
+        }
+    }
+    for (int r = 0; r < rows; ++r) {
+        if (p->dlse && lse[r] != -INFINITY) dsum[r] -= p->dlse[row0 + r]; /* dS = P (dP - Delta + dlse) */
+        float* dq = q + r * D; /* (q's row is no longer needed) */
+        for (int d = 0; d < D; ++d) dq[d] = (float)(p->scale * (pdk[r * D + d] - dsum[r] * pk[r * D + d]));
+        store_row(p->dq, dqo + (int64_t)(r0 + r) * p->dq_row_stride, dq, D, p->dtype);
+        delta[row0 + r] = dsum[r];
+    }
+}
+
+/* scratch of the keys pass, per D: K, V (KC keys) and q, dO (one row) in fp32; dK, dV sums (KC keys) */
+#define BWD_KEYS_SCRATCH_PER_D ((2 * KC + 2) * sizeof(float) + 2 * KC * sizeof(double))
+
+static void bwd_keys_block(const fc_attn_bwd_params* p, int b, int hk, int c0, const double* delta, void* scratch) {
+    const int D = p->D, G = p->Hq / p->Hkv;
+    const int nk = p->Sk - c0 < KC ? p->Sk - c0 : KC;
+    const int diag = p->causal == FC_CAUSAL_BOTTOM_RIGHT ? p->Sk - p->Sq : 0;
+    const int64_t ko = (int64_t)b * p->k_batch_stride + (int64_t)hk * p->k_head_stride;
+    const int64_t vo = (int64_t)b * p->v_batch_stride + (int64_t)hk * p->v_head_stride;
+
+    double* dk = (double*)scratch; /* (KC, D) */
+    double* dv = dk + KC * D;      /* (KC, D) */
+    float* kc = (float*)(dv + KC * D);
+    float* vc = kc + KC * D;
+    float* q = vc + KC * D; /* one query row */
+    float* g = q + D;       /* its dO row */
+    for (int j = 0; j < nk; ++j) {
+        load_row(kc + j * D, p->k, ko + (int64_t)(c0 + j) * p->k_row_stride, D, p->dtype);
+        load_row(vc + j * D, p->v, vo + (int64_t)(c0 + j) * p->v_row_stride, D, p->dtype);
+    }
+    memset(dk, 0, (size_t)2 * KC * D * sizeof(double));
+    /* rows that see key c0 or later: i + diag >= c0 */
+    int64_t first = p->causal == FC_CAUSAL_NONE ? 0 : (int64_t)c0 - diag;
+    if (first < 0) first = 0;
+    for (int h = hk * G; h < (hk + 1) * G; ++h) {
+        const int64_t qo = (int64_t)b * p->q_batch_stride + (int64_t)h * p->q_head_stride;
+        const int64_t go = (int64_t)b * p->do_batch_stride + (int64_t)h * p->do_head_stride;
+        const int64_t row0 = ((int64_t)b * p->Hq + h) * p->Sq;
+        for (int64_t i = first; i < p->Sq; ++i) {
+            const double lse = p->lse[row0 + i];
+            if (lse == -INFINITY) continue;
+            load_row(q, p->q, qo + i * p->q_row_stride, D, p->dtype);
+            load_row(g, p->dout, go + i * p->do_row_stride, D, p->dtype);
+            for (int j = 0; j < nk; ++j) {
+                if (!visible(p, (int)i, c0 + j, diag)) continue;
+                const double s = fp32_range(fp32_range(dot_d(q, kc + j * D, D)) * p->scale);
+                const double pij = exp(s - lse);
+                const double ds = pij * (dot_d(g, vc + j * D, D) - delta[row0 + i]); /* delta: Delta - dlse */
+                for (int d = 0; d < D; ++d) {
+                    dv[j * D + d] += pij * g[d];
+                    dk[j * D + d] += ds * q[d];
+                }
+            }
+        }
+    }
+    const int64_t dko = (int64_t)b * p->dk_batch_stride + (int64_t)hk * p->dk_head_stride;
+    const int64_t dvo = (int64_t)b * p->dv_batch_stride + (int64_t)hk * p->dv_head_stride;
+    for (int j = 0; j < nk; ++j) {
+        float* row = kc + j * D; /* (the key's row is no longer needed) */
+        for (int d = 0; d < D; ++d) row[d] = (float)(p->scale * dk[j * D + d]);
+        store_row(p->dk, dko + (int64_t)(c0 + j) * p->dk_row_stride, row, D, p->dtype);
+        for (int d = 0; d < D; ++d) row[d] = (float)dv[j * D + d];
+        store_row(p->dv, dvo + (int64_t)(c0 + j) * p->dv_row_stride, row, D, p->dtype);
+    }
+}
+
+fc_status fc_cpu_bwd(const fc_attn_bwd_params* p) {
+    const int nrow = (p->Sq + QB - 1) / QB, nkey = (p->Sk + KC - 1) / KC;
+    const int64_t row_blocks = (int64_t)p->B * p->Hq * nrow, key_blocks = (int64_t)p->B * p->Hkv * nkey;
+    const size_t rows_bytes = BWD_ROWS_SCRATCH_PER_D * (size_t)p->D, keys_bytes = BWD_KEYS_SCRATCH_PER_D * (size_t)p->D;
+    double* delta = (double*)malloc(((size_t)p->B * p->Hq * p->Sq + 1) * sizeof(double)); /* (B, Hq, Sq) */
+    if (!delta) return FC_ERR_HOST_MEMORY;
+    int failed = 0; /* set by any thread whose malloc failed; the call then returns FC_ERR_HOST_MEMORY */
+#ifdef _OPENMP
+#pragma omp parallel
+#endif
+    {
+        void* scratch = malloc(rows_bytes > keys_bytes ? rows_bytes : keys_bytes);
+        if (!scratch) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t t = 0; t < row_blocks; ++t) {
+            const int blk = (int)(t % nrow), h = (int)((t / nrow) % p->Hq), b = (int)(t / ((int64_t)nrow * p->Hq));
+            if (scratch) bwd_rows_block(p, b, h, blk * QB, delta, scratch);
+        }
+        /* (the loop's implied barrier: every Delta is written before the keys pass reads it) */
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t t = 0; t < key_blocks; ++t) {
+            const int blk = (int)(t % nkey), hk = (int)((t / nkey) % p->Hkv), b = (int)(t / ((int64_t)nkey * p->Hkv));
+            if (scratch && !failed) bwd_keys_block(p, b, hk, blk * KC, delta, scratch);
+        }
+        free(scratch);
+    }
+    free(delta);
+    return failed ? FC_ERR_HOST_MEMORY : FC_OK;
+}

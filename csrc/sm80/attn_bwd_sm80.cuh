@@ -1,0 +1,513 @@
+// attn_bwd_sm80.cuh -- portable tensor-core attention backward (sm80, sm86,
+// sm89, sm90), FlashAttention-2 style: three kernels on one stream.
+//
+// Algorithm.
+//  1. attn_bwd_prep_kernel: Delta_i = sum_d dO_id O_id (fp32) per query row,
+//     into the workspace; the row's D floats of the fp32 dQ accumulator are
+//     zeroed.
+//  2. attn_bwd_sm80_kernel: one CTA owns BC keys of one (batch, KV head) and
+//     keeps their K and V tiles in swizzled shared memory; each of its WARPS
+//     warps owns 16 of the keys and their dK, dV accumulators (fp32, in
+//     registers). The CTA walks the Hq/Hkv query heads that read the KV head
+//     and, for each, the query blocks of BR rows that see any of its keys
+//     (causal: from the first block at or past the CTA's first key's diagonal).
+//     Per block, Q_i and dO_i are cp.async'ed into shared memory with the
+//     rows' LSE and Delta, and each warp computes, for its 16 keys x BR rows,
+//       S^T = K Q^T,  P^T = exp2(S^T * scale*log2e - LSE*log2e) (masked),
+//       dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T (dP^T - Delta),  dK += dS^T Q
+//     with mma.sync m16n8k16 (the C fragments of P^T and dS^T are the A
+//     fragments of the next mma). dS^T goes through shared memory; after a
+//     barrier each warp computes 16 rows of dQ_i += dS K over all BC keys and
+//     adds them to the fp32 accumulator with global reductions (unscaled).
+//     The epilogue writes dK * scale and dV, staged through the K/V tiles.
+//  3. attn_bwd_post_kernel: dQ = scale * accumulator, converted to dtype.
+// dK and dV are reduced inside one CTA in a fixed order, so they are
+// bit-reproducible; dQ's atomic adds are not (their order varies).
+//
+// Limits. D any multiple of 8 up to DP (64 or 128); the padding columns are
+// zero-filled on load and never stored. Any Sq, Sk >= 1: tail rows and keys
+// are zero-filled and masked. Rows with LSE = -inf (they see no key) get
+// P = 0, so dQ = 0 and they add nothing; keys that no row sees get dK = dV = 0.
+// Strides and pointers as the forward (16-byte aligned, checked by dispatch).
+// The workspace holds the fp32 dQ accumulator (B, Hq, Sq, D) then Delta
+// (B, Hq, Sq); the prep kernel initialises both.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <limits.h>
+#include <math.h>
+
+#include "../common/launch.cuh"
+#include "../common/ptx.cuh"
+#include "../common/tile.cuh"
+#include "../flashcore.h"
+#include "../kernels.h"
+
+// ---------------------------------------------------------------------------
+// Tile table, per padded head dim DP (main kernel).
+//
+//  DP  | WARPS | BC | BR | Q/dO stages | smem                      | why
+//  64  |   4   | 64 | 64 |      2      | K,V 16 + Q,dO 32 + dS 8   | dK, dV 64 fp32 regs/thread; two Q/dO
+//      |       |    |    |             | + LSE/Delta 1 = 57 KB     | slots: block i+1 loads during all of i
+//  128 |   4   | 64 | 64 |      1      | K,V 32 + Q,dO 32 + dS 8   | dK, dV 128 fp32 regs/thread + S^T, dP^T
+//      |       |    |    |             | + LSE/Delta 0.5 = 72.5 KB | 32 each; a second Q/dO slot (104.5 KB)
+//      |       |    |    |             |                           | would not fit sm86/89's 99 KB, so block
+//      |       |    |    |             |                           | i+1 loads during i's dQ phase only
+// BC = 16 keys per warp: one m16 tile of S^T rows, and the k16 step of dQ = dS K.
+// BR = 64 makes the dS^T tile rows 128 bytes, as the swizzle needs.
+template <int DP>
+struct BwdTile {
+    static constexpr int WARPS = 4;
+    static constexpr int THREADS = WARPS * 32;
+    static constexpr int KEYS_PER_WARP = 16;
+    static constexpr int BC = WARPS * KEYS_PER_WARP;  // keys per CTA
+    static constexpr int BR = 64;                     // query rows per block
+    static constexpr int STAGES = DP <= 64 ? 2 : 1;   // Q/dO (and LSE/Delta) slots
+    static constexpr int PARTS = DP <= 64 ? 1 : 2;    // S^T, dP^T computed in parts of BR / PARTS rows
+    static constexpr int CHUNKS = DP / 8;             // 16-byte chunks per row
+    static constexpr size_t KV_BYTES = (size_t)2 * BC * DP * 2;
+    static constexpr size_t QDO_BYTES = (size_t)STAGES * 2 * BR * DP * 2;
+    static constexpr size_t DS_BYTES = (size_t)BC * BR * 2;
+    static constexpr size_t VEC_BYTES = (size_t)STAGES * 2 * BR * 4;  // LSE and Delta of the rows
+    static constexpr size_t SMEM_BYTES = KV_BYTES + QDO_BYTES + DS_BYTES + VEC_BYTES;
+    static_assert(THREADS == 2 * BR, "one thread copies each row's LSE or Delta");
+    static_assert(BR * 2 == 128, "the dS^T tile's rows must be 8 chunks for swz");
+};
+
+// Prep and post kernels: DP / 8 threads per row, each 8 columns (16 bytes of T).
+static constexpr int BWD_ROW_THREADS = 128;
+static constexpr int BWD_ROW_MAX_GRID = 1 << 20;  // CTAs of the row kernels; more rows loop
+
+// ---------------------------------------------------------------------------
+// Device helpers
+
+// 4-byte cp.async (through L1), zero-fill when !valid; `src` must be a valid address.
+FC_DEVICE void bwd_cp_async_4(void* smem_dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem_dst)), "l"(src),
+                 "r"(valid ? 4 : 0));
+}
+
+// *addr += x, addr[1] += y in global memory, no return value (one vector
+// reduction on sm90, two scalar ones before). addr is 8-byte aligned.
+FC_DEVICE void bwd_red_add2(float* addr, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(x), "f"(y) : "memory");
+#else
+    atomicAdd(addr, x);
+    atomicAdd(addr + 1, y);
+#endif
+}
+
+// The A fragment of an m16n8k16 step from the C fragments of two adjacent
+// 8-column tiles (columns 0-7 and 8-15 of the 16-wide k step).
+template <typename T>
+FC_DEVICE void bwd_pack_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+    a[0] = pack2<T>(c0[0], c0[1]);
+    a[1] = pack2<T>(c0[2], c0[3]);
+    a[2] = pack2<T>(c1[0], c1[1]);
+    a[3] = pack2<T>(c1[2], c1[3]);
+}
+
+// Two T (one 32-bit word, low half first) as floats.
+template <typename T> FC_DEVICE float2 bwd_unpack2(uint32_t w);
+template <> FC_DEVICE float2 bwd_unpack2<__half>(uint32_t w) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&w));
+}
+template <> FC_DEVICE float2 bwd_unpack2<__nv_bfloat16>(uint32_t w) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+}
+
+// ---------------------------------------------------------------------------
+// Kernel 1: Delta and the zeroed dQ accumulator. LANES threads per row; the
+// rows loop CTA-uniformly so the shuffles below see whole warps.
+
+template <int DP, typename T>
+__global__ void __launch_bounds__(BWD_ROW_THREADS) attn_bwd_prep_kernel(const __grid_constant__ fc_attn_bwd_params p) {
+    constexpr int LANES = DP / 8, ROWS = BWD_ROW_THREADS / LANES;
+    const int64_t n_rows = (int64_t)p.B * p.Hq * p.Sq;
+    float* dq_acc = static_cast<float*>(p.workspace);
+    float* delta = dq_acc + n_rows * p.D;
+    const int c = threadIdx.x % LANES;
+    const bool col_ok = c * 8 < p.D;
+    for (int64_t base = (int64_t)blockIdx.x * ROWS; base < n_rows; base += (int64_t)gridDim.x * ROWS) {
+        const int64_t row = base + threadIdx.x / LANES;
+        float sum = 0.f;
+        if (row < n_rows && col_ok) {
+            const int i = (int)(row % p.Sq);
+            const int bh = (int)(row / p.Sq), h = bh % p.Hq, b = bh / p.Hq;
+            const uint4 o = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.o) + b * p.o_batch_stride +
+                                                            h * p.o_head_stride + i * p.o_row_stride + c * 8);
+            const uint4 d = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.dout) + b * p.do_batch_stride +
+                                                            h * p.do_head_stride + i * p.do_row_stride + c * 8);
+            const uint32_t ow[4] = {o.x, o.y, o.z, o.w}, dw[4] = {d.x, d.y, d.z, d.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float2 of = bwd_unpack2<T>(ow[e]), df = bwd_unpack2<T>(dw[e]);
+                sum = fmaf(of.x, df.x, fmaf(of.y, df.y, sum));
+            }
+            float4* acc = reinterpret_cast<float4*>(dq_acc + row * p.D + c * 8);
+            acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+            acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int off = LANES / 2; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        if (row < n_rows && c == 0) delta[row] = sum;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Kernel 2: dK, dV and the dQ accumulator.
+
+template <int DP, typename T>
+__global__ void __launch_bounds__(BwdTile<DP>::THREADS)
+attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
+    using Tile = BwdTile<DP>;
+    constexpr int BR = Tile::BR, BC = Tile::BC, THREADS = Tile::THREADS, STAGES = Tile::STAGES;
+    constexpr int CHUNKS = Tile::CHUNKS;
+    constexpr int D_TILES = DP / 8;   // 8-wide column tiles of dK, dV
+    constexpr int ROW_BYTES = DP * 2;
+    constexpr int DS_ROW_BYTES = BR * 2;
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    T* sK = reinterpret_cast<T*>(smem_raw);  // (BC, DP) swizzled
+    T* sV = sK + BC * DP;                    // (BC, DP) swizzled
+    T* sQ = sV + BC * DP;                    // (STAGES, BR, DP) swizzled
+    T* sdO = sQ + STAGES * BR * DP;          // (STAGES, BR, DP) swizzled
+    T* sdS = sdO + STAGES * BR * DP;         // (BC, BR) swizzled: dS^T, key rows
+    float* sLse = reinterpret_cast<float*>(sdS + BC * BR);  // (STAGES, BR)
+    float* sDelta = sLse + STAGES * BR;                     // (STAGES, BR)
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    // 1-D grid over (key block, KV head, batch), key blocks fastest: the CTAs of
+    // one KV head run together and share its Q and dO in L2.
+    const int n_kblocks = (p.Sk + BC - 1) / BC;
+    const int kb = (int)(blockIdx.x % n_kblocks), bhk = (int)(blockIdx.x / n_kblocks);
+    const int hk = bhk % p.Hkv, b = bhk / p.Hkv;
+    const int G = p.Hq / p.Hkv;
+    const int k0 = kb * BC;  // first key of this CTA
+
+    // Key j is visible to query i iff j <= i + diag (causal) and j < Sk: the
+    // first row that sees key k0 is k0 - diag, so earlier query blocks are skipped.
+    const bool causal = p.causal != FC_CAUSAL_NONE;
+    const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
+    const int n_mblocks = (p.Sq + BR - 1) / BR;
+    const int m_first = !causal || k0 - diag <= 0 ? 0 : min(n_mblocks, (k0 - diag) / BR);
+    const int per_head = n_mblocks - m_first;  // query blocks per head
+    const int n_iter = per_head * G;           // (head, query block) pairs, head-major
+
+    const int64_t n_rows = (int64_t)p.B * p.Hq * p.Sq;
+    float* dq_acc = static_cast<float*>(p.workspace);
+    const float* delta = dq_acc + n_rows * p.D;
+
+    // K and V once (their own commit group with the first Q/dO block).
+    const int64_t thr_col = (tid % CHUNKS) * 8, thr_row = tid / CHUNKS;  // see load_tile
+    {
+        const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride + (int64_t)k0 * p.k_row_stride;
+        const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride + (int64_t)k0 * p.v_row_stride;
+        const int keys = min(BC, p.Sk - k0);
+        load_tile<DP, BC, THREADS>(sK, k + thr_row * p.k_row_stride + thr_col, k, p.k_row_stride, keys, p.D, tid);
+        load_tile<DP, BC, THREADS>(sV, v + thr_row * p.v_row_stride + thr_col, v, p.v_row_stride, keys, p.D, tid);
+    }
+    // Q, dO, LSE and Delta of iteration it into slot `slot`.
+    auto load_block = [&](int it, int slot) {
+        const int h = hk * G + it / per_head, row0 = (m_first + it % per_head) * BR;
+        const int rows = min(BR, p.Sq - row0);
+        const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + (int64_t)row0 * p.q_row_stride;
+        const T* dout = static_cast<const T*>(p.dout) + b * p.do_batch_stride + h * p.do_head_stride +
+                        (int64_t)row0 * p.do_row_stride;
+        load_tile<DP, BR, THREADS>(sQ + slot * BR * DP, q + thr_row * p.q_row_stride + thr_col, q, p.q_row_stride, rows,
+                                   p.D, tid);
+        load_tile<DP, BR, THREADS>(sdO + slot * BR * DP, dout + thr_row * p.do_row_stride + thr_col, dout,
+                                   p.do_row_stride, rows, p.D, tid);
+        const int64_t vec0 = ((int64_t)b * p.Hq + h) * p.Sq + row0;  // first row in (B, Hq, Sq)
+        const int r = tid % BR;
+        const float* src = (tid < BR ? p.lse : delta) + vec0 + (r < rows ? r : 0);
+        bwd_cp_async_4((tid < BR ? sLse : sDelta) + slot * BR + r, src, r < rows);
+    };
+    if (n_iter > 0) load_block(0, 0);
+    cp_async_commit();
+
+    const float scale_log2 = p.scale * FC_LOG2E;
+    float acc_dk[D_TILES][4], acc_dv[D_TILES][4];  // this warp's 16 keys, C-fragment layout (unscaled dK)
+#pragma unroll
+    for (int dt = 0; dt < D_TILES; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_dk[dt][e] = acc_dv[dt][e] = 0.f;
+
+    // Per-lane ldmatrix byte addresses at chunk step 0 (see swz and chunk_step).
+    //  k_a, v_a: A = this warp's 16 K (V) rows, row-major (S^T = K Q^T, dP^T = V dO^T).
+    //  q_b:      B = Q (dO) rows as n, d as k, for S^T (dP^T); dO is at +QDO_OFF.
+    //  q_t:      B = Q (dO) with rows as k (.trans), for dK += dS^T Q (dV += P^T dO).
+    //  k_t:      B = K with keys as k (.trans), for dQ = dS K.
+    //  ds_a:     A = dS (query rows, key k) read transposed from the dS^T tile.
+    const uint32_t k_a = smem_u32(sK + swz<DP>(warp * 16 + lane % 16, lane / 16));
+    const uint32_t v_a = k_a + BC * ROW_BYTES;
+    const uint32_t q_b = smem_u32(sQ + swz<DP>((lane / 16) * 8 + lane % 8, (lane / 8) % 2));
+    const uint32_t q_t = smem_u32(sQ + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16));
+    const uint32_t k_t = smem_u32(sK + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16));
+    const uint32_t ds_a = smem_u32(sdS + swz<BR>((lane / 16) * 8 + lane % 8, warp * 2 + (lane / 8) % 2));
+    constexpr uint32_t QDO_OFF = STAGES * BR * ROW_BYTES;  // sdO - sQ, bytes
+    constexpr uint32_t SLOT_BYTES = BR * ROW_BYTES;
+    constexpr int PART_ROWS = BR / Tile::PARTS;  // query rows per part
+    constexpr int NP = PART_ROWS / 8;              // 8-row column tiles of S^T per part
+    using Frag = float[NP][4];                     // 16 keys x PART_ROWS rows, C-fragment layout
+
+    // acc = A B^T over DP: A = the warp's 16 rows at a_lane, B = PART_ROWS rows at b_lane.
+    auto gemm_rows = [&](Frag& acc, uint32_t a_lane, uint32_t b_lane) {
+#pragma unroll
+        for (int nt = 0; nt < NP; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < DP / 16; ++kk) {
+            uint32_t a[4];
+            ldmatrix_x4(a, chunk_step(a_lane, kk));
+#pragma unroll
+            for (int nt2 = 0; nt2 < NP / 2; ++nt2) {
+                uint32_t bf[4];  // rows nt2*16..: {n 0-7 k 0-7, n 0-7 k 8-15, n 8-15 k 0-7, n 8-15 k 8-15}
+                ldmatrix_x4(bf, chunk_step(b_lane, kk) + nt2 * 16 * ROW_BYTES);
+                mma_16816<T>(acc[2 * nt2], a, bf[0], bf[1]);
+                mma_16816<T>(acc[2 * nt2 + 1], a, bf[2], bf[3]);
+            }
+        }
+    };
+    // acc (16 keys x DP) += A B: A = packed 16 x PART_ROWS fragments, B = PART_ROWS rows (.trans) at b_lane.
+    auto gemm_acc = [&](float (&acc)[D_TILES][4], const uint32_t (&a)[NP / 2][4], uint32_t b_lane) {
+#pragma unroll
+        for (int kk = 0; kk < NP / 2; ++kk)
+#pragma unroll
+            for (int dt2 = 0; dt2 < D_TILES / 2; ++dt2) {
+                uint32_t bf[4];  // rows kk*16..: {d 0-7 k 0-7, d 0-7 k 8-15, d 8-15 k 0-7, d 8-15 k 8-15}
+                ldmatrix_x4_trans(bf, chunk_step(b_lane, dt2) + kk * 16 * ROW_BYTES);
+                mma_16816<T>(acc[2 * dt2], a[kk], bf[0], bf[1]);
+                mma_16816<T>(acc[2 * dt2 + 1], a[kk], bf[2], bf[3]);
+            }
+    };
+
+    for (int it = 0; it < n_iter; ++it) {
+        const int slot = STAGES == 2 ? it % 2 : 0;
+        cp_async_wait<0>();  // this thread's copies of block it (and K, V) have landed
+        __syncthreads();     // orders every thread's block-it copies before any warp reads them, every
+                             // warp's dQ-phase reads of sdS (block it-1) before the dS^T stores below,
+                             // and (two slots) the reads of slot it+1 in block it-1 before its refill
+        if constexpr (STAGES == 2) {
+            if (it + 1 < n_iter) load_block(it + 1, slot ^ 1);
+            cp_async_commit();
+        }
+        const int h = hk * G + it / per_head, row0 = (m_first + it % per_head) * BR;
+        const bool need_mask = row0 + BR > p.Sq || k0 + BC > p.Sk || (causal && k0 + BC - 1 > row0 + diag);
+
+        // The block's rows in PARTS parts of PART_ROWS (not unrolled: one part's S^T and dP^T live at a time).
+#pragma unroll 1
+        for (int part = 0; part < Tile::PARTS; ++part) {
+            const int col0 = part * PART_ROWS;  // first row of the part inside the block
+            const uint32_t rows_off = slot * SLOT_BYTES + col0 * ROW_BYTES;
+            const float* lse_s = sLse + slot * BR + col0 + (lane % 4) * 2;  // this lane's columns nt*8 + 0/1
+            const float* delta_s = sDelta + slot * BR + col0 + (lane % 4) * 2;
+
+            // S^T = K Q^T, then P^T in place.
+            Frag s;
+            gemm_rows(s, k_a, q_b + rows_off);
+#pragma unroll
+            for (int nt = 0; nt < NP; ++nt) {
+                const float2 l2 = *reinterpret_cast<const float2*>(lse_s + nt * 8);
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float lse = e ? l2.y : l2.x;
+                    const float m = lse * FC_LOG2E;
+#pragma unroll
+                    for (int hr = 0; hr < 2; ++hr) {
+                        const float pe = fast_exp2(fmaf(s[nt][2 * hr + e], scale_log2, -m));
+                        s[nt][2 * hr + e] = lse == -INFINITY ? 0.f : pe;  // a row that sees no key
+                    }
+                }
+            }
+            // Mask: query rows past Sq, keys past Sk, causal (query i < key - diag).
+            // Column c = nt*8 + e of this lane is query row0 + col0 + (lane%4)*2 + c.
+            if (need_mask) {
+                const int q_first = row0 + col0 + (lane % 4) * 2;
+                const int q_lim = p.Sq - q_first;  // masked iff c >= q_lim
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    const int key = k0 + warp * 16 + lane / 4 + hr * 8;
+                    const int c_lim = causal ? key - diag - q_first : INT_MIN;  // masked iff c < c_lim
+                    const bool key_bad = key >= p.Sk;
+#pragma unroll
+                    for (int nt = 0; nt < NP; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int c = nt * 8 + e;
+                            if (key_bad || c >= q_lim || c < c_lim) s[nt][2 * hr + e] = 0.f;
+                        }
+                }
+            }
+
+            // dV += P^T dO.
+            {
+                uint32_t pa[NP / 2][4];
+#pragma unroll
+                for (int kk = 0; kk < NP / 2; ++kk) bwd_pack_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+                gemm_acc(acc_dv, pa, q_t + QDO_OFF + rows_off);
+            }
+
+            // dP^T = V dO^T, then dS^T = P^T (dP^T - Delta) in place.
+            Frag dp;
+            gemm_rows(dp, v_a, q_b + QDO_OFF + rows_off);
+#pragma unroll
+            for (int nt = 0; nt < NP; ++nt) {
+                const float2 d2 = *reinterpret_cast<const float2*>(delta_s + nt * 8);
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    dp[nt][2 * hr] = s[nt][2 * hr] * (dp[nt][2 * hr] - d2.x);
+                    dp[nt][2 * hr + 1] = s[nt][2 * hr + 1] * (dp[nt][2 * hr + 1] - d2.y);
+                }
+            }
+
+            // dK += dS^T Q, and dS^T (16-bit) into the shared tile for dQ.
+            uint32_t dsa[NP / 2][4];
+#pragma unroll
+            for (int kk = 0; kk < NP / 2; ++kk) bwd_pack_a<T>(dsa[kk], dp[2 * kk], dp[2 * kk + 1]);
+            gemm_acc(acc_dk, dsa, q_t + rows_off);
+            // dsa[kk][2 * half + hr]: key row lane/4 + 8*hr, query chunk col0/8 + 2*kk + half, columns (lane%4)*2 + 0/1.
+#pragma unroll
+            for (int kk = 0; kk < NP / 2; ++kk)
+#pragma unroll
+                for (int half = 0; half < 2; ++half)
+#pragma unroll
+                    for (int hr = 0; hr < 2; ++hr)
+                        *reinterpret_cast<uint32_t*>(sdS + swz<BR>(warp * 16 + lane / 4 + hr * 8, col0 / 8 + 2 * kk + half) +
+                                                     (lane % 4) * 2) = dsa[kk][2 * half + hr];
+        }
+        __syncthreads();  // orders every warp's dS^T stores before the dQ reads below, and (one slot)
+                          // every warp's reads of the Q/dO slot and LSE/Delta before the refill below
+        if constexpr (STAGES == 1) {
+            if (it + 1 < n_iter) load_block(it + 1, 0);
+            cp_async_commit();
+        }
+
+        // dQ rows row0 + warp*16 .. +15 += dS K (all BC keys), unscaled, into the accumulator.
+        {
+            uint32_t a[BC / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; ++kk) ldmatrix_x4_trans(a[kk], ds_a + kk * 16 * DS_ROW_BYTES);
+            float* dq_row[2];
+            bool row_ok[2];
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                const int r = row0 + warp * 16 + lane / 4 + hr * 8;
+                row_ok[hr] = r < p.Sq;
+                dq_row[hr] = dq_acc + (((int64_t)b * p.Hq + h) * p.Sq + (row_ok[hr] ? r : 0)) * p.D + (lane % 4) * 2;
+            }
+#pragma unroll
+            for (int dt2 = 0; dt2 < D_TILES / 2; ++dt2) {
+                float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+                for (int kk = 0; kk < BC / 16; ++kk) {
+                    uint32_t bf[4];  // K keys kk*16..: {d 0-7 k 0-7, d 0-7 k 8-15, d 8-15 k 0-7, d 8-15 k 8-15}
+                    ldmatrix_x4_trans(bf, chunk_step(k_t, dt2) + kk * 16 * ROW_BYTES);
+                    mma_16816<T>(acc[0], a[kk], bf[0], bf[1]);
+                    mma_16816<T>(acc[1], a[kk], bf[2], bf[3]);
+                }
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const int col = (2 * dt2 + j) * 8;
+                    if (col < p.D)
+#pragma unroll
+                        for (int hr = 0; hr < 2; ++hr)
+                            if (row_ok[hr]) bwd_red_add2(dq_row[hr] + col, acc[j][2 * hr], acc[j][2 * hr + 1]);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();  // drain the (empty) trailing group; with no block, K and V have landed
+    __syncthreads();     // every warp is done reading sK and sV (dQ reads all keys) before they are restaged
+
+    // Epilogue: dK * scale and dV through this warp's own K and V rows, then
+    // 16-byte coalesced stores of keys < Sk.
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        const int r = warp * 16 + lane / 4 + hr * 8;
+#pragma unroll
+        for (int dt = 0; dt < D_TILES; ++dt) {
+            *reinterpret_cast<uint32_t*>(sK + swz<DP>(r, dt) + (lane % 4) * 2) =
+                pack2<T>(acc_dk[dt][2 * hr] * p.scale, acc_dk[dt][2 * hr + 1] * p.scale);
+            *reinterpret_cast<uint32_t*>(sV + swz<DP>(r, dt) + (lane % 4) * 2) =
+                pack2<T>(acc_dv[dt][2 * hr], acc_dv[dt][2 * hr + 1]);
+        }
+    }
+    __syncwarp();  // this warp's staged rows are complete before its lanes read them back
+    constexpr int ROW_STEP = 32 / CHUNKS;  // rows per warp pass (CHUNKS <= 16)
+    static_assert(32 % CHUNKS == 0, "one row must fit in one warp pass");
+    const int c_first = lane % CHUNKS, r_first = lane / CHUNKS;
+    const bool col_ok = c_first * 8 < p.D;
+    const int64_t key_first = (int64_t)k0 + warp * 16 + r_first;
+    T* dk = static_cast<T*>(p.dk) + b * p.dk_batch_stride + hk * p.dk_head_stride + key_first * p.dk_row_stride + c_first * 8;
+    T* dv = static_cast<T*>(p.dv) + b * p.dv_batch_stride + hk * p.dv_head_stride + key_first * p.dv_row_stride + c_first * 8;
+#pragma unroll
+    for (int i = 0; i < 16 / ROW_STEP; ++i) {
+        const int r = warp * 16 + r_first + i * ROW_STEP;
+        if (col_ok && k0 + r < p.Sk) {
+            *reinterpret_cast<uint4*>(dk) = *reinterpret_cast<const uint4*>(sK + swz<DP>(r, c_first));
+            *reinterpret_cast<uint4*>(dv) = *reinterpret_cast<const uint4*>(sV + swz<DP>(r, c_first));
+        }
+        dk += ROW_STEP * p.dk_row_stride;
+        dv += ROW_STEP * p.dv_row_stride;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Kernel 3: dQ = scale * accumulator, in dtype, strided. One thread per 8 columns of a row.
+
+template <int DP, typename T>
+__global__ void __launch_bounds__(BWD_ROW_THREADS) attn_bwd_post_kernel(const __grid_constant__ fc_attn_bwd_params p) {
+    constexpr int LANES = DP / 8, ROWS = BWD_ROW_THREADS / LANES;
+    const int64_t n_rows = (int64_t)p.B * p.Hq * p.Sq;
+    const float* dq_acc = static_cast<const float*>(p.workspace);
+    const int c = threadIdx.x % LANES;
+    if (c * 8 >= p.D) return;
+    for (int64_t row = (int64_t)blockIdx.x * ROWS + threadIdx.x / LANES; row < n_rows; row += (int64_t)gridDim.x * ROWS) {
+        const int i = (int)(row % p.Sq);
+        const int bh = (int)(row / p.Sq), h = bh % p.Hq, b = bh / p.Hq;
+        const float4* src = reinterpret_cast<const float4*>(dq_acc + row * p.D + c * 8);
+        const float4 x0 = src[0], x1 = src[1];
+        const float s = p.scale;
+        uint4 packed;
+        packed.x = pack2<T>(x0.x * s, x0.y * s);
+        packed.y = pack2<T>(x0.z * s, x0.w * s);
+        packed.z = pack2<T>(x1.x * s, x1.y * s);
+        packed.w = pack2<T>(x1.z * s, x1.w * s);
+        *reinterpret_cast<uint4*>(static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride +
+                                  i * p.dq_row_stride + c * 8) = packed;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Launcher and the C entry points of one padded head dim (see kernels.h)
+
+template <int DP, typename T>
+static fc_status attn_bwd_sm80_launch(const fc_attn_bwd_params* p, cudaStream_t stream) {
+    using Tile = BwdTile<DP>;
+    constexpr int ROWS = BWD_ROW_THREADS / (DP / 8);  // rows per CTA of the row kernels
+    const long long n_rows = (long long)p->B * p->Hq * p->Sq;
+    const long long main_ctas = (long long)((p->Sk + Tile::BC - 1) / Tile::BC) * p->B * p->Hkv;
+    if (main_ctas > INT_MAX) return FC_ERR_INVALID_SHAPE;  // beyond gridDim.x (not reachable in memory)
+    const long long row_ctas = (n_rows + ROWS - 1) / ROWS;
+    const unsigned row_grid = (unsigned)(row_ctas < BWD_ROW_MAX_GRID ? row_ctas : BWD_ROW_MAX_GRID);
+
+    attn_bwd_prep_kernel<DP, T><<<row_grid, BWD_ROW_THREADS, 0, stream>>>(*p);
+    if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
+
+    if (fc_smem_limit_once<attn_bwd_sm80_kernel<DP, T>>((int)Tile::SMEM_BYTES) != cudaSuccess) return FC_ERR_CUDA;
+    attn_bwd_sm80_kernel<DP, T><<<(unsigned)main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(*p);
+    if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
+
+    attn_bwd_post_kernel<DP, T><<<row_grid, BWD_ROW_THREADS, 0, stream>>>(*p);
+    return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
+}
+
+#define FC_SM80_BWD_DEFINE(DP)                                                                     \
+    extern "C" fc_status fc_sm80_bwd_d##DP(const fc_attn_bwd_params* p, fc_stream_t stream) {     \
+        return p->dtype == FC_DTYPE_BF16 ? attn_bwd_sm80_launch<DP, __nv_bfloat16>(p, (cudaStream_t)stream) \
+                                         : attn_bwd_sm80_launch<DP, __half>(p, (cudaStream_t)stream);        \
+    }                                                                                              \
+    extern "C" size_t fc_sm80_bwd_smem_d##DP(void) { return BwdTile<DP>::SMEM_BYTES; }
