@@ -142,7 +142,7 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
             value_error(requires_grad_message(names[i]));
         if (t._fw_grad(/*level=*/0).defined())
             value_error(std::string(names[i]) + ": carries a forward-mode AD tangent, but flashcore.attention has no "
-                        "derivative; pass torch.autograd.forward_ad.unpack_dual(" + names[i] +
+                        "forward-mode derivative (no jvp); pass torch.autograd.forward_ad.unpack_dual(" + names[i] +
                         ").primal, or use scaled_dot_product_attention");
     }
     for (int i = 1; i < 3; ++i) {

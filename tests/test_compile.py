@@ -157,24 +157,6 @@ def test_compiled_attn_mask_refused():
         f(q, k, v, mask)
 
 
-@pytest.mark.parametrize("which", ["q", "k", "v"])
-def test_compiled_requires_grad_refused(which):
-    """Forward only, as in eager: a traced call with an input that requires grad raises
-    ValueError (fullgraph=True reports it inside torch.compile's error)."""
-    args = dict(zip("qkv", make_qkv(1, 2, 2, 17, 17, 64, torch.float32, "cpu")))
-    args[which].requires_grad_(True)
-    f = torch.compile(lambda q, k, v: flashcore.attention(q, k, v), backend="aot_eager")
-    with pytest.raises(ValueError, match=rf"\b{which}\b: requires grad.*no_grad"):
-        f(args["q"], args["k"], args["v"])
-    torch._dynamo.reset()
-    g = torch.compile(lambda q, k, v: flashcore.attention(q, k, v), fullgraph=True, backend="aot_eager")
-    with pytest.raises(RuntimeError, match=rf"{which}: requires grad"):
-        g(args["q"], args["k"], args["v"])
-    with torch.no_grad():  # where autograd does not record, the same inputs run
-        out = g(args["q"], args["k"], args["v"])
-    assert torch.equal(out, flashcore.attention(*(args[n].detach() for n in "qkv")))
-
-
 @requires_gpu
 @pytest.mark.parametrize("kernel", ["auto", "sm80"])
 def test_compiled_cuda_graphs(kernel):

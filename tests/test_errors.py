@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import flashcore
+from flashcore import _C
 
 from conftest import GPU_KERNELS, GPU_OK, requires_cuda
 
@@ -223,13 +224,26 @@ def test_usable_after_errors():
 
 @pytest.mark.parametrize("which", ["q", "k", "v"])
 @pytest.mark.parametrize("dev", DEVICES)
-def test_requires_grad_refused(dev, which):
-    """Forward only: an input that requires grad would get an output with no
-    grad_fn, and backward would skip this path silently, so it raises."""
+def test_requires_grad_records(dev, which):
+    """An input that requires grad gets an output with a grad_fn, and backward fills its
+    gradient (tests/test_backward.py checks the values)."""
     args = dict(zip("qkv", qkv(dev)))
     args[which].requires_grad_(True)
-    with pytest.raises(ValueError, match=rf"\b{which}\b.*requires grad.*no_grad"):
-        flashcore.attention(args["q"], args["k"], args["v"])
+    out = flashcore.attention(args["q"], args["k"], args["v"])
+    assert out.grad_fn is not None
+    out.float().sum().backward()
+    g = args[which].grad
+    assert g is not None and g.shape == args[which].shape and torch.isfinite(g).all()
+    with torch.no_grad():
+        assert torch.equal(out, flashcore.attention(args["q"], args["k"], args["v"]))
+
+
+def test_raw_fwd_refuses_requires_grad():
+    """_C.fwd, the raw entry point for tests and benchmarks, has no autograd formula: it refuses."""
+    q, k, v = qkv("cpu")
+    q.requires_grad_(True)
+    with pytest.raises(ValueError, match=r"^q: requires grad.*flashcore.attention"):
+        _C.fwd(q, k, v, 0.125, 0, flashcore.KERNELS["cpu"], False, 0)
 
 
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "detach"])

@@ -198,7 +198,7 @@ def test_torch_function_subclass_sees_the_call():
 
 
 def test_forward_ad_tangent_refused():
-    """A dual tensor would lose its tangent (there is no derivative): refused."""
+    """A dual tensor would lose its tangent (there is no forward-mode derivative): refused."""
     import torch.autograd.forward_ad as fwAD
     q, k, v = qkv()
     with fwAD.dual_level():
