@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Forward-attention benchmark: flashcore against PyTorch's own kernels.
+"""Attention benchmark (forward, and backward with --suite bwd): flashcore against PyTorch's own kernels.
 
 Every shape is run on the same inputs, in the same process, by every
 implementation: flashcore (automatic and forced kernels), SDPA with its
@@ -22,7 +22,9 @@ drifts over seconds, so a single reading depends on its place in the run and on
 the impl timed before it (benchmarks/clocks.py measures this); the reversal
 balances the places, the shuffle the neighbours. Seed shapes also get a host-clock
 loop of back-to-back eager calls (eager_us) and CUDA-graph replay (graph_us).
-FLOPs = 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk. The chunk suite
+FLOPs = 4*B*Hq*Sq*Sk*D, halved for causal when Sq == Sk; the bwd suite times
+the backward alone (torch.autograd.grad of a retained forward, the gradients of
+q, k and v for a fixed random dout) and counts 2.5x the forward's FLOPs. The chunk suite
 (a chunk of Sq queries against a KV cache of Sk keys, causal aligned
 bottom-right: query i sees keys j <= i + Sk - Sq; SDPA through
 torch.nn.attention.bias.causal_lower_right) counts the visible pairs exactly.
@@ -101,6 +103,14 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # attention outputs are convex combinations of V entries (|v| ~ 4 at most for
 # randn), so these are a few ulps of the output scale.
 MISMATCH_TOL = {"fp16": 1e-2, "bf16": 5e-2}
+# The bwd suite compares the gradients of q, k and v (concatenated) with
+# sdpa-default's, relative to their largest magnitude: two fp16 backward
+# passes with P and dS rounded to fp16 differ by about 1e-3 of it.
+MISMATCH_REL_BWD = {"fp16": 1e-2, "bf16": 5e-2}
+# Impls the bwd suite times: one flashcore (its backward does not depend on the
+# forward kernel) and SDPA's backends.
+BWD_IMPLS = ("flashcore",) + SDPA_IMPLS
+BWD_HEAD_DIMS = (64, 128)  # the GPU backward's head dims
 
 
 # ----------------------------------------------------------------------------
@@ -144,12 +154,20 @@ def chunk_shapes():
                               (4, 4096, 8192))]
 
 
+def bwd_shapes(quick, grid_dims):
+    """The standard grid's fp16 shapes at the backward's head dims."""
+    return [dict(g, suite="bwd") for g in grid_shapes(quick)
+            if g["dtype"] == "fp16" and g["D"] in BWD_HEAD_DIMS and (grid_dims is None or g["D"] in grid_dims)]
+
+
 def bottom_right(s):
     """Whether the shape's causal mask is aligned bottom-right (the chunk suite)."""
     return s["causal"] and s["suite"] == "chunk"
 
 
 def flops(s):
+    if s["suite"] == "bwd":
+        return 2.5 * flops(dict(s, suite="grid"))
     f = 4.0 * s["B"] * s["Hq"] * s["Sq"] * s["Sk"] * s["D"]
     if bottom_right(s):  # row i sees min(Sk, max(0, i + 1 + Sk - Sq)) keys
         Sq, Sk = s["Sq"], s["Sk"]
@@ -334,12 +352,32 @@ def _settle(e):
 
 
 def make_inputs(s):
-    """Fresh random q, k, v of shape s ((B, H, S, D), s's dtype) on the GPU."""
+    """Fresh random q, k, v of shape s ((B, H, S, D), s's dtype) on the GPU
+    (requiring grad in the bwd suite)."""
     dtype = DTYPES[s["dtype"]]
     q = torch.randn(s["B"], s["Hq"], s["Sq"], s["D"], device=DEVICE, dtype=dtype)
     k = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device=DEVICE, dtype=dtype)
     v = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device=DEVICE, dtype=dtype)
+    if s["suite"] == "bwd":
+        for t in (q, k, v):
+            t.requires_grad_(True)
     return q, k, v
+
+
+def backward_of(ctx, fn, q, k, v, dout):
+    """(ctx, fn') where fn'() runs the backward of one retained forward fn():
+    the gradients of q, k and v for dout."""
+    with ctx(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = fn()
+    return ctx, lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+
+def as_flat(out):
+    """One float tensor of an impl's result (the bwd suite's gradient tuple concatenated)."""
+    if isinstance(out, tuple):
+        return torch.cat([g.float().flatten() for g in out])
+    return out.float()
 
 
 def round_orders(n, rounds, key, seed=ORDER_SEED):
@@ -382,11 +420,19 @@ def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, round
     reversed rounds give every impl the same mix of early and late, the drawn
     orders a mix of neighbours."""
     q, k, v = make_inputs(s)
+    bwd = s["suite"] == "bwd"
+    dout = torch.randn_like(q) if bwd else None
+
+    def impl(name):
+        ctx, fn = make_impl(name, q, k, v, s["causal"], fc, flex, bottom_right(s))
+        return backward_of(ctx, fn, q, k, v, dout) if bwd else (ctx, fn)
+
     ref = None
-    try:  # every impl's output is compared with SDPA's choice on the same inputs
+    try:  # every impl's output (bwd: its gradients) is compared with SDPA's choice on the same inputs
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            ref = make_impl("sdpa-default", q, k, v, s["causal"], fc, flex, bottom_right(s))[1]().float()
+            ref = as_flat(impl("sdpa-default")[1]())
+        tol = MISMATCH_REL_BWD[s["dtype"]] * max(1.0, ref.abs().max().item()) if bwd else MISMATCH_TOL[s["dtype"]]
     except Exception as e:
         _settle(e)
         log(f"  (no sdpa-default reference: {first_line(e)})")
@@ -407,16 +453,16 @@ def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, round
             continue
         try:
             t0 = time.perf_counter()
-            ctx, fn = make_impl(name, q, k, v, s["causal"], fc, flex, bottom_right(s))
+            ctx, fn = impl(name)
             with ctx(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                out = fn()                       # probe (and compile, for flex)
+                out = as_flat(fn())              # probe (and compile, for flex)
                 torch.cuda.synchronize()
                 if name == "flex":
                     flex.compile_s += time.perf_counter() - t0
                 if ref is not None:
-                    err = (out.float() - ref).abs().max().item()
-                    if not math.isfinite(err) or err > MISMATCH_TOL[s["dtype"]]:
+                    err = (out - ref).abs().max().item()
+                    if not math.isfinite(err) or err > tol:
                         mismatches.append({**s, "impl": name, "max_abs_diff_vs_sdpa_default": err})
                         log(f"  WARNING {name}: max |out - sdpa-default| = {err:.3g}")
                 del out
@@ -480,7 +526,7 @@ def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, round
             spread = f"  rounds {min(times[name]):.1f}-{max(times[name]):.1f} us"
         log(f"  {name:16s} {row['us']:10.1f} us {row['tflops']:7.1f} TFLOP/s{spread}{extra}")
         rows.append(row)
-    del q, k, v, ref
+    del q, k, v, ref, ready, dout
     gc.collect()
     torch.cuda.empty_cache()
     return rows
@@ -808,7 +854,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", default="grid,seed",
-                   help="comma list of grid, seed, decode, chunk (default grid,seed)")
+                   help="comma list of grid, seed, decode, chunk, bwd (default grid,seed)")
     p.add_argument("--quick", action="store_true",
                    help="grid subset S in {1024,4096}, D in {64,128}, fp16 only")
     p.add_argument("--out", default=None,
@@ -840,9 +886,9 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(argv)
     suites = [x.strip() for x in args.suite.split(",") if x.strip()]
-    bad = [x for x in suites if x not in ("grid", "seed", "decode", "chunk")]
+    bad = [x for x in suites if x not in ("grid", "seed", "decode", "chunk", "bwd")]
     if bad:
-        print(f"--suite: unknown suite(s) {bad}; choose from grid, seed, decode, chunk", file=sys.stderr)
+        print(f"--suite: unknown suite(s) {bad}; choose from grid, seed, decode, chunk, bwd", file=sys.stderr)
         return 2
     impls = list(ALL_IMPLS)
     if args.impls:
@@ -917,6 +963,8 @@ def main(argv=None):
         shapes += decode_shapes()
     if "chunk" in suites:
         shapes += chunk_shapes()
+    if "bwd" in suites:
+        shapes += bwd_shapes(args.quick, grid_dims)
 
     commit, dirty = git_commit()
     log(f"GPU {gpu}  torch {torch.__version__}  cuDNN {cudnn_version()}  "
@@ -948,6 +996,8 @@ def main(argv=None):
         shape_impls = [n for n in impls if n != "flex" or args.flex_all
                        or (s["suite"] == "grid" and s["D"] == FLEX_HEAD_DIM
                            and s["dtype"] == FLEX_DTYPE)]
+        if s["suite"] == "bwd":
+            shape_impls = [n for n in shape_impls if n in BWD_IMPLS]
         log(f"[{i + 1}/{len(shapes)}] {shape_label(s)}  ({flops(s) / 1e9:.1f} GFLOP)")
         try:
             new_rows += run_shape(s, shape_impls, fc, flex, budget, skipped, mismatches, log, args.rounds,

@@ -32,6 +32,16 @@ def test_square_causal_flops_are_halved():
     assert "causal-br" not in bench.shape_label(s)
 
 
+def test_bwd_flops_are_two_and_a_half_forwards():
+    """The bwd suite counts 2.5x the forward's FLOPs (GUIDE section 4), causal halving included."""
+    for causal in (False, True):
+        g = bench.shape("grid", 2, 16, 16, 4096, 4096, 128, causal, "fp16")
+        assert bench.flops(dict(g, suite="bwd")) == 2.5 * bench.flops(g)
+    shapes = bench.bwd_shapes(False, None)
+    assert shapes and all(s["suite"] == "bwd" and s["D"] in (64, 128) and s["dtype"] == "fp16" for s in shapes)
+    assert {s["D"] for s in bench.bwd_shapes(False, {64})} == {64}
+
+
 def test_chunk_suite_is_bottom_right_with_shorter_chunks():
     shapes = bench.chunk_shapes()
     assert shapes and all(s["causal"] and s["Sq"] < s["Sk"] and bench.bottom_right(s) for s in shapes)
