@@ -3,8 +3,8 @@
 //
 // Algorithm.
 //  1. attn_bwd_prep_kernel: Delta_i = sum_d dO_id O_id (fp32) per query row,
-//     into the workspace; the row's D floats of the fp32 dQ accumulator are
-//     zeroed.
+//     minus dlse_i when the caller passes an LSE gradient, into the workspace;
+//     the row's D floats of the fp32 dQ accumulator are zeroed.
 //  2. attn_bwd_sm80_kernel: one CTA owns BC keys of one (batch, KV head) and
 //     keeps their K and V tiles in swizzled shared memory; each of its WARPS
 //     warps owns 16 of the keys and their dK, dV accumulators (fp32, in
@@ -48,13 +48,26 @@
 //
 //  DP  | WARPS | BC | BR | Q/dO stages | smem                      | why
 //  64  |   4   | 64 | 64 |      2      | K,V 16 + Q,dO 32 + dS 8   | dK, dV 64 fp32 regs/thread; two Q/dO
-//      |       |    |    |             | + LSE/Delta 1 = 57 KB     | slots: block i+1 loads during all of i
+//      |       |    |    |             | + LSE/Delta 1 = 57 KB     | slots: block i+1 loads during all of i;
+//      |       |    |    |             |                           | three CTAs per SM on sm90 (MIN_CTAS)
 //  128 |   4   | 64 | 64 |      1      | K,V 32 + Q,dO 32 + dS 8   | dK, dV 128 fp32 regs/thread + S^T, dP^T
 //      |       |    |    |             | + LSE/Delta 0.5 = 72.5 KB | 32 each; a second Q/dO slot (104.5 KB)
 //      |       |    |    |             |                           | would not fit sm86/89's 99 KB, so block
 //      |       |    |    |             |                           | i+1 loads during i's dQ phase only
-// BC = 16 keys per warp: one m16 tile of S^T rows, and the k16 step of dQ = dS K.
+// 16 keys per warp: one m16 tile of S^T rows; BC = 64 keys is the k extent of dQ = dS K.
 // BR = 64 makes the dS^T tile rows 128 bytes, as the swizzle needs.
+// PARTS (DP = 128): S^T and dP^T are computed for 32 of the 64 rows at a time
+// (16 + 16 fp32 regs instead of 32 + 32); with all 64 at once ptxas spills
+// 12 bytes (sm_80) and 60 bytes (sm_90a) at 255 registers.
+// MIN_CTAS (DP = 64): on the sm_90a target the registers are capped at 168 so
+// that three CTAs share an SM (57 KB each); measured on an H200, fp16, 16k
+// tokens: +3-7 % over 241 registers and two CTAs. On the sm_80 target the cap
+// spills 24 bytes (and an A100's 164 KB hold two CTAs anyway), so it is off.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define FC_BWD_MIN_CTAS_D64 1
+#else
+#define FC_BWD_MIN_CTAS_D64 3
+#endif
 template <int DP>
 struct BwdTile {
     static constexpr int WARPS = 4;
@@ -65,6 +78,7 @@ struct BwdTile {
     static constexpr int STAGES = DP <= 64 ? 2 : 1;   // Q/dO (and LSE/Delta) slots
     static constexpr int PARTS = DP <= 64 ? 1 : 2;    // S^T, dP^T computed in parts of BR / PARTS rows
     static constexpr int CHUNKS = DP / 8;             // 16-byte chunks per row
+    static constexpr int MIN_CTAS = DP <= 64 ? FC_BWD_MIN_CTAS_D64 : 1;  // CTAs per SM the registers must allow
     static constexpr size_t KV_BYTES = (size_t)2 * BC * DP * 2;
     static constexpr size_t QDO_BYTES = (size_t)STAGES * 2 * BR * DP * 2;
     static constexpr size_t DS_BYTES = (size_t)BC * BR * 2;
@@ -88,7 +102,9 @@ FC_DEVICE void bwd_cp_async_4(void* smem_dst, const void* src, bool valid) {
 }
 
 // *addr += x, addr[1] += y in global memory, no return value (one vector
-// reduction on sm90, two scalar ones before). addr is 8-byte aligned.
+// reduction on sm90, two scalar ones before). addr is 8-byte aligned. The
+// generic address is passed as is (a global allocation's generic and global
+// addresses coincide); converting it cost a register and spilled at DP = 64.
 FC_DEVICE void bwd_red_add2(float* addr, float x, float y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(x), "f"(y) : "memory");
@@ -151,7 +167,9 @@ __global__ void __launch_bounds__(BWD_ROW_THREADS) attn_bwd_prep_kernel(const __
         }
 #pragma unroll
         for (int off = LANES / 2; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-        if (row < n_rows && c == 0) delta[row] = sum;
+        // With dlse: dS = P (dP - Delta + dlse), so Delta - dlse is stored (rows with
+        // LSE = -inf have P = 0 and keep Delta, whatever dlse holds there).
+        if (row < n_rows && c == 0) delta[row] = p.dlse && p.lse[row] != -INFINITY ? sum - p.dlse[row] : sum;
     }
 }
 
@@ -159,7 +177,7 @@ __global__ void __launch_bounds__(BWD_ROW_THREADS) attn_bwd_prep_kernel(const __
 // Kernel 2: dK, dV and the dQ accumulator.
 
 template <int DP, typename T>
-__global__ void __launch_bounds__(BwdTile<DP>::THREADS)
+__global__ void __launch_bounds__(BwdTile<DP>::THREADS, BwdTile<DP>::MIN_CTAS)
 attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     using Tile = BwdTile<DP>;
     constexpr int BR = Tile::BR, BC = Tile::BC, THREADS = Tile::THREADS, STAGES = Tile::STAGES;
@@ -202,8 +220,10 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     // K and V once (their own commit group with the first Q/dO block).
     const int64_t thr_col = (tid % CHUNKS) * 8, thr_row = tid / CHUNKS;  // see load_tile
     {
-        const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride + (int64_t)k0 * p.k_row_stride;
-        const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride + (int64_t)k0 * p.v_row_stride;
+        const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride +
+                     (int64_t)k0 * p.k_row_stride;
+        const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride +
+                     (int64_t)k0 * p.v_row_stride;
         const int keys = min(BC, p.Sk - k0);
         load_tile<DP, BC, THREADS>(sK, k + thr_row * p.k_row_stride + thr_col, k, p.k_row_stride, keys, p.D, tid);
         load_tile<DP, BC, THREADS>(sV, v + thr_row * p.v_row_stride + thr_col, v, p.v_row_stride, keys, p.D, tid);
@@ -212,7 +232,8 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     auto load_block = [&](int it, int slot) {
         const int h = hk * G + it / per_head, row0 = (m_first + it % per_head) * BR;
         const int rows = min(BR, p.Sq - row0);
-        const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + (int64_t)row0 * p.q_row_stride;
+        const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride +
+                     (int64_t)row0 * p.q_row_stride;
         const T* dout = static_cast<const T*>(p.dout) + b * p.do_batch_stride + h * p.do_head_stride +
                         (int64_t)row0 * p.do_row_stride;
         load_tile<DP, BR, THREADS>(sQ + slot * BR * DP, q + thr_row * p.q_row_stride + thr_col, q, p.q_row_stride, rows,
@@ -368,15 +389,17 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
 #pragma unroll
             for (int kk = 0; kk < NP / 2; ++kk) bwd_pack_a<T>(dsa[kk], dp[2 * kk], dp[2 * kk + 1]);
             gemm_acc(acc_dk, dsa, q_t + rows_off);
-            // dsa[kk][2 * half + hr]: key row lane/4 + 8*hr, query chunk col0/8 + 2*kk + half, columns (lane%4)*2 + 0/1.
+            // dsa[kk][2 * half + hr]: key row lane/4 + 8*hr, query chunk col0/8 + 2*kk + half,
+            // columns (lane%4)*2 + 0/1.
 #pragma unroll
             for (int kk = 0; kk < NP / 2; ++kk)
 #pragma unroll
                 for (int half = 0; half < 2; ++half)
 #pragma unroll
                     for (int hr = 0; hr < 2; ++hr)
-                        *reinterpret_cast<uint32_t*>(sdS + swz<BR>(warp * 16 + lane / 4 + hr * 8, col0 / 8 + 2 * kk + half) +
-                                                     (lane % 4) * 2) = dsa[kk][2 * half + hr];
+                        *reinterpret_cast<uint32_t*>(sdS + swz<BR>(warp * 16 + lane / 4 + hr * 8,
+                                                                   col0 / 8 + 2 * kk + half) + (lane % 4) * 2) =
+                            dsa[kk][2 * half + hr];
         }
         __syncthreads();  // orders every warp's dS^T stores before the dQ reads below, and (one slot)
                           // every warp's reads of the Q/dO slot and LSE/Delta before the refill below
@@ -441,8 +464,10 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     const int c_first = lane % CHUNKS, r_first = lane / CHUNKS;
     const bool col_ok = c_first * 8 < p.D;
     const int64_t key_first = (int64_t)k0 + warp * 16 + r_first;
-    T* dk = static_cast<T*>(p.dk) + b * p.dk_batch_stride + hk * p.dk_head_stride + key_first * p.dk_row_stride + c_first * 8;
-    T* dv = static_cast<T*>(p.dv) + b * p.dv_batch_stride + hk * p.dv_head_stride + key_first * p.dv_row_stride + c_first * 8;
+    T* dk = static_cast<T*>(p.dk) + b * p.dk_batch_stride + hk * p.dk_head_stride + key_first * p.dk_row_stride +
+            c_first * 8;
+    T* dv = static_cast<T*>(p.dv) + b * p.dv_batch_stride + hk * p.dv_head_stride + key_first * p.dv_row_stride +
+            c_first * 8;
 #pragma unroll
     for (int i = 0; i < 16 / ROW_STEP; ++i) {
         const int r = warp * 16 + r_first + i * ROW_STEP;
@@ -465,7 +490,8 @@ __global__ void __launch_bounds__(BWD_ROW_THREADS) attn_bwd_post_kernel(const __
     const float* dq_acc = static_cast<const float*>(p.workspace);
     const int c = threadIdx.x % LANES;
     if (c * 8 >= p.D) return;
-    for (int64_t row = (int64_t)blockIdx.x * ROWS + threadIdx.x / LANES; row < n_rows; row += (int64_t)gridDim.x * ROWS) {
+    for (int64_t row = (int64_t)blockIdx.x * ROWS + threadIdx.x / LANES; row < n_rows;
+         row += (int64_t)gridDim.x * ROWS) {
         const int i = (int)(row % p.Sq);
         const int bh = (int)(row / p.Sq), h = bh % p.Hq, b = bh / p.Hq;
         const float4* src = reinterpret_cast<const float4*>(dq_acc + row * p.D + c * 8);
@@ -489,8 +515,8 @@ static fc_status attn_bwd_sm80_launch(const fc_attn_bwd_params* p, cudaStream_t 
     using Tile = BwdTile<DP>;
     constexpr int ROWS = BWD_ROW_THREADS / (DP / 8);  // rows per CTA of the row kernels
     const long long n_rows = (long long)p->B * p->Hq * p->Sq;
-    const long long main_ctas = (long long)((p->Sk + Tile::BC - 1) / Tile::BC) * p->B * p->Hkv;
-    if (main_ctas > INT_MAX) return FC_ERR_INVALID_SHAPE;  // beyond gridDim.x (not reachable in memory)
+    // dispatch keeps the key blocks x B x Hkv <= 2^31 - 1
+    const unsigned main_ctas = (unsigned)((p->Sk + Tile::BC - 1) / Tile::BC) * (unsigned)(p->B * p->Hkv);
     const long long row_ctas = (n_rows + ROWS - 1) / ROWS;
     const unsigned row_grid = (unsigned)(row_ctas < BWD_ROW_MAX_GRID ? row_ctas : BWD_ROW_MAX_GRID);
 
@@ -498,7 +524,7 @@ static fc_status attn_bwd_sm80_launch(const fc_attn_bwd_params* p, cudaStream_t 
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
     if (fc_smem_limit_once<attn_bwd_sm80_kernel<DP, T>>((int)Tile::SMEM_BYTES) != cudaSuccess) return FC_ERR_CUDA;
-    attn_bwd_sm80_kernel<DP, T><<<(unsigned)main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(*p);
+    attn_bwd_sm80_kernel<DP, T><<<main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(*p);
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
     attn_bwd_post_kernel<DP, T><<<row_grid, BWD_ROW_THREADS, 0, stream>>>(*p);

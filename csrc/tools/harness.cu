@@ -3,6 +3,11 @@
 //   build/harness check [kernel] [small]  correctness grid vs the C CPU path (fp32 inputs, fp64 sums);
 //                                     `small` keeps the cases small enough for compute-sanitizer
 //   build/harness bench [kernel]      TFLOP/s on the standard grid (CUDA events, median of runs)
+//   build/harness check-bwd sm80 [small]
+//                                     backward: GPU forward for O and LSE, then fc_attn_bwd on the
+//                                     sm80 kernel against the CPU path (same values in fp32), twice
+//   build/harness bench-bwd sm80 [B Hq Hkv Sq Sk D causal reps]
+//                                     backward TFLOP/s (2.5x the forward's FLOPs), fp16, CUDA events
 //   build/harness shape kernel B Hq Hkv Sq Sk D causal reps [flush]
 //                                     times one fp16 case (for ncu or a quick A/B); flush before
 //                                     each launch: 0 none (default), 1 zero-fill (as do_bench), 2 read
@@ -49,6 +54,7 @@ struct Case {
     fc_causal causal;
     fc_dtype dtype;
     bool bshd;  // inputs laid out (B, S, H, D) and passed as a strided view
+    bool dlse = false;  // backward only: pass a random LSE gradient too
 };
 
 static uint16_t to_bits(float f, fc_dtype dt) {
@@ -228,6 +234,176 @@ static int run_check(fc_kernel kernel, bool small) {
     int fails = 0;
     for (const Case& c : cases) fails += !check_case(c, kernel, rng);
     printf("check: %zu cases, %d failed\n", cases.size(), fails);
+    return fails ? 1 : 0;
+}
+
+// ---------------------------------------------------------------------------
+// Backward check: the GPU forward gives O and LSE, then fc_attn_bwd runs on the
+// GPU (sm80 kernel) and on the CPU path with the same values in fp32.
+
+// Strides of the backward's tensors: q, k, v, dout, dq, dk, dv in the case's
+// layout, o contiguous (B, Hq, Sq, D) as fill_params makes the forward write it.
+static void fill_bwd_params(fc_attn_bwd_params* p, const Case& c, const void* q, const void* k, const void* v,
+                            const void* o, const void* dout, const float* lse, const float* dlse, void* dq,
+                            void* dk, void* dv, fc_dtype dt, fc_kernel kernel) {
+    memset(p, 0, sizeof(*p));
+    p->q = q; p->k = k; p->v = v; p->o = o; p->dout = dout; p->lse = lse; p->dlse = dlse;
+    p->dq = dq; p->dk = dk; p->dv = dv;
+    int64_t s[3];
+    strides(c, c.Hq, c.Sq, s);
+    p->q_batch_stride = p->do_batch_stride = p->dq_batch_stride = s[0];
+    p->q_head_stride = p->do_head_stride = p->dq_head_stride = s[1];
+    p->q_row_stride = p->do_row_stride = p->dq_row_stride = s[2];
+    strides(c, c.Hkv, c.Sk, s);
+    p->k_batch_stride = p->v_batch_stride = p->dk_batch_stride = p->dv_batch_stride = s[0];
+    p->k_head_stride = p->v_head_stride = p->dk_head_stride = p->dv_head_stride = s[1];
+    p->k_row_stride = p->v_row_stride = p->dk_row_stride = p->dv_row_stride = s[2];
+    Case oc = c; oc.bshd = false;
+    strides(oc, c.Hq, c.Sq, s); p->o_batch_stride = s[0]; p->o_head_stride = s[1]; p->o_row_stride = s[2];
+    p->B = c.B; p->Hq = c.Hq; p->Hkv = c.Hkv; p->Sq = c.Sq; p->Sk = c.Sk; p->D = c.D;
+    p->dtype = dt; p->scale = 1.f / sqrtf((float)c.D); p->causal = c.causal; p->kernel = kernel;
+}
+
+// Absolute floor of the backward's error bound (times the dtype tolerance),
+// for N(0, 1) inputs: a gradient that is zero but for rounding (dQ and dK
+// with one key: dS = dP - Delta cancels) is judged against it, not against
+// its own max of about 1e-5.
+static const double BWD_ATOL_SCALE = 1e-2;
+
+// max |gpu - cpu| of one gradient, max |cpu| and the non-finite GPU values.
+struct GradErr {
+    double max_err = 0, max_ref = 0;
+    size_t nan = 0;
+};
+static GradErr grad_err(const std::vector<uint16_t>& g, const std::vector<float>& ref, fc_dtype dt) {
+    GradErr e;
+    for (size_t i = 0; i < g.size(); ++i) {
+        const float x = from_bits(g[i], dt);
+        e.max_ref = std::max(e.max_ref, (double)fabsf(ref[i]));
+        if (!std::isfinite(x)) { ++e.nan; continue; }
+        e.max_err = std::max(e.max_err, fabs((double)x - ref[i]));
+    }
+    return e;
+}
+
+// Runs one backward case on the GPU (twice) and on the CPU path; prints the
+// max error of dq, dk, dv relative to each gradient's max magnitude.
+static bool check_bwd_case(const Case& c, std::mt19937& rng) {
+    const size_t nq = (size_t)c.B * c.Hq * c.Sq * c.D, nk = (size_t)c.B * c.Hkv * c.Sk * c.D;
+    const size_t nlse = (size_t)c.B * c.Hq * c.Sq;
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<uint16_t> hq(nq), hk(nk), hv(nk), hdo(nq);
+    std::vector<float> fq(nq), fk(nk), fv(nk), fdo(nq), fdlse(c.dlse ? nlse : 0);
+    for (size_t i = 0; i < nq; ++i) { hq[i] = to_bits(nd(rng), c.dtype); fq[i] = from_bits(hq[i], c.dtype); }
+    for (size_t i = 0; i < nk; ++i) { hk[i] = to_bits(nd(rng), c.dtype); fk[i] = from_bits(hk[i], c.dtype); }
+    for (size_t i = 0; i < nk; ++i) { hv[i] = to_bits(nd(rng), c.dtype); fv[i] = from_bits(hv[i], c.dtype); }
+    for (size_t i = 0; i < nq; ++i) { hdo[i] = to_bits(nd(rng), c.dtype); fdo[i] = from_bits(hdo[i], c.dtype); }
+    for (float& x : fdlse) x = nd(rng);
+
+    void *dq, *dk, *dv, *ddo, *dout, *gq, *gk, *gv;
+    float *dlse, *ddlse = nullptr;
+    CUDA_OK(cudaMalloc(&dq, nq * 2)); CUDA_OK(cudaMalloc(&dk, nk * 2)); CUDA_OK(cudaMalloc(&dv, nk * 2));
+    CUDA_OK(cudaMalloc(&ddo, nq * 2)); CUDA_OK(cudaMalloc(&dout, nq * 2)); CUDA_OK(cudaMalloc(&dlse, nlse * 4));
+    CUDA_OK(cudaMalloc(&gq, nq * 2)); CUDA_OK(cudaMalloc(&gk, nk * 2)); CUDA_OK(cudaMalloc(&gv, nk * 2));
+    CUDA_OK(cudaMemcpy(dq, hq.data(), nq * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dk, hk.data(), nk * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dv, hv.data(), nk * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(ddo, hdo.data(), nq * 2, cudaMemcpyHostToDevice));
+    if (c.dlse) {
+        CUDA_OK(cudaMalloc(&ddlse, nlse * 4));
+        CUDA_OK(cudaMemcpy(ddlse, fdlse.data(), nlse * 4, cudaMemcpyHostToDevice));
+    }
+    std::vector<void*> to_free = {dq, dk, dv, ddo, dout, dlse, gq, gk, gv, ddlse};
+    auto free_all = [&]() { for (void* x : to_free) if (x) cudaFree(x); };
+
+    // Forward on the GPU: O and LSE.
+    fc_attn_params fp;
+    fill_params(&fp, c, dq, dk, dv, dout, dlse, c.dtype, FC_KERNEL_AUTO);
+    fp.workspace_bytes = fc_attn_fwd_workspace_size(&fp);
+    if (fp.workspace_bytes) { CUDA_OK(cudaMalloc(&fp.workspace, fp.workspace_bytes)); to_free.push_back(fp.workspace); }
+    fc_status st = fc_attn_fwd(&fp, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    if (st != FC_OK) { printf("forward failed: %s\n", fc_status_string(st)); free_all(); return false; }
+    std::vector<uint16_t> ho(nq);
+    std::vector<float> fo(nq), flse(nlse);
+    CUDA_OK(cudaMemcpy(ho.data(), dout, nq * 2, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(flse.data(), dlse, nlse * 4, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < nq; ++i) fo[i] = from_bits(ho[i], c.dtype);
+
+    // Backward on the GPU, twice, into NaN-poisoned gradients and a garbage workspace.
+    fc_attn_bwd_params bp;
+    fill_bwd_params(&bp, c, dq, dk, dv, dout, ddo, dlse, ddlse, gq, gk, gv, c.dtype, FC_KERNEL_SM80);
+    bp.workspace_bytes = fc_attn_bwd_workspace_size(&bp);
+    if (bp.workspace_bytes) { CUDA_OK(cudaMalloc(&bp.workspace, bp.workspace_bytes)); to_free.push_back(bp.workspace); }
+    std::vector<uint16_t> oq[2], ok_[2], ov[2];
+    for (int run = 0; run < 2; ++run) {
+        CUDA_OK(cudaMemset(gq, 0xff, nq * 2)); CUDA_OK(cudaMemset(gk, 0xff, nk * 2));
+        CUDA_OK(cudaMemset(gv, 0xff, nk * 2));
+        if (bp.workspace) CUDA_OK(cudaMemset(bp.workspace, 0xff, bp.workspace_bytes));
+        char why[512];
+        st = fc_attn_bwd_check(&bp, why, sizeof(why));
+        if (st != FC_OK) { printf("bwd refused: %s", why); free_all(); return false; }
+        st = fc_attn_bwd(&bp, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        if (st != FC_OK) { printf("bwd launch failed: %s\n", fc_status_string(st)); free_all(); return false; }
+        oq[run].resize(nq); ok_[run].resize(nk); ov[run].resize(nk);
+        CUDA_OK(cudaMemcpy(oq[run].data(), gq, nq * 2, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(ok_[run].data(), gk, nk * 2, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(ov[run].data(), gv, nk * 2, cudaMemcpyDeviceToHost));
+    }
+    free_all();
+
+    // The CPU path on the same values in fp32, with the GPU's O and LSE.
+    std::vector<float> rq(nq), rk(nk), rv(nk);
+    fill_bwd_params(&bp, c, fq.data(), fk.data(), fv.data(), fo.data(), fdo.data(), flse.data(),
+                    c.dlse ? fdlse.data() : nullptr, rq.data(), rk.data(), rv.data(), FC_DTYPE_FP32, FC_KERNEL_CPU);
+    st = fc_attn_bwd(&bp, nullptr);
+    if (st != FC_OK) { printf("cpu bwd failed: %s\n", fc_status_string(st)); return false; }
+
+    // Bound: max|gpu - cpu| <= tol * (max|cpu| + BWD_ATOL_SCALE), per gradient.
+    const double tol = c.dtype == FC_DTYPE_FP16 ? 2e-2 : 4e-2;
+    const GradErr eq = grad_err(oq[0], rq, c.dtype), ek = grad_err(ok_[0], rk, c.dtype),
+                  ev = grad_err(ov[0], rv, c.dtype);
+    auto within = [&](const GradErr& e) { return e.nan == 0 && e.max_err <= tol * (e.max_ref + BWD_ATOL_SCALE); };
+    const bool kv_same = ok_[0] == ok_[1] && ov[0] == ov[1], q_same = oq[0] == oq[1];
+    const bool pass = within(eq) && within(ek) && within(ev) && kv_same;
+    printf("%s B=%d Hq=%d Hkv=%d Sq=%d Sk=%d D=%d causal=%d %s%s%s  err/max dq %.1e (max %.2e) dk %.1e (max %.2e) "
+           "dv %.1e (max %.2e) nan=%zu/%zu/%zu rerun dk,dv=%s dq=%s\n",
+           pass ? "PASS" : "FAIL", c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, (int)c.causal,
+           c.dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", c.bshd ? " bshd" : "", c.dlse ? " dlse" : "",
+           eq.max_err / std::max(eq.max_ref, 1e-30), eq.max_ref, ek.max_err / std::max(ek.max_ref, 1e-30), ek.max_ref,
+           ev.max_err / std::max(ev.max_ref, 1e-30), ev.max_ref, eq.nan, ek.nan, ev.nan, kv_same ? "same" : "DIFFER",
+           q_same ? "same" : "differs");
+    return pass;
+}
+
+static int run_check_bwd(bool small) {
+    std::mt19937 rng(4321);
+    std::vector<Case> cases;
+    const fc_causal modes[3] = {FC_CAUSAL_NONE, FC_CAUSAL_TOP_LEFT, FC_CAUSAL_BOTTOM_RIGHT};
+    const int lens[][2] = {{113, 203}, {203, 113}, {1, 300}, {300, 1}, {1000, 1025}, {512, 512}};
+    for (int D : {64, 128, 72})
+        for (auto& l : lens)
+            for (fc_causal m : modes)
+                for (fc_dtype dt : {FC_DTYPE_FP16, FC_DTYPE_BF16}) {
+                    const bool big = (long)l[0] * l[1] > SMALL_CASE;  // fewer heads on the long rows (CPU time)
+                    // bf16 cases read (B, S, H, D) views and write the gradients likewise
+                    cases.push_back({big ? 1 : 2, big ? 4 : 8, 2, l[0], l[1], D, m, dt, dt == FC_DTYPE_BF16});
+                }
+    for (fc_causal m : modes) {
+        cases.push_back({2, 8, 2, 130, 257, 40, m, FC_DTYPE_FP16, true});     // D = 40, GQA 4:1
+        cases.push_back({1, 4, 1, 64, 1100, 128, m, FC_DTYPE_BF16, false});   // MQA, one query block
+        cases.push_back({1, 2, 2, 77, 90, 8, m, FC_DTYPE_FP16, false});       // D = 8
+        cases.push_back({2, 4, 2, 150, 170, 96, m, FC_DTYPE_FP16, false, true});  // with dlse
+        cases.push_back({1, 4, 4, 300, 200, 64, m, FC_DTYPE_BF16, true, true});   // with dlse, Sq > Sk
+    }
+    if (small)
+        cases.erase(std::remove_if(cases.begin(), cases.end(),
+                                   [](const Case& c) { return (long)c.Sq * c.Sk > SMALL_CASE; }),
+                    cases.end());
+    int fails = 0;
+    for (const Case& c : cases) fails += !check_bwd_case(c, rng);
+    printf("check-bwd: %zu cases, %d failed\n", cases.size(), fails);
     return fails ? 1 : 0;
 }
 
@@ -454,6 +630,75 @@ static Case case_from_args(char** a) {
             causal == 2 ? FC_CAUSAL_BOTTOM_RIGHT : causal ? FC_CAUSAL_TOP_LEFT : FC_CAUSAL_NONE, FC_DTYPE_FP16, false};
 }
 
+// Times fc_attn_bwd (sm80) on one fp16 case: inputs N(0, 1), O and LSE from
+// the forward; median of `reps` calls, CUDA events. -1 if a call fails.
+static double time_bwd_case(const Case& c, int reps) {
+    DeviceCase d(c, FC_KERNEL_AUTO);
+    const size_t nq = (size_t)c.B * c.Hq * c.Sq * c.D, nk = (size_t)c.B * c.Hkv * c.Sk * c.D;
+    float* lse;
+    void *ddo, *gq, *gk, *gv;
+    CUDA_OK(cudaMalloc(&lse, (size_t)c.B * c.Hq * c.Sq * 4));
+    CUDA_OK(cudaMalloc(&ddo, nq * 2)); CUDA_OK(cudaMalloc(&gq, nq * 2));
+    CUDA_OK(cudaMalloc(&gk, nk * 2)); CUDA_OK(cudaMalloc(&gv, nk * 2));
+    fill_inputs(ddo, nq, 4, c.dtype);
+    d.p.lse = lse;
+    double us = -1;
+    fc_attn_bwd_params bp;
+    if (fc_attn_fwd(&d.p, nullptr) == FC_OK) {
+        fill_bwd_params(&bp, c, d.dq, d.dk, d.dv, d.dout, ddo, lse, nullptr, gq, gk, gv, c.dtype, FC_KERNEL_SM80);
+        bp.workspace_bytes = fc_attn_bwd_workspace_size(&bp);
+        if (bp.workspace_bytes) CUDA_OK(cudaMalloc(&bp.workspace, bp.workspace_bytes));
+        cudaEvent_t e0, e1;
+        CUDA_OK(cudaEventCreate(&e0)); CUDA_OK(cudaEventCreate(&e1));
+        std::vector<float> ts;
+        for (int r = -3; r < reps; ++r) {  // 3 warm-up calls
+            CUDA_OK(cudaEventRecord(e0));
+            if (fc_attn_bwd(&bp, nullptr) != FC_OK) { printf("bwd launch failed\n"); ts.clear(); break; }
+            CUDA_OK(cudaEventRecord(e1));
+            CUDA_OK(cudaEventSynchronize(e1));
+            float ms; CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+            if (r >= 0) ts.push_back(ms);
+        }
+        if (!ts.empty()) { std::sort(ts.begin(), ts.end()); us = ts[ts.size() / 2] * 1e3; }
+        cudaEventDestroy(e0); cudaEventDestroy(e1);
+        if (bp.workspace) cudaFree(bp.workspace);
+    } else {
+        printf("forward failed\n");
+    }
+    cudaFree(lse); cudaFree(ddo); cudaFree(gq); cudaFree(gk); cudaFree(gv);
+    return us;
+}
+
+// Backward FLOPs: 2.5 times the forward's (five matmuls against two).
+static const double BWD_FLOP_FACTOR = 2.5;
+
+static void print_bwd_time(const Case& c, double us) {
+    const double flops = BWD_FLOP_FACTOR * case_flops(c);
+    printf("%-4d %-4d %-4d %-6d %-6d %-4d %-7d %10.1f %9.1f\n", c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, (int)c.causal,
+           us, us > 0 ? flops / us * 1e-6 : 0.0);
+}
+
+// bench-bwd: 16k tokens (B * S), H * D = 2048, fp16; or the one case of args.
+static int run_bench_bwd(int argc, char** argv) {
+    print_header();
+    if (argc == 11) {
+        const Case c = case_from_args(argv + 3);
+        const double us = time_bwd_case(c, atoi(argv[10]));
+        print_bwd_time(c, us);
+        return us < 0;
+    }
+    for (int D : {64, 128})
+        for (int S : {1024, 4096})
+            for (int causal = 0; causal < 2; ++causal) {
+                const int H = 2048 / D, B = 16384 / S;
+                const Case c = {B, H, H, S, S, D, causal ? FC_CAUSAL_TOP_LEFT : FC_CAUSAL_NONE, FC_DTYPE_FP16, false};
+                const double us = time_bwd_case(c, 20);
+                if (us < 0) return 1;
+                print_bwd_time(c, us);
+            }
+    return 0;
+}
+
 int main(int argc, char** argv) {
     setvbuf(stdout, nullptr, _IOLBF, 0);  // line-buffered: a log cut off by a timeout still shows the last case
     const std::string mode = argc > 1 ? argv[1] : "check";
@@ -464,6 +709,8 @@ int main(int argc, char** argv) {
     printf("device: %s (sm_%d%d), kernel=%s\n", prop.name, prop.major, prop.minor, kname.c_str());
     if (mode == "check") return run_check(kernel, argc > 3 && std::string(argv[3]) == "small");
     if (mode == "bench") return run_bench(kernel);
+    if (mode == "check-bwd") return run_check_bwd(argc > 3 && std::string(argv[3]) == "small");
+    if (mode == "bench-bwd" && (argc == 3 || argc == 11)) return run_bench_bwd(argc, argv);
     if (mode == "host" && argc == 10) return run_host(case_from_args(argv + 3), kernel);
 #ifdef FC_SM90_TRACE
     if (mode == "trace" && argc == 11) return run_trace(case_from_args(argv + 3), kernel, argv[10]);
@@ -478,6 +725,7 @@ int main(int argc, char** argv) {
         return us < 0;
     }
     fprintf(stderr, "usage: harness check [auto|sm80|sm90] [small] | bench [auto|sm80|sm90] |\n"
+                    "       check-bwd sm80 [small] | bench-bwd sm80 [B Hq Hkv Sq Sk D causal(0,1,2) reps] |\n"
                     "       shape [auto|sm80|sm90] B Hq Hkv Sq Sk D causal(0,1,2) reps [flush: 0 none, 1 zero, 2 read] |\n"
                     "       host [auto|sm80|sm90] B Hq Hkv Sq Sk D causal(0,1,2)\n");
     return 2;
