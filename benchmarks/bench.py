@@ -734,13 +734,16 @@ def ceilings_text(meta):
 
 
 def write_markdown(path, meta, rows):
-    lines = [f"Forward TFLOP/s on {meta['gpu']} (torch {meta['torch']}, cuDNN {meta['cudnn']}, "
+    bwd = any(r["suite"] == "bwd" for r in rows)
+    what = "Forward" if not bwd else "Backward" if all(r["suite"] == "bwd" for r in rows) else "Forward and backward"
+    lines = [f"{what} TFLOP/s on {meta['gpu']} (torch {meta['torch']}, cuDNN {meta['cudnn']}, "
              f"commit {meta['commit'][:12]}, {ceilings_text(meta)}. "
              f"do_bench median, L2 flushed, {meta.get('rounds', 1)} round(s) "
              + ("in pairs of a seeded shuffled order and its reverse (mean of the even and the odd rounds' "
                 "medians); " if meta.get("order") == "shuffled"
                 else "in alternating order (mean of the two orders' medians); ")
-             + "causal FLOPs halved" + ("; chunk rows (causal-br): the causal mask aligned bottom-right, "
+             + "causal FLOPs halved" + ("; bwd rows: the backward alone (gradients of q, k, v from a "
+                                       "retained forward), 2.5x the forward's FLOPs" if bwd else "") + ("; chunk rows (causal-br): the causal mask aligned bottom-right, "
                                        "visible query-key pairs counted" if any(r["suite"] == "chunk" for r in rows)
                                        else "") + ". Columns fc = flashcore (auto), "
              "fc:smXX = forced kernel, best SDPA = fastest of default/cudnn/flash/efficient.", ""]
