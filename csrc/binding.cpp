@@ -72,8 +72,8 @@ Returns:
 [[noreturn]] void value_error(const std::string& msg) { throw pybind11::value_error(msg); }
 
 // The refusal of an input that requires grad, with {name} for the argument.
-// Raised by the raw entry point _C.fwd; flashcore.attention takes inputs that
-// require grad through its custom op, whose autograd formula runs fc_attn_bwd.
+// Raised by the raw entry point _C.fwd (check_inputs); flashcore.attention takes
+// inputs that require grad through its custom op, whose autograd formula runs fc_attn_bwd.
 const char* const FC_REQUIRES_GRAD_MSG =
     "{name}: requires grad, but this entry point has no autograd formula; call flashcore.attention (which "
     "has a backward), or call it under torch.no_grad() or pass {name}.detach()";
@@ -95,6 +95,14 @@ std::string shape_str(const at::Tensor& t) {
 std::string nested_message(const std::string& name) {
     return name + ": nested tensors are not supported; pad them to one (B, H, S, D) tensor (" + name +
            ".to_padded_tensor(0.0)) and drop the padded rows' outputs";
+}
+
+// A forward-mode AD tangent (torch.autograd.forward_ad) would be dropped: no jvp exists.
+void check_no_tangent(const at::Tensor& t, const char* name) {
+    if (t._fw_grad(/*level=*/0).defined())
+        value_error(std::string(name) + ": carries a forward-mode AD tangent, but flashcore.attention has no "
+                    "forward-mode derivative (no jvp); pass torch.autograd.forward_ad.unpack_dual(" + name +
+                    ").primal, or use scaled_dot_product_attention");
 }
 
 // Every check that can be phrased in terms of the user's arguments lives
@@ -140,10 +148,7 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
         // for a forward-mode tangent (torch.autograd.forward_ad): no jvp exists.
         if (t.requires_grad() && at::GradMode::is_enabled())
             value_error(requires_grad_message(names[i]));
-        if (t._fw_grad(/*level=*/0).defined())
-            value_error(std::string(names[i]) + ": carries a forward-mode AD tangent, but flashcore.attention has no "
-                        "forward-mode derivative (no jvp); pass torch.autograd.forward_ad.unpack_dual(" + names[i] +
-                        ").primal, or use scaled_dot_product_attention");
+        check_no_tangent(t, names[i]);
     }
     for (int i = 1; i < 3; ++i) {
         if (ts[i]->device() != q.device())
@@ -392,24 +397,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                                                    const c10::optional<at::Tensor>& dlse, double scale, int causal) {
     at::NoGradGuard no_grad;  // (a create_graph backward: the op itself has no derivative)
     check_inputs(q, k, v);
-    check_scale(scale);
+    if (!(scale > 0.0 && scale <= FC_MAX_SCALE && (float)scale > 0.f))
+        value_error("scale: got " + std::to_string(scale) + "; the backward needs the forward's scale, > 0 in fp32 "
+                    "and at most 2.3e38");
     if (causal < FC_CAUSAL_NONE || causal > FC_CAUSAL_BOTTOM_RIGHT)
-        value_error("causal: unknown mode " + std::to_string(causal));
+        value_error("causal: unknown mode " + std::to_string(causal) + "; pass 0 (none), 1 (top-left) or 2 "
+                    "(bottom-right)");
     const std::vector<int64_t> rows = {q.size(0), q.size(1), q.size(2)};
     const std::pair<const at::Tensor*, const char*> like_q[2] = {{&dout, "dout"}, {&out, "out"}};
     for (const auto& t : like_q) {
-        if (t.first->sizes() != q.sizes() || t.first->scalar_type() != q.scalar_type() ||
-            t.first->device() != q.device())
-            value_error(std::string(t.second) + ": expected q's shape " + shape_str(q) + ", dtype and device, got " +
-                        shape_str(*t.first) + " " + std::string(c10::toString(t.first->scalar_type())) + " on " +
-                        t.first->device().str());
+        if (t.first->scalar_type() != q.scalar_type())
+            type_error(std::string(t.second) + ": dtype " + std::string(c10::toString(t.first->scalar_type())) +
+                       " differs from q's " + std::string(c10::toString(q.scalar_type())) + "; cast " + t.second +
+                       " to q's dtype");
+        if (t.first->sizes() != q.sizes() || t.first->device() != q.device())
+            value_error(std::string(t.second) + ": expected q's shape " + shape_str(q) + " on " + q.device().str() +
+                        ", got " + shape_str(*t.first) + " on " + t.first->device().str());
     }
     const std::pair<const at::Tensor*, const char*> like_lse[2] = {{&lse, "lse"}, {dlse ? &*dlse : nullptr, "dlse"}};
     for (const auto& t : like_lse) {
         if (t.first && (t.first->sizes() != rows || t.first->scalar_type() != at::kFloat ||
                         t.first->device() != q.device()))
-            value_error(std::string(t.second) + ": expected a float32 (B, Hq, Sq) tensor on q's device, got " +
-                        shape_str(*t.first) + " " + std::string(c10::toString(t.first->scalar_type())));
+            value_error(std::string(t.second) + ": expected a float32 (B, Hq, Sq) = (" + std::to_string(rows[0]) +
+                        ", " + std::to_string(rows[1]) + ", " + std::to_string(rows[2]) + ") tensor on " +
+                        q.device().str() + ", got " + shape_str(*t.first) + " " +
+                        std::string(c10::toString(t.first->scalar_type())) + " on " + t.first->device().str());
     }
     c10::OptionalDeviceGuard guard(q.device());
     const at::Tensor g = rows_usable(dout), o = rows_usable(out), l = lse.contiguous();
@@ -642,9 +654,14 @@ pybind11::object attention(const pybind11::handle& query, const pybind11::handle
     at::Tensor k = tensor_arg(key, "k");
     at::Tensor v = tensor_arg(value, "v");
     // Inputs that require grad while autograd records take the custom op, whose
-    // autograd formula runs the backward (flashcore/__init__.py).
-    if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
+    // autograd formula runs the backward (flashcore/__init__.py); a forward-mode
+    // tangent is refused first, as check_inputs refuses it.
+    if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) {
+        check_no_tangent(q, "q");
+        check_no_tangent(k, "k");
+        check_no_tangent(v, "v");
         return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
+    }
     autocast_inputs(q, k, v);
     const CallArgs a = parse_args(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal, causal_alignment,
                                   return_lse, kernel, num_splits);
@@ -707,7 +724,6 @@ PYBIND11_MODULE(_C, m) {
           py::arg("is_causal"), py::arg("scale"), py::arg("enable_gqa"), py::arg("causal"),
           py::arg("causal_alignment"), py::arg("return_lse"), py::arg("kernel"), py::arg("num_splits"));
     m.attr("ATTENTION_DOC") = FC_ATTENTION_DOC;
-    m.attr("REQUIRES_GRAD_MSG") = FC_REQUIRES_GRAD_MSG;
     m.attr("KERNELS") = name_dict(KERNEL_IDS);
     m.attr("CAUSAL_ALIGNMENTS") = name_dict(ALIGNMENT_IDS);
     m.def("fwd", &fwd, "attention forward with causal mode and kernel ids (see flashcore.attention)");

@@ -489,9 +489,11 @@ static fc_attn_params bwd_forward_view(const fc_attn_bwd_params* p) {
     return f;
 }
 
+#define FC_WORKSPACE_ALIGN 16 /* bytes: every workspace pointer and size is a multiple of this */
+
 static size_t bwd_workspace_bytes(const fc_attn_bwd_params* p) {
     const size_t rows = (size_t)p->B * p->Hq * p->Sq;
-    return (rows * ((size_t)p->D + 1) * sizeof(float) + 15) / 16 * 16;
+    return (rows * ((size_t)p->D + 1) * sizeof(float) + FC_WORKSPACE_ALIGN - 1) / FC_WORKSPACE_ALIGN * FC_WORKSPACE_ALIGN;
 }
 
 /* Whether the GPU backward runs its kernels (and needs the workspace): not
@@ -531,7 +533,7 @@ static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int
         fail(rp, FC_ERR_ARCH, "device: the backward at head dim %d needs %zu bytes of shared memory per block, "
              "this GPU allows %d", p->D, p->D <= 64 ? fc_sm80_bwd_smem_d64() : fc_sm80_bwd_smem_d128(),
              c.dev->smem_optin);
-    if ((int64_t)p->B * p->Hkv * ((p->Sk + 63) / 64) > FC_GRID_X_MAX)
+    if ((int64_t)p->B * p->Hkv * ((p->Sk + FC_BWD_KEYS_PER_CTA - 1) / FC_BWD_KEYS_PER_CTA) > FC_GRID_X_MAX)
         fail(rp, FC_ERR_INVALID_SHAPE, "shape: B=%d x Hkv=%d x Sk=%d needs more than 2^31-1 thread blocks; "
              "split the batch", p->B, p->Hkv, p->Sk);
     if (p->B > 0 && p->Hq > 0 && p->Sq == 0 && (int64_t)p->B * p->Hkv * p->Sk / FC_COMBINE_ROWS >= FC_GRID_X_MAX)
@@ -542,7 +544,7 @@ static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int
         if (!p->workspace || p->workspace_bytes < need)
             fail(rp, FC_ERR_WORKSPACE, "workspace: %zu bytes given, %zu needed for the dQ accumulator; allocate "
                  "fc_attn_bwd_workspace_size(params) bytes", p->workspace ? p->workspace_bytes : (size_t)0, need);
-        else if ((uintptr_t)p->workspace % 16 != 0)
+        else if ((uintptr_t)p->workspace % FC_WORKSPACE_ALIGN != 0)
             fail(rp, FC_ERR_WORKSPACE, "workspace: pointer is not 16-byte aligned");
     }
     return rp->first;

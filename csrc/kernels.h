@@ -23,6 +23,7 @@ size_t fc_sm80_smem_d256(void);
  * (csrc/sm80/attn_bwd_sm80*.cu). The workspace (fc_attn_bwd_workspace_size)
  * holds the fp32 dQ accumulator (B, Hq, Sq, D) contiguous, then Delta
  * (B, Hq, Sq) fp32; the launcher fills both itself (no memset needed). */
+#define FC_BWD_KEYS_PER_CTA 64 /* keys per CTA of the main kernel (its grid: key blocks x B x Hkv) */
 fc_status fc_sm80_bwd_d64(const fc_attn_bwd_params* p, fc_stream_t stream);   /* D <= 64 */
 fc_status fc_sm80_bwd_d128(const fc_attn_bwd_params* p, fc_stream_t stream);  /* 64 < D <= 128 */
 size_t fc_sm80_bwd_smem_d64(void);   /* dynamic shared memory per CTA of the main kernel, bytes */

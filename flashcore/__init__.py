@@ -55,20 +55,48 @@ def _needs_grad(query, key, value):
     # Whether autograd records this call (an input requires grad). The GPU
     # backward covers head dims up to _C.BWD_MAX_GPU_HEAD_DIM; a larger one is
     # refused here, before the forward runs, rather than in backward().
+    _refuse_transforms(query, key, value)
     if not torch.is_grad_enabled():
         return False
     names = [n for n, t in (("q", query), ("k", key), ("v", value)) if isinstance(t, torch.Tensor) and t.requires_grad]
-    if names and query.is_cuda and query.dim() == 4 and query.shape[-1] > _C.BWD_MAX_GPU_HEAD_DIM:
+    if (names and isinstance(query, torch.Tensor) and query.is_cuda and query.dim() == 4
+            and query.shape[-1] > _C.BWD_MAX_GPU_HEAD_DIM):
         raise ValueError(f"{names[0]}: requires grad, but flashcore's GPU backward supports head dims up to "
                          f"{_C.BWD_MAX_GPU_HEAD_DIM}, got D={query.shape[-1]}; call it under torch.no_grad() for "
                          f"inference, or use scaled_dot_product_attention for training at this head dim")
     return bool(names)
 
 
+def _refuse_transforms(query, key, value):
+    # What the op has no formula for, refused rather than dropped: a
+    # forward-mode tangent (torch.func.jvp, jacfwd, forward_ad: the op has no
+    # jvp, and torch would return zero tangents), and gradients under
+    # torch.func's grad transform (grad, vjp, jacrev: the autograd formula
+    # serves torch.autograd only). Plain tensors outside any transform pass.
+    # (Not while torch.compile traces: dynamo cannot trace the interpreter stack.)
+    if torch.compiler.is_compiling():
+        return
+    stack = torch._C._functorch.get_interpreter_stack()
+    grad_level = any(i.key() == torch._C._functorch.TransformType.Grad for i in stack) if stack else False
+    for name, t in (("q", query), ("k", key), ("v", value)):
+        if not isinstance(t, torch.Tensor):
+            continue
+        if torch.autograd.forward_ad.unpack_dual(t).tangent is not None:
+            raise ValueError(f"{name}: carries a forward-mode AD tangent (torch.func.jvp, jacfwd or "
+                             f"torch.autograd.forward_ad), but flashcore.attention has no forward-mode derivative "
+                             f"(no jvp); use scaled_dot_product_attention for forward-mode AD")
+        if grad_level and t.requires_grad and torch.is_grad_enabled():
+            raise ValueError(f"{name}: requires grad under a torch.func transform (grad, vjp, jacrev), but "
+                             f"flashcore's backward runs under torch.autograd only; use torch.autograd.grad or "
+                             f"loss.backward(), or scaled_dot_product_attention under torch.func")
+
+
 def _autocast(query, key, value):
     # binding.cpp's autocast_inputs for the op path: under torch.autocast,
     # floating inputs other than fp64 on the autocast device take its dtype,
     # as SDPA's do.
+    if not isinstance(query, torch.Tensor):
+        return query, key, value  # (the op refuses it with the binding's TypeError)
     dev = query.device.type
     if dev not in ("cuda", "cpu") or not torch.is_autocast_enabled(dev):
         return query, key, value
@@ -160,6 +188,7 @@ def _attention_vmap(info, in_dims, query, key, value, attn_mask, dropout_p, is_c
     n = info.batch_size
     args = (dropout_p, is_causal, scale, causal, causal_alignment, return_lse, kernel, num_splits)
     ts = [t.movedim(d, 0) if d is not None else t.expand(n, *t.shape) for t, d in zip((query, key, value), in_dims)]
+    _refuse_transforms(*ts)  # (a transform below this vmap level, e.g. grad(vmap(f)))
     error = None
     if attn_mask is None and all(t.dim() == 5 and t.stride(-1) == 1 for t in ts):
         B, H = ts[0].shape[1], ts[0].shape[2]
@@ -202,12 +231,15 @@ def _attention_setup_context(ctx, inputs, output):
     ctx.scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
     ctx.causal_mode = _causal_mode(is_causal, causal, causal_alignment)
     # (a direct op call without return_lse leaves lse empty: the backward recomputes it)
+    ctx.set_materialize_grads(False)  # an unused lse (or out) gradient comes as None, not zeros
     ctx.forward_args = (attn_mask, dropout_p, is_causal, scale, causal, causal_alignment, True, kernel, num_splits)
     ctx.save_for_backward(query, key, value, out, lse)
 
 
 def _attention_backward(ctx, grad_out, grad_lse):
     query, key, value, out, lse = ctx.saved_tensors
+    if grad_out is None:  # (only lse was used)
+        grad_out = torch.zeros_like(out)
     if lse.dim() != 3:
         out, lse = _attention_op(query, key, value, *ctx.forward_args)
     dlse = grad_lse if grad_lse is not None and grad_lse.dim() == 3 else None

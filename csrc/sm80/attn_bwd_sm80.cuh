@@ -86,6 +86,7 @@ struct BwdTile {
     static constexpr size_t SMEM_BYTES = KV_BYTES + QDO_BYTES + DS_BYTES + VEC_BYTES;
     static_assert(THREADS == 2 * BR, "one thread copies each row's LSE or Delta");
     static_assert(BR * 2 == 128, "the dS^T tile's rows must be 8 chunks for swz");
+    static_assert(BC == FC_BWD_KEYS_PER_CTA, "dispatch sizes the grid with FC_BWD_KEYS_PER_CTA");
 };
 
 // Prep and post kernels: DP / 8 threads per row, each 8 columns (16 bytes of T).
@@ -261,7 +262,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     //  q_t:      B = Q (dO) with rows as k (.trans), for dK += dS^T Q (dV += P^T dO).
     //  k_t:      B = K with keys as k (.trans), for dQ = dS K.
     //  ds_a:     A = dS (query rows, key k) read transposed from the dS^T tile.
-    const uint32_t k_a = smem_u32(sK + swz<DP>(warp * 16 + lane % 16, lane / 16));
+    const uint32_t k_a = smem_u32(sK + swz<DP>(warp * Tile::KEYS_PER_WARP + lane % 16, lane / 16));
     const uint32_t v_a = k_a + BC * ROW_BYTES;
     const uint32_t q_b = smem_u32(sQ + swz<DP>((lane / 16) * 8 + lane % 8, (lane / 8) % 2));
     const uint32_t q_t = smem_u32(sQ + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16));
@@ -350,7 +351,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                 const int q_lim = p.Sq - q_first;  // masked iff c >= q_lim
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
-                    const int key = k0 + warp * 16 + lane / 4 + hr * 8;
+                    const int key = k0 + warp * Tile::KEYS_PER_WARP + lane / 4 + hr * 8;
                     const int c_lim = causal ? key - diag - q_first : INT_MIN;  // masked iff c < c_lim
                     const bool key_bad = key >= p.Sk;
 #pragma unroll
@@ -397,7 +398,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                 for (int half = 0; half < 2; ++half)
 #pragma unroll
                     for (int hr = 0; hr < 2; ++hr)
-                        *reinterpret_cast<uint32_t*>(sdS + swz<BR>(warp * 16 + lane / 4 + hr * 8,
+                        *reinterpret_cast<uint32_t*>(sdS + swz<BR>(warp * Tile::KEYS_PER_WARP + lane / 4 + hr * 8,
                                                                    col0 / 8 + 2 * kk + half) + (lane % 4) * 2) =
                             dsa[kk][2 * half + hr];
         }
@@ -410,6 +411,8 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
 
         // dQ rows row0 + warp*16 .. +15 += dS K (all BC keys), unscaled, into the accumulator.
         {
+            constexpr int DQ_ROWS = BR / Tile::WARPS;  // query rows per warp: one m16 tile
+            static_assert(DQ_ROWS == 16, "the dQ phase gives each warp one m16 tile of rows");
             uint32_t a[BC / 16][4];
 #pragma unroll
             for (int kk = 0; kk < BC / 16; ++kk) ldmatrix_x4_trans(a[kk], ds_a + kk * 16 * DS_ROW_BYTES);
@@ -417,7 +420,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
             bool row_ok[2];
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr) {
-                const int r = row0 + warp * 16 + lane / 4 + hr * 8;
+                const int r = row0 + warp * DQ_ROWS + lane / 4 + hr * 8;
                 row_ok[hr] = r < p.Sq;
                 dq_row[hr] = dq_acc + (((int64_t)b * p.Hq + h) * p.Sq + (row_ok[hr] ? r : 0)) * p.D + (lane % 4) * 2;
             }
@@ -449,7 +452,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     // 16-byte coalesced stores of keys < Sk.
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-        const int r = warp * 16 + lane / 4 + hr * 8;
+        const int r = warp * Tile::KEYS_PER_WARP + lane / 4 + hr * 8;
 #pragma unroll
         for (int dt = 0; dt < D_TILES; ++dt) {
             *reinterpret_cast<uint32_t*>(sK + swz<DP>(r, dt) + (lane % 4) * 2) =
@@ -463,14 +466,14 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     static_assert(32 % CHUNKS == 0, "one row must fit in one warp pass");
     const int c_first = lane % CHUNKS, r_first = lane / CHUNKS;
     const bool col_ok = c_first * 8 < p.D;
-    const int64_t key_first = (int64_t)k0 + warp * 16 + r_first;
+    const int64_t key_first = (int64_t)k0 + warp * Tile::KEYS_PER_WARP + r_first;
     T* dk = static_cast<T*>(p.dk) + b * p.dk_batch_stride + hk * p.dk_head_stride + key_first * p.dk_row_stride +
             c_first * 8;
     T* dv = static_cast<T*>(p.dv) + b * p.dv_batch_stride + hk * p.dv_head_stride + key_first * p.dv_row_stride +
             c_first * 8;
 #pragma unroll
     for (int i = 0; i < 16 / ROW_STEP; ++i) {
-        const int r = warp * 16 + r_first + i * ROW_STEP;
+        const int r = warp * Tile::KEYS_PER_WARP + r_first + i * ROW_STEP;
         if (col_ok && k0 + r < p.Sk) {
             *reinterpret_cast<uint4*>(dk) = *reinterpret_cast<const uint4*>(sK + swz<DP>(r, c_first));
             *reinterpret_cast<uint4*>(dv) = *reinterpret_cast<const uint4*>(sV + swz<DP>(r, c_first));
