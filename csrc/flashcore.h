@@ -1,5 +1,5 @@
 /*
- * flashcore.h -- the whole public C API of flashcore's attention forward.
+ * flashcore.h -- the whole public C API of flashcore's attention (forward and backward).
  *
  *   O = softmax(scale * Q K^T + mask) V          per (batch, head)
  *
