@@ -287,6 +287,22 @@ void forget_zeroed_workspace(const at::Tensor& q, cudaStream_t stream) {
     zeroed_kept->erase(key);
 }
 
+// Raises the Python exception for a call that returned st: MemoryError for the
+// CPU path's scratch (`what` says which), the launch's own failure when the
+// checks passed (checked, its check function's status; `what` names it), else
+// the reasons `why` the checks gave, as TypeError for a dtype, RuntimeError for
+// the device and ValueError for the rest.
+[[noreturn]] void raise_failure(fc_status st, fc_status checked, const char* why, const char* what) {
+    if (st == FC_ERR_HOST_MEMORY) {
+        PyErr_SetString(PyExc_MemoryError, (std::string("flashcore: ") + what).c_str());
+        throw pybind11::error_already_set();
+    }
+    if (checked == FC_OK) throw std::runtime_error(std::string("flashcore: ") + what + ": " + fc_status_string(st));
+    if (st == FC_ERR_CUDA || st == FC_ERR_ARCH) throw std::runtime_error(std::string("flashcore: ") + why);
+    if (st == FC_ERR_UNSUPPORTED_DTYPE) type_error(std::string("flashcore: ") + why);
+    value_error(std::string("flashcore: ") + why);
+}
+
 // Test switch (_C.set_poison_outputs): fill out and lse with NaN, and the
 // allocated scratch with 0xff bytes, before each launch, so an element a kernel
 // does not write reads as NaN whatever memory the allocator handed back.
@@ -353,17 +369,10 @@ std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor&
     }
     if (st != FC_OK) {
         if (p.counters_zeroed) forget_zeroed_workspace(q, (cudaStream_t)stream);
+        if (st == FC_ERR_HOST_MEMORY) raise_failure(st, FC_OK, "", "the CPU kernel could not allocate its per-thread "
+                                                                "scratch (malloc failed)");
         char why[1024];
-        if (st == FC_ERR_HOST_MEMORY) {  // the CPU kernel's scratch: Python's MemoryError
-            PyErr_SetString(PyExc_MemoryError, "flashcore: the CPU kernel could not allocate its per-thread "
-                                               "scratch (malloc failed)");
-            throw pybind11::error_already_set();
-        }
-        if (fc_attn_fwd_check(&p, why, sizeof(why)) == FC_OK)  // checks passed: the launch failed
-            throw std::runtime_error(std::string("flashcore: kernel launch failed: ") + fc_status_string(st));
-        if (st == FC_ERR_CUDA || st == FC_ERR_ARCH) throw std::runtime_error(std::string("flashcore: ") + why);
-        if (st == FC_ERR_UNSUPPORTED_DTYPE) type_error(std::string("flashcore: ") + why);
-        value_error(std::string("flashcore: ") + why);
+        raise_failure(st, fc_attn_fwd_check(&p, why, sizeof(why)), why, "kernel launch failed");
     }
     return {out, lse};
 }
@@ -472,17 +481,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
         st = fc_attn_bwd(&p, stream);
     }
     if (st != FC_OK) {
+        if (st == FC_ERR_HOST_MEMORY) raise_failure(st, FC_OK, "", "the CPU backward could not allocate its scratch "
+                                                                "(malloc failed)");
         char why[1024];
-        if (st == FC_ERR_HOST_MEMORY) {
-            PyErr_SetString(PyExc_MemoryError, "flashcore: the CPU backward could not allocate its scratch "
-                                               "(malloc failed)");
-            throw pybind11::error_already_set();
-        }
-        if (fc_attn_bwd_check(&p, why, sizeof(why)) == FC_OK)
-            throw std::runtime_error(std::string("flashcore: backward kernel launch failed: ") + fc_status_string(st));
-        if (st == FC_ERR_CUDA || st == FC_ERR_ARCH) throw std::runtime_error(std::string("flashcore: ") + why);
-        if (st == FC_ERR_UNSUPPORTED_DTYPE) type_error(std::string("flashcore: ") + why);
-        value_error(std::string("flashcore: ") + why);
+        raise_failure(st, fc_attn_bwd_check(&p, why, sizeof(why)), why, "backward kernel launch failed");
     }
     return {dq, dk, dv};
 }

@@ -95,6 +95,18 @@ template <> FC_DEVICE uint32_t pack2<__nv_bfloat16>(float x, float y) {
     return *reinterpret_cast<uint32_t*>(&h);
 }
 
+// The A fragment of an m16n8k16 step from the C fragments of two adjacent
+// 8-column tiles (columns 0-7 and 8-15 of the 16-wide k step): one mma's fp32
+// result fed to the next mma in T (the forward's P V; the backward's P^T dO,
+// dS^T Q).
+template <typename T>
+FC_DEVICE void pack_a_from_c(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+    a[0] = pack2<T>(c0[0], c0[1]);
+    a[1] = pack2<T>(c0[2], c0[3]);
+    a[2] = pack2<T>(c1[0], c1[1]);
+    a[3] = pack2<T>(c1[2], c1[3]);
+}
+
 // Programmatic dependent launch (sm90+; no-ops when compiled for older
 // targets, and griddep_wait returns at once when the kernel was not launched
 // as a programmatic dependent). griddep_launch_dependents lets the next

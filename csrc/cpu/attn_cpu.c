@@ -107,6 +107,38 @@ static void store_row(void* base, int64_t off, const float* src, int n, fc_dtype
 /* x, or +-inf where x is past the fp32 range (as an fp32 result overflows) */
 static double fp32_range(double x) { return fabs(x) > FLT_MAX ? copysign(INFINITY, x) : x; }
 
+/* q . k over D, summed in fp64 */
+static double dot_d(const float* a, const float* b, int D) {
+    double s = 0.;
+#ifdef _OPENMP
+#pragma omp simd reduction(+ : s) /* lets the compiler keep partial sums in SIMD lanes */
+#endif
+    for (int d = 0; d < D; ++d) s += (double)a[d] * b[d];
+    return s;
+}
+
+/* whether key j is visible to query i (diag: Sk - Sq for bottom-right, else 0) */
+static int visible(fc_causal causal, int i, int j, int diag) {
+    return causal == FC_CAUSAL_NONE || j <= i + diag;
+}
+
+/* End of the keys rows r0 .. r0 + rows - 1 see: keys past the block's last
+ * visible key are never loaded. */
+static int key_end_of(fc_causal causal, int Sk, int r0, int rows, int diag) {
+    if (causal == FC_CAUSAL_NONE) return Sk;
+    const int last = r0 + rows - 1 + diag + 1;
+    return last < 0 ? 0 : (last < Sk ? last : Sk);
+}
+
+/* Keys c0 .. c0 + nk - 1 of one KV head (element offsets ko, vo) into kc, vc as fp32 rows of D. */
+static void load_kv_chunk(float* kc, float* vc, const void* k, int64_t ko, int64_t k_row_stride, const void* v,
+                          int64_t vo, int64_t v_row_stride, int c0, int nk, int D, fc_dtype dt) {
+    for (int j = 0; j < nk; ++j) {
+        load_row(kc + j * D, k, ko + (int64_t)(c0 + j) * k_row_stride, D, dt);
+        load_row(vc + j * D, v, vo + (int64_t)(c0 + j) * v_row_stride, D, dt);
+    }
+}
+
 /* ---- one block of up to QB query rows of one (batch, head) ---- */
 
 /* scratch: SCRATCH_BYTES_PER_D x D bytes from malloc, this thread's own */
@@ -130,18 +162,10 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0, void* scra
         m[r] = -INFINITY;
         l[r] = 0.;
     }
-    /* keys past this block's last visible key are never loaded */
-    int key_end = p->Sk;
-    if (p->causal != FC_CAUSAL_NONE) {
-        const int last = r0 + rows - 1 + diag + 1;
-        key_end = last < 0 ? 0 : (last < key_end ? last : key_end);
-    }
+    const int key_end = key_end_of(p->causal, p->Sk, r0, rows, diag);
     for (int c0 = 0; c0 < key_end; c0 += KC) {
         const int nk = key_end - c0 < KC ? key_end - c0 : KC;
-        for (int j = 0; j < nk; ++j) {
-            load_row(kc + j * D, p->k, ko + (int64_t)(c0 + j) * p->k_row_stride, D, p->dtype);
-            load_row(vc + j * D, p->v, vo + (int64_t)(c0 + j) * p->v_row_stride, D, p->dtype);
-        }
+        load_kv_chunk(kc, vc, p->k, ko, p->k_row_stride, p->v, vo, p->v_row_stride, c0, nk, D, p->dtype);
         for (int r = 0; r < rows; ++r) {
             const int i = r0 + r;
             const float* qr = q + r * D;
@@ -149,14 +173,8 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0, void* scra
             double mx = -INFINITY;
             for (int j = 0; j < nk; ++j) {
                 const int key = c0 + j;
-                if (p->causal != FC_CAUSAL_NONE && key > i + diag) { s[j] = -INFINITY; continue; }
-                const float* kj = kc + j * D;
-                double dot = 0.;
-#ifdef _OPENMP
-#pragma omp simd reduction(+ : dot)  /* lets the compiler keep partial sums in SIMD lanes */
-#endif
-                for (int d = 0; d < D; ++d) dot += (double)qr[d] * kj[d];
-                s[j] = fp32_range(fp32_range(dot) * p->scale);  /* the kernels' fp32 dot and score overflow */
+                if (!visible(p->causal, i, key, diag)) { s[j] = -INFINITY; continue; }
+                s[j] = fp32_range(fp32_range(dot_d(qr, kc + j * D, D)) * p->scale);  /* the kernels' fp32 overflow */
                 if (s[j] > mx || isnan(s[j])) mx = s[j];  /* a NaN score sticks: the row's result is NaN */
             }
             if (mx == -INFINITY) continue;  /* no visible key in this chunk */
@@ -226,20 +244,6 @@ fc_status fc_cpu_fwd(const fc_attn_params* p) {
  * P_ij = exp(s_ij - lse_i) with the forward's LSE; a row with LSE = -inf sees
  * no key (dQ = 0, adds nothing). The scores are the forward's (fp32_range). */
 
-/* whether key j is visible to query i (diag: Sk - Sq for bottom-right, else 0) */
-static int visible(const fc_attn_bwd_params* p, int i, int j, int diag) {
-    return p->causal == FC_CAUSAL_NONE || j <= i + diag;
-}
-
-static double dot_d(const float* a, const float* b, int D) {
-    double s = 0.;
-#ifdef _OPENMP
-#pragma omp simd reduction(+ : s)
-#endif
-    for (int d = 0; d < D; ++d) s += (double)a[d] * b[d];
-    return s;
-}
-
 /* scratch of the rows pass, per D: q, dO (QB rows) and K, V (KC keys) in fp32; two fp64 sums per row */
 #define BWD_ROWS_SCRATCH_PER_D ((2 * QB + 2 * KC) * sizeof(float) + 2 * QB * sizeof(double))
 
@@ -269,21 +273,14 @@ static void bwd_rows_block(const fc_attn_bwd_params* p, int b, int h, int r0, do
         lse[r] = p->lse[row0 + r];
         dsum[r] = 0.;
     }
-    int key_end = p->Sk;
-    if (p->causal != FC_CAUSAL_NONE) {
-        const int last = r0 + rows - 1 + diag + 1;
-        key_end = last < 0 ? 0 : (last < key_end ? last : key_end);
-    }
+    const int key_end = key_end_of(p->causal, p->Sk, r0, rows, diag);
     for (int c0 = 0; c0 < key_end; c0 += KC) {
         const int nk = key_end - c0 < KC ? key_end - c0 : KC;
-        for (int j = 0; j < nk; ++j) {
-            load_row(kc + j * D, p->k, ko + (int64_t)(c0 + j) * p->k_row_stride, D, p->dtype);
-            load_row(vc + j * D, p->v, vo + (int64_t)(c0 + j) * p->v_row_stride, D, p->dtype);
-        }
+        load_kv_chunk(kc, vc, p->k, ko, p->k_row_stride, p->v, vo, p->v_row_stride, c0, nk, D, p->dtype);
         for (int r = 0; r < rows; ++r) {
             if (lse[r] == -INFINITY) continue; /* the row sees no key */
             for (int j = 0; j < nk; ++j) {
-                if (!visible(p, r0 + r, c0 + j, diag)) continue;
+                if (!visible(p->causal, r0 + r, c0 + j, diag)) continue;
                 const float* kj = kc + j * D;
                 const double s = fp32_range(fp32_range(dot_d(q + r * D, kj, D)) * p->scale);
                 const double pij = exp(s - lse[r]);
@@ -321,10 +318,7 @@ static void bwd_keys_block(const fc_attn_bwd_params* p, int b, int hk, int c0, c
     float* vc = kc + KC * D;
     float* q = vc + KC * D; /* one query row */
     float* g = q + D;       /* its dO row */
-    for (int j = 0; j < nk; ++j) {
-        load_row(kc + j * D, p->k, ko + (int64_t)(c0 + j) * p->k_row_stride, D, p->dtype);
-        load_row(vc + j * D, p->v, vo + (int64_t)(c0 + j) * p->v_row_stride, D, p->dtype);
-    }
+    load_kv_chunk(kc, vc, p->k, ko, p->k_row_stride, p->v, vo, p->v_row_stride, c0, nk, D, p->dtype);
     memset(dk, 0, (size_t)2 * KC * D * sizeof(double));
     /* rows that see key c0 or later: i + diag >= c0 */
     int64_t first = p->causal == FC_CAUSAL_NONE ? 0 : (int64_t)c0 - diag;
@@ -339,7 +333,7 @@ static void bwd_keys_block(const fc_attn_bwd_params* p, int b, int hk, int c0, c
             load_row(q, p->q, qo + i * p->q_row_stride, D, p->dtype);
             load_row(g, p->dout, go + i * p->do_row_stride, D, p->dtype);
             for (int j = 0; j < nk; ++j) {
-                if (!visible(p, (int)i, c0 + j, diag)) continue;
+                if (!visible(p->causal, (int)i, c0 + j, diag)) continue;
                 const double s = fp32_range(fp32_range(dot_d(q, kc + j * D, D)) * p->scale);
                 const double pij = exp(s - lse);
                 const double ds = pij * (dot_d(g, vc + j * D, D) - delta[row0 + i]); /* delta: Delta - dlse */

@@ -115,16 +115,6 @@ FC_DEVICE void bwd_red_add2(float* addr, float x, float y) {
 #endif
 }
 
-// The A fragment of an m16n8k16 step from the C fragments of two adjacent
-// 8-column tiles (columns 0-7 and 8-15 of the 16-wide k step).
-template <typename T>
-FC_DEVICE void bwd_pack_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
-    a[0] = pack2<T>(c0[0], c0[1]);
-    a[1] = pack2<T>(c0[2], c0[3]);
-    a[2] = pack2<T>(c1[0], c1[1]);
-    a[3] = pack2<T>(c1[2], c1[3]);
-}
-
 // Two T (one 32-bit word, low half first) as floats.
 template <typename T> FC_DEVICE float2 bwd_unpack2(uint32_t w);
 template <> FC_DEVICE float2 bwd_unpack2<__half>(uint32_t w) {
@@ -368,7 +358,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
             {
                 uint32_t pa[NP / 2][4];
 #pragma unroll
-                for (int kk = 0; kk < NP / 2; ++kk) bwd_pack_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+                for (int kk = 0; kk < NP / 2; ++kk) pack_a_from_c<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
                 gemm_acc(acc_dv, pa, q_t + QDO_OFF + rows_off);
             }
 
@@ -388,7 +378,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
             // dK += dS^T Q, and dS^T (16-bit) into the shared tile for dQ.
             uint32_t dsa[NP / 2][4];
 #pragma unroll
-            for (int kk = 0; kk < NP / 2; ++kk) bwd_pack_a<T>(dsa[kk], dp[2 * kk], dp[2 * kk + 1]);
+            for (int kk = 0; kk < NP / 2; ++kk) pack_a_from_c<T>(dsa[kk], dp[2 * kk], dp[2 * kk + 1]);
             gemm_acc(acc_dk, dsa, q_t + rows_off);
             // dsa[kk][2 * half + hr]: key row lane/4 + 8*hr, query chunk col0/8 + 2*kk + half,
             // columns (lane%4)*2 + 0/1.

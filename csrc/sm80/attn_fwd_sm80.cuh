@@ -97,19 +97,6 @@ struct Sm80Tile {
 };
 
 // ---------------------------------------------------------------------------
-// Device helpers
-
-// The A fragment of one m16n8k16 P V step from the C fragments of two adjacent
-// 8-key column tiles of S (keys 0-7 and 8-15 of the 16-key step).
-template <typename T>
-FC_DEVICE void pack_p(uint32_t (&a)[4], const float (&s0)[4], const float (&s1)[4]) {
-    a[0] = pack2<T>(s0[0], s0[1]);
-    a[1] = pack2<T>(s0[2], s0[3]);
-    a[2] = pack2<T>(s1[0], s1[1]);
-    a[3] = pack2<T>(s1[2], s1[3]);
-}
-
-// ---------------------------------------------------------------------------
 // Kernel
 
 template <int DP, int MT, typename T>
@@ -378,7 +365,8 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
 #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-            for (int kk = 0; kk < BC / 16; ++kk) pack_p<T>(p_frag[mt][kk], acc_s[mt][2 * kk], acc_s[mt][2 * kk + 1]);
+            for (int kk = 0; kk < BC / 16; ++kk)
+                pack_a_from_c<T>(p_frag[mt][kk], acc_s[mt][2 * kk], acc_s[mt][2 * kk + 1]);
     };
 
     // O += P V for the V tile at byte offset v_slot; P is p_frag when packed early,
@@ -393,7 +381,7 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
 #pragma unroll
                     for (int e = 0; e < 4; ++e) a[mt][e] = p_frag[mt][kk][e];
                 } else {
-                    pack_p<T>(a[mt], acc_s[mt][2 * kk], acc_s[mt][2 * kk + 1]);
+                    pack_a_from_c<T>(a[mt], acc_s[mt][2 * kk], acc_s[mt][2 * kk + 1]);
                 }
             }
 #pragma unroll
