@@ -471,8 +471,9 @@ fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
  * The forward's checks run on the backward's q, k, v and o (a forward params
  * view with the sm80 family or the CPU as its kernel), then the backward's
  * own: dout, dq, dk, dv and lse pointers and alignment, the GPU kernel's head
- * dim and shared memory, and the workspace. On the GPU the portable kernel
- * runs on every sm80+ device, H100 and H200 included (no sm90 backward yet).
+ * dim and shared memory, and the workspace. On the GPU, kernel AUTO picks the
+ * Hopper backward on a compute capability 9.0 device when the build has sm_90a
+ * code, else the portable one (every sm80+ device); SM80 and SM90 force one.
  */
 static fc_attn_params bwd_forward_view(const fc_attn_bwd_params* p) {
     fc_attn_params f;
@@ -491,9 +492,25 @@ static fc_attn_params bwd_forward_view(const fc_attn_bwd_params* p) {
 
 #define FC_WORKSPACE_ALIGN 16 /* bytes: every workspace pointer and size is a multiple of this */
 
+/* The dQ accumulator, then Delta and LSE * log2(e) padded (kernels.h); one size for both kernels. */
 static size_t bwd_workspace_bytes(const fc_attn_bwd_params* p) {
     const size_t rows = (size_t)p->B * p->Hq * p->Sq;
-    return (rows * ((size_t)p->D + 1) * sizeof(float) + FC_WORKSPACE_ALIGN - 1) / FC_WORKSPACE_ALIGN * FC_WORKSPACE_ALIGN;
+    const size_t vec = (size_t)p->B * p->Hq * (((size_t)p->Sq + FC_BWD_ROW_PAD - 1) / FC_BWD_ROW_PAD * FC_BWD_ROW_PAD);
+    return ((rows * p->D + 2 * vec) * sizeof(float) + FC_WORKSPACE_ALIGN - 1) / FC_WORKSPACE_ALIGN * FC_WORKSPACE_ALIGN;
+}
+
+/* The GPU backward kernel for p on dev: the forced one, or AUTO's choice. */
+static fc_kernel bwd_pick(const fc_attn_bwd_params* p, const fc_device_info* dev) {
+    if (p->kernel != FC_KERNEL_AUTO) return p->kernel;
+    return dev && fc_arch_reason(FC_KERNEL_SM90, dev->major, dev->minor) == NULL ? FC_KERNEL_SM90 : FC_KERNEL_SM80;
+}
+
+static size_t bwd_smem(fc_kernel k, int D) {
+#ifdef FC_HAVE_SM90
+    if (k == FC_KERNEL_SM90) return D <= 64 ? fc_sm90_bwd_smem_d64() : fc_sm90_bwd_smem_d128();
+#endif
+    (void)k;
+    return D <= 64 ? fc_sm80_bwd_smem_d64() : fc_sm80_bwd_smem_d128();
 }
 
 /* Whether the GPU backward runs its kernels (and needs the workspace): not
@@ -504,12 +521,9 @@ static int bwd_needs_workspace(const fc_attn_bwd_params* p) {
 
 static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int check_workspace) {
     if (!p) { fail(rp, FC_ERR_NULL_POINTER, "params: NULL"); return rp->first; }
-    if (p->kernel != FC_KERNEL_AUTO && p->kernel != FC_KERNEL_SM80 && p->kernel != FC_KERNEL_CPU) {
-        if (p->kernel == FC_KERNEL_SM90)
-            fail(rp, FC_ERR_ARCH, "kernel: the backward has no sm90 kernel; use kernel='auto' or 'sm80' (the "
-                 "portable backward runs on H100 and H200)");
-        else
-            fail(rp, FC_ERR_INVALID_ARGUMENT, "kernel: unknown value %d", (int)p->kernel);
+    if (p->kernel != FC_KERNEL_AUTO && p->kernel != FC_KERNEL_SM80 && p->kernel != FC_KERNEL_SM90 &&
+        p->kernel != FC_KERNEL_CPU) {
+        fail(rp, FC_ERR_INVALID_ARGUMENT, "kernel: unknown value %d", (int)p->kernel);
         return rp->first;
     }
     const fc_attn_params f = bwd_forward_view(p);
@@ -526,13 +540,16 @@ static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int
     check_aligned(rp, "dq", p->dq, p->dq_batch_stride, p->dq_head_stride, p->dq_row_stride);
     check_aligned(rp, "dk", p->dk, p->dk_batch_stride, p->dk_head_stride, p->dk_row_stride);
     check_aligned(rp, "dv", p->dv, p->dv_batch_stride, p->dv_head_stride, p->dv_row_stride);
-    if (p->D > FC_BWD_MAX_GPU_HEAD_DIM)
+    const fc_kernel k = bwd_pick(p, c.dev);
+    const char* arch = k == FC_KERNEL_SM90 ? fc_arch_reason(k, c.dev->major, c.dev->minor) : NULL;
+    if (arch)
+        fail(rp, FC_ERR_ARCH, "kernel: %s", arch);
+    else if (p->D > FC_BWD_MAX_GPU_HEAD_DIM)
         fail(rp, FC_ERR_UNSUPPORTED_HEAD_DIM, "D: the GPU backward supports head dims up to %d, got %d; use "
              "scaled_dot_product_attention for training at this head dim", FC_BWD_MAX_GPU_HEAD_DIM, p->D);
-    else if ((p->D <= 64 ? fc_sm80_bwd_smem_d64() : fc_sm80_bwd_smem_d128()) > (size_t)c.dev->smem_optin)
+    else if (bwd_smem(k, p->D) > (size_t)c.dev->smem_optin)
         fail(rp, FC_ERR_ARCH, "device: the backward at head dim %d needs %zu bytes of shared memory per block, "
-             "this GPU allows %d", p->D, p->D <= 64 ? fc_sm80_bwd_smem_d64() : fc_sm80_bwd_smem_d128(),
-             c.dev->smem_optin);
+             "this GPU allows %d", p->D, bwd_smem(k, p->D), c.dev->smem_optin);
     if ((int64_t)p->B * p->Hkv * ((p->Sk + FC_BWD_KEYS_PER_CTA - 1) / FC_BWD_KEYS_PER_CTA) > FC_GRID_X_MAX)
         fail(rp, FC_ERR_INVALID_SHAPE, "shape: B=%d x Hkv=%d x Sk=%d needs more than 2^31-1 thread blocks; "
              "split the batch", p->B, p->Hkv, p->Sk);
@@ -592,5 +609,9 @@ fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream) {
         return zero_rows(p->dv, p->dv_batch_stride, p->dv_head_stride, p->dv_row_stride, p->B, p->Hkv, p->Sk, p->D,
                          p->dtype, stream);
     }
+#ifdef FC_HAVE_SM90
+    if (bwd_pick(p, current_device()) == FC_KERNEL_SM90)
+        return p->D <= 64 ? fc_sm90_bwd_d64(p, stream) : fc_sm90_bwd_d128(p, stream);
+#endif
     return p->D <= 64 ? fc_sm80_bwd_d64(p, stream) : fc_sm80_bwd_d128(p, stream);
 }

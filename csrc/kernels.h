@@ -19,15 +19,23 @@ size_t fc_sm80_smem_d64(void);   /* dynamic shared memory per CTA, bytes */
 size_t fc_sm80_smem_d128(void);
 size_t fc_sm80_smem_d256(void);
 
-/* Portable mma.sync backward, one per padded head dim up to 128
- * (csrc/sm80/attn_bwd_sm80*.cu). The workspace (fc_attn_bwd_workspace_size)
- * holds the fp32 dQ accumulator (B, Hq, Sq, D) contiguous, then Delta
- * (B, Hq, Sq) fp32; the launcher fills both itself (no memset needed). */
-#define FC_BWD_KEYS_PER_CTA 64 /* keys per CTA of the main kernel (its grid: key blocks x B x Hkv) */
+/* Backward kernels, one per padded head dim up to 128: portable mma.sync
+ * (csrc/sm80/attn_bwd_sm80*.cu) and Hopper wgmma + TMA (csrc/sm90/attn_bwd_sm90*.cu,
+ * sm_90a only, present with FC_HAVE_SM90). The workspace (fc_attn_bwd_workspace_size)
+ * holds the fp32 dQ accumulator (B, Hq, Sq, D) contiguous, then Delta, then
+ * LSE * log2(e), each (B, Hq, Sq_pad) fp32 with Sq_pad = Sq rounded up to
+ * FC_BWD_ROW_PAD (the portable kernel packs Delta as (B, Hq, Sq) and leaves
+ * the rest unused); the launchers fill them (no memset needed). */
+#define FC_BWD_KEYS_PER_CTA 64 /* keys per CTA of the portable main kernel (its grid: key blocks x B x Hkv) */
+#define FC_BWD_ROW_PAD 128     /* rows per head of the padded per-row vectors are a multiple of this */
 fc_status fc_sm80_bwd_d64(const fc_attn_bwd_params* p, fc_stream_t stream);   /* D <= 64 */
 fc_status fc_sm80_bwd_d128(const fc_attn_bwd_params* p, fc_stream_t stream);  /* 64 < D <= 128 */
 size_t fc_sm80_bwd_smem_d64(void);   /* dynamic shared memory per CTA of the main kernel, bytes */
 size_t fc_sm80_bwd_smem_d128(void);
+fc_status fc_sm90_bwd_d64(const fc_attn_bwd_params* p, fc_stream_t stream);   /* D <= 64 */
+fc_status fc_sm90_bwd_d128(const fc_attn_bwd_params* p, fc_stream_t stream);  /* 64 < D <= 128 */
+size_t fc_sm90_bwd_smem_d64(void);
+size_t fc_sm90_bwd_smem_d128(void);
 
 /* Hopper wgmma + TMA kernels, sm_90a only (csrc/sm90/); num_sms sizes the
  * persistent grid. Present when the build defines FC_HAVE_SM90. */

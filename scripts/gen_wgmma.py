@@ -6,7 +6,9 @@ which is too long to keep by hand, so this script is the source of truth.
 
 Shapes: m64nNk16, fp32 accumulate, fp16 or bf16 inputs, A from shared memory
 (SS: S = Q K^T, N in SS_N: 192 for the 192-key K tiles of the D = 64 LONG
-kernel) or from registers (RS: O += P V, N in RS_N: the head dim's columns).
+kernel) or from registers (RS: O += P V, N in RS_N: the head dim's columns);
+SS_TT: both operands MN-major in shared memory (the backward's dQ = dS K,
+N in SS_TT_N).
 """
 import os
 
@@ -14,14 +16,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "csrc", "sm90", "wgmma_ops.cuh")
 TYPES = [("__half", "f16"), ("__nv_bfloat16", "bf16")]
 SS_N = (64, 128, 192)  # S = Q K^T: keys per K tile
-RS_N = (64, 128, 136)  # O += P V: head-dim columns per wgmma (136: loop_sched's P V with 8 columns of ones)
+RS_N = (64, 128, 136)
+SS_TT_N = (64,)  # dQ = dS K: 64 head-dim columns per warpgroup  # O += P V: head-dim columns per wgmma (136: loop_sched's P V with 8 columns of ones)
 
 
 def regs(n, first):
     return ", ".join(f"%{first + i}" for i in range(n))
 
 
-def one(n, ty, ptx_ty, rs):
+def one(n, ty, ptx_ty, rs, tt=False):
     nacc = n // 2
     acc = regs(nacc, 0)
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(nacc))
@@ -38,7 +41,7 @@ def one(n, ty, ptx_ty, rs):
         scale = f"%{nacc + 2}"
         ins = '"l"(desc_a), "l"(desc_b), "r"(scale_d)'
         sig = "uint64_t desc_a, uint64_t desc_b, int scale_d"
-        name = f"wgmma_ss_n{n}"
+        name = f"wgmma_ss_tt_n{n}" if tt else f"wgmma_ss_n{n}"
     body = []
     body.append(f"template <> FC_DEVICE void {name}<{ty}>(float (&d)[{nacc}], {sig}) {{")
     body.append("    asm volatile(")
@@ -47,6 +50,8 @@ def one(n, ty, ptx_ty, rs):
     body.append(f"        \"{instr}{{{acc}}}, {a}, {b}, p, \"")
     if rs:
         body.append("        \"1, 1, 1;\\n}\\n\"")  # scale-a, scale-b, tnsp-b = 1 (B is N-major)
+    elif tt:
+        body.append("        \"1, 1, 1, 1;\\n}\\n\"")  # scale-a, scale-b, both operands MN-major
     else:
         body.append("        \"1, 1, 0, 0;\\n}\\n\"")  # scale-a, scale-b, both operands K-major
     body.append(f"        : {outs}")
@@ -62,6 +67,7 @@ def main():
 // fragment layout. scale_d = 0 overwrites d (first k step), 1 accumulates.
 //   wgmma_ss_nN<T>(d, desc_a, desc_b, scale_d): A and B in shared memory, both K-major.
 //   wgmma_rs_nN<T>(d, a, desc_b, scale_d):      A in registers, B in shared memory N-major.
+//   wgmma_ss_tt_nN<T>(d, desc_a, desc_b, scale_d): A M-major and B N-major in shared memory.
 // The caller brackets these with wgmma_fence / wgmma_commit / wgmma_wait.
 #pragma once
 
@@ -73,7 +79,7 @@ def main():
 #define FC_DEVICE __device__ __forceinline__
 #endif
 """]
-    shapes = sorted(set(SS_N) | set(RS_N))
+    shapes = sorted(set(SS_N) | set(RS_N) | set(SS_TT_N))
     for n in shapes:
         nacc = n // 2
         if n in SS_N:
@@ -82,6 +88,9 @@ def main():
         if n in RS_N:
             parts.append(f"template <typename T> FC_DEVICE void wgmma_rs_n{n}(float (&d)[{nacc}], const uint32_t a[4], "
                          f"uint64_t desc_b, int scale_d);")
+        if n in SS_TT_N:
+            parts.append(f"template <typename T> FC_DEVICE void wgmma_ss_tt_n{n}(float (&d)[{nacc}], uint64_t desc_a, "
+                         f"uint64_t desc_b, int scale_d);")
     parts.append("")
     for n in shapes:
         for ty, pty in TYPES:
@@ -89,6 +98,8 @@ def main():
                 parts.append(one(n, ty, pty, rs=False))
             if n in RS_N:
                 parts.append(one(n, ty, pty, rs=True))
+            if n in SS_TT_N:
+                parts.append(one(n, ty, pty, rs=False, tt=True))
     with open(OUT, "w") as f:
         f.write("\n".join(parts) + "\n")
 

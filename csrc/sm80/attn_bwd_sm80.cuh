@@ -2,9 +2,8 @@
 // sm89, sm90), FlashAttention-2 style: three kernels on one stream.
 //
 // Algorithm.
-//  1. attn_bwd_prep_kernel: Delta_i = sum_d dO_id O_id (fp32) per query row,
-//     minus dlse_i when the caller passes an LSE gradient, into the workspace;
-//     the row's D floats of the fp32 dQ accumulator are zeroed.
+//  1. attn_bwd_prep_kernel (csrc/common/bwd_rows.cuh): Delta_i = dO_i . O_i
+//     (minus dlse_i) per query row, and the fp32 dQ accumulator zeroed.
 //  2. attn_bwd_sm80_kernel: one CTA owns BC keys of one (batch, KV head) and
 //     keeps their K and V tiles in swizzled shared memory; each of its WARPS
 //     warps owns 16 of the keys and their dK, dV accumulators (fp32, in
@@ -20,7 +19,7 @@
 //     barrier each warp computes 16 rows of dQ_i += dS K over all BC keys and
 //     adds them to the fp32 accumulator with global reductions (unscaled).
 //     The epilogue writes dK * scale and dV, staged through the K/V tiles.
-//  3. attn_bwd_post_kernel: dQ = scale * accumulator, converted to dtype.
+//  3. attn_bwd_post_kernel (bwd_rows.cuh): dQ = scale * accumulator, in dtype.
 // dK and dV are reduced inside one CTA in a fixed order, so they are
 // bit-reproducible; dQ's atomic adds are not (their order varies).
 //
@@ -37,6 +36,7 @@
 #include <limits.h>
 #include <math.h>
 
+#include "../common/bwd_rows.cuh"
 #include "../common/launch.cuh"
 #include "../common/ptx.cuh"
 #include "../common/tile.cuh"
@@ -89,10 +89,6 @@ struct BwdTile {
     static_assert(BC == FC_BWD_KEYS_PER_CTA, "dispatch sizes the grid with FC_BWD_KEYS_PER_CTA");
 };
 
-// Prep and post kernels: DP / 8 threads per row, each 8 columns (16 bytes of T).
-static constexpr int BWD_ROW_THREADS = 128;
-static constexpr int BWD_ROW_MAX_GRID = 1 << 20;  // CTAs of the row kernels; more rows loop
-
 // ---------------------------------------------------------------------------
 // Device helpers
 
@@ -100,68 +96,6 @@ static constexpr int BWD_ROW_MAX_GRID = 1 << 20;  // CTAs of the row kernels; mo
 FC_DEVICE void bwd_cp_async_4(void* smem_dst, const void* src, bool valid) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem_dst)), "l"(src),
                  "r"(valid ? 4 : 0));
-}
-
-// *addr += x, addr[1] += y in global memory, no return value (one vector
-// reduction on sm90, two scalar ones before). addr is 8-byte aligned. The
-// generic address is passed as is (a global allocation's generic and global
-// addresses coincide); converting it cost a register and spilled at DP = 64.
-FC_DEVICE void bwd_red_add2(float* addr, float x, float y) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(x), "f"(y) : "memory");
-#else
-    atomicAdd(addr, x);
-    atomicAdd(addr + 1, y);
-#endif
-}
-
-// Two T (one 32-bit word, low half first) as floats.
-template <typename T> FC_DEVICE float2 bwd_unpack2(uint32_t w);
-template <> FC_DEVICE float2 bwd_unpack2<__half>(uint32_t w) {
-    return __half22float2(*reinterpret_cast<const __half2*>(&w));
-}
-template <> FC_DEVICE float2 bwd_unpack2<__nv_bfloat16>(uint32_t w) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
-}
-
-// ---------------------------------------------------------------------------
-// Kernel 1: Delta and the zeroed dQ accumulator. LANES threads per row; the
-// rows loop CTA-uniformly so the shuffles below see whole warps.
-
-template <int DP, typename T>
-__global__ void __launch_bounds__(BWD_ROW_THREADS) attn_bwd_prep_kernel(const __grid_constant__ fc_attn_bwd_params p) {
-    constexpr int LANES = DP / 8, ROWS = BWD_ROW_THREADS / LANES;
-    const int64_t n_rows = (int64_t)p.B * p.Hq * p.Sq;
-    float* dq_acc = static_cast<float*>(p.workspace);
-    float* delta = dq_acc + n_rows * p.D;
-    const int c = threadIdx.x % LANES;
-    const bool col_ok = c * 8 < p.D;
-    for (int64_t base = (int64_t)blockIdx.x * ROWS; base < n_rows; base += (int64_t)gridDim.x * ROWS) {
-        const int64_t row = base + threadIdx.x / LANES;
-        float sum = 0.f;
-        if (row < n_rows && col_ok) {
-            const int i = (int)(row % p.Sq);
-            const int bh = (int)(row / p.Sq), h = bh % p.Hq, b = bh / p.Hq;
-            const uint4 o = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.o) + b * p.o_batch_stride +
-                                                            h * p.o_head_stride + i * p.o_row_stride + c * 8);
-            const uint4 d = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.dout) + b * p.do_batch_stride +
-                                                            h * p.do_head_stride + i * p.do_row_stride + c * 8);
-            const uint32_t ow[4] = {o.x, o.y, o.z, o.w}, dw[4] = {d.x, d.y, d.z, d.w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float2 of = bwd_unpack2<T>(ow[e]), df = bwd_unpack2<T>(dw[e]);
-                sum = fmaf(of.x, df.x, fmaf(of.y, df.y, sum));
-            }
-            float4* acc = reinterpret_cast<float4*>(dq_acc + row * p.D + c * 8);
-            acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-            acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int off = LANES / 2; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-        // With dlse: dS = P (dP - Delta + dlse), so Delta - dlse is stored (rows with
-        // LSE = -inf have P = 0 and keep Delta, whatever dlse holds there).
-        if (row < n_rows && c == 0) delta[row] = p.dlse && p.lse[row] != -INFINITY ? sum - p.dlse[row] : sum;
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -474,46 +408,16 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
 }
 
 // ---------------------------------------------------------------------------
-// Kernel 3: dQ = scale * accumulator, in dtype, strided. One thread per 8 columns of a row.
-
-template <int DP, typename T>
-__global__ void __launch_bounds__(BWD_ROW_THREADS) attn_bwd_post_kernel(const __grid_constant__ fc_attn_bwd_params p) {
-    constexpr int LANES = DP / 8, ROWS = BWD_ROW_THREADS / LANES;
-    const int64_t n_rows = (int64_t)p.B * p.Hq * p.Sq;
-    const float* dq_acc = static_cast<const float*>(p.workspace);
-    const int c = threadIdx.x % LANES;
-    if (c * 8 >= p.D) return;
-    for (int64_t row = (int64_t)blockIdx.x * ROWS + threadIdx.x / LANES; row < n_rows;
-         row += (int64_t)gridDim.x * ROWS) {
-        const int i = (int)(row % p.Sq);
-        const int bh = (int)(row / p.Sq), h = bh % p.Hq, b = bh / p.Hq;
-        const float4* src = reinterpret_cast<const float4*>(dq_acc + row * p.D + c * 8);
-        const float4 x0 = src[0], x1 = src[1];
-        const float s = p.scale;
-        uint4 packed;
-        packed.x = pack2<T>(x0.x * s, x0.y * s);
-        packed.y = pack2<T>(x0.z * s, x0.w * s);
-        packed.z = pack2<T>(x1.x * s, x1.y * s);
-        packed.w = pack2<T>(x1.z * s, x1.w * s);
-        *reinterpret_cast<uint4*>(static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride +
-                                  i * p.dq_row_stride + c * 8) = packed;
-    }
-}
-
-// ---------------------------------------------------------------------------
 // Launcher and the C entry points of one padded head dim (see kernels.h)
 
 template <int DP, typename T>
 static fc_status attn_bwd_sm80_launch(const fc_attn_bwd_params* p, cudaStream_t stream) {
     using Tile = BwdTile<DP>;
-    constexpr int ROWS = BWD_ROW_THREADS / (DP / 8);  // rows per CTA of the row kernels
-    const long long n_rows = (long long)p->B * p->Hq * p->Sq;
     // dispatch keeps the key blocks x B x Hkv <= 2^31 - 1
     const unsigned main_ctas = (unsigned)((p->Sk + Tile::BC - 1) / Tile::BC) * (unsigned)(p->B * p->Hkv);
-    const long long row_ctas = (n_rows + ROWS - 1) / ROWS;
-    const unsigned row_grid = (unsigned)(row_ctas < BWD_ROW_MAX_GRID ? row_ctas : BWD_ROW_MAX_GRID);
+    const unsigned row_grid = bwd_row_grid<DP>((long long)p->B * p->Hq * p->Sq);
 
-    attn_bwd_prep_kernel<DP, T><<<row_grid, BWD_ROW_THREADS, 0, stream>>>(*p);
+    attn_bwd_prep_kernel<DP, T><<<row_grid, BWD_ROW_THREADS, 0, stream>>>(*p, p->Sq, false);  // Delta unpadded
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
     if (fc_smem_limit_once<attn_bwd_sm80_kernel<DP, T>>((int)Tile::SMEM_BYTES) != cudaSuccess) return FC_ERR_CUDA;

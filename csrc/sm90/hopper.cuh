@@ -96,6 +96,13 @@ FC_DEVICE void tma_load_4d_multicast(uint32_t dst, const void* tensor_map, uint3
         "l"((uint64_t)tensor_map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "h"(cta_mask)
         : "memory");
 }
+// A contiguous copy of `bytes` (a multiple of 16; both addresses 16-byte
+// aligned) from global memory into shared memory, completing on `bar`.
+FC_DEVICE void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
 FC_DEVICE void tma_prefetch_map(const void* tensor_map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)tensor_map) : "memory");
 }

@@ -3,10 +3,10 @@
 //   build/harness check [kernel] [small]  correctness grid vs the C CPU path (fp32 inputs, fp64 sums);
 //                                     `small` keeps the cases small enough for compute-sanitizer
 //   build/harness bench [kernel]      TFLOP/s on the standard grid (CUDA events, median of runs)
-//   build/harness check-bwd sm80 [small]
+//   build/harness check-bwd [kernel] [small]
 //                                     backward: GPU forward for O and LSE, then fc_attn_bwd on the
-//                                     sm80 kernel against the CPU path (same values in fp32), twice
-//   build/harness bench-bwd sm80 [B Hq Hkv Sq Sk D causal reps]
+//                                     kernel against the CPU path (same values in fp32), twice
+//   build/harness bench-bwd [kernel] [B Hq Hkv Sq Sk D causal reps]
 //                                     backward TFLOP/s (2.5x the forward's FLOPs), fp16, CUDA events
 //   build/harness shape kernel B Hq Hkv Sq Sk D causal reps [flush]
 //                                     times one fp16 case (for ncu or a quick A/B); flush before
@@ -288,7 +288,7 @@ static GradErr grad_err(const std::vector<uint16_t>& g, const std::vector<float>
 
 // Runs one backward case on the GPU (twice) and on the CPU path; prints the
 // max error of dq, dk, dv relative to each gradient's max magnitude.
-static bool check_bwd_case(const Case& c, std::mt19937& rng) {
+static bool check_bwd_case(const Case& c, fc_kernel kernel, std::mt19937& rng) {
     const size_t nq = (size_t)c.B * c.Hq * c.Sq * c.D, nk = (size_t)c.B * c.Hkv * c.Sk * c.D;
     const size_t nlse = (size_t)c.B * c.Hq * c.Sq;
     std::normal_distribution<float> nd(0.f, 1.f);
@@ -332,7 +332,7 @@ static bool check_bwd_case(const Case& c, std::mt19937& rng) {
 
     // Backward on the GPU, twice, into NaN-poisoned gradients and a garbage workspace.
     fc_attn_bwd_params bp;
-    fill_bwd_params(&bp, c, dq, dk, dv, dout, ddo, dlse, ddlse, gq, gk, gv, c.dtype, FC_KERNEL_SM80);
+    fill_bwd_params(&bp, c, dq, dk, dv, dout, ddo, dlse, ddlse, gq, gk, gv, c.dtype, kernel);
     bp.workspace_bytes = fc_attn_bwd_workspace_size(&bp);
     if (bp.workspace_bytes) { CUDA_OK(cudaMalloc(&bp.workspace, bp.workspace_bytes)); to_free.push_back(bp.workspace); }
     std::vector<uint16_t> oq[2], ok_[2], ov[2];
@@ -377,7 +377,7 @@ static bool check_bwd_case(const Case& c, std::mt19937& rng) {
     return pass;
 }
 
-static int run_check_bwd(bool small) {
+static int run_check_bwd(fc_kernel kernel, bool small) {
     std::mt19937 rng(4321);
     std::vector<Case> cases;
     const fc_causal modes[3] = {FC_CAUSAL_NONE, FC_CAUSAL_TOP_LEFT, FC_CAUSAL_BOTTOM_RIGHT};
@@ -402,7 +402,7 @@ static int run_check_bwd(bool small) {
                                    [](const Case& c) { return (long)c.Sq * c.Sk > SMALL_CASE; }),
                     cases.end());
     int fails = 0;
-    for (const Case& c : cases) fails += !check_bwd_case(c, rng);
+    for (const Case& c : cases) fails += !check_bwd_case(c, kernel, rng);
     printf("check-bwd: %zu cases, %d failed\n", cases.size(), fails);
     return fails ? 1 : 0;
 }
@@ -630,9 +630,9 @@ static Case case_from_args(char** a) {
             causal == 2 ? FC_CAUSAL_BOTTOM_RIGHT : causal ? FC_CAUSAL_TOP_LEFT : FC_CAUSAL_NONE, FC_DTYPE_FP16, false};
 }
 
-// Times fc_attn_bwd (sm80) on one fp16 case: inputs N(0, 1), O and LSE from
+// Times fc_attn_bwd (`kernel`) on one fp16 case: inputs N(0, 1), O and LSE from
 // the forward; median of `reps` calls, CUDA events. -1 if a call fails.
-static double time_bwd_case(const Case& c, int reps) {
+static double time_bwd_case(const Case& c, fc_kernel kernel, int reps) {
     DeviceCase d(c, FC_KERNEL_AUTO);
     const size_t nq = (size_t)c.B * c.Hq * c.Sq * c.D, nk = (size_t)c.B * c.Hkv * c.Sk * c.D;
     float* lse;
@@ -645,7 +645,7 @@ static double time_bwd_case(const Case& c, int reps) {
     double us = -1;
     fc_attn_bwd_params bp;
     if (fc_attn_fwd(&d.p, nullptr) == FC_OK) {
-        fill_bwd_params(&bp, c, d.dq, d.dk, d.dv, d.dout, ddo, lse, nullptr, gq, gk, gv, c.dtype, FC_KERNEL_SM80);
+        fill_bwd_params(&bp, c, d.dq, d.dk, d.dv, d.dout, ddo, lse, nullptr, gq, gk, gv, c.dtype, kernel);
         bp.workspace_bytes = fc_attn_bwd_workspace_size(&bp);
         if (bp.workspace_bytes) CUDA_OK(cudaMalloc(&bp.workspace, bp.workspace_bytes));
         cudaEvent_t e0, e1;
@@ -679,11 +679,11 @@ static void print_bwd_time(const Case& c, double us) {
 }
 
 // bench-bwd: 16k tokens (B * S), H * D = 2048, fp16; or the one case of args.
-static int run_bench_bwd(int argc, char** argv) {
+static int run_bench_bwd(fc_kernel kernel, int argc, char** argv) {
     print_header();
     if (argc == 11) {
         const Case c = case_from_args(argv + 3);
-        const double us = time_bwd_case(c, atoi(argv[10]));
+        const double us = time_bwd_case(c, kernel, atoi(argv[10]));
         print_bwd_time(c, us);
         return us < 0;
     }
@@ -692,7 +692,7 @@ static int run_bench_bwd(int argc, char** argv) {
             for (int causal = 0; causal < 2; ++causal) {
                 const int H = 2048 / D, B = 16384 / S;
                 const Case c = {B, H, H, S, S, D, causal ? FC_CAUSAL_TOP_LEFT : FC_CAUSAL_NONE, FC_DTYPE_FP16, false};
-                const double us = time_bwd_case(c, 20);
+                const double us = time_bwd_case(c, kernel, 20);
                 if (us < 0) return 1;
                 print_bwd_time(c, us);
             }
@@ -709,8 +709,8 @@ int main(int argc, char** argv) {
     printf("device: %s (sm_%d%d), kernel=%s\n", prop.name, prop.major, prop.minor, kname.c_str());
     if (mode == "check") return run_check(kernel, argc > 3 && std::string(argv[3]) == "small");
     if (mode == "bench") return run_bench(kernel);
-    if (mode == "check-bwd") return run_check_bwd(argc > 3 && std::string(argv[3]) == "small");
-    if (mode == "bench-bwd" && (argc == 3 || argc == 11)) return run_bench_bwd(argc, argv);
+    if (mode == "check-bwd") return run_check_bwd(kernel, argc > 3 && std::string(argv[3]) == "small");
+    if (mode == "bench-bwd" && (argc == 3 || argc == 11)) return run_bench_bwd(kernel, argc, argv);
     if (mode == "host" && argc == 10) return run_host(case_from_args(argv + 3), kernel);
 #ifdef FC_SM90_TRACE
     if (mode == "trace" && argc == 11) return run_trace(case_from_args(argv + 3), kernel, argv[10]);
@@ -725,7 +725,7 @@ int main(int argc, char** argv) {
         return us < 0;
     }
     fprintf(stderr, "usage: harness check [auto|sm80|sm90] [small] | bench [auto|sm80|sm90] |\n"
-                    "       check-bwd sm80 [small] | bench-bwd sm80 [B Hq Hkv Sq Sk D causal(0,1,2) reps] |\n"
+                    "       check-bwd [auto|sm80|sm90] [small] | bench-bwd [auto|sm80|sm90] [B Hq Hkv Sq Sk D causal(0,1,2) reps] |\n"
                     "       shape [auto|sm80|sm90] B Hq Hkv Sq Sk D causal(0,1,2) reps [flush: 0 none, 1 zero, 2 read] |\n"
                     "       host [auto|sm80|sm90] B Hq Hkv Sq Sk D causal(0,1,2)\n");
     return 2;

@@ -1,0 +1,125 @@
+// bwd_rows.cuh -- the backward's per-row kernels, shared by the portable
+// (csrc/sm80/attn_bwd_sm80.cuh) and the Hopper (csrc/sm90/attn_bwd_sm90.cuh)
+// backward. DP / 8 threads per row, each 8 columns (16 bytes of T).
+//
+//  attn_bwd_prep_kernel: Delta_i = sum_d dO_id O_id (fp32) per query row,
+//    minus dlse_i when the caller passes an LSE gradient, and the row's D
+//    floats of the fp32 dQ accumulator zeroed. The per-row vectors hold
+//    (B, Hq, sq_pad) rows: sq_pad = Sq for the portable kernel, Sq rounded
+//    up to FC_BWD_ROW_PAD for the Hopper one, whose padding rows get Delta = 0
+//    and LSE * log2(e) = +inf (so their P is 0). With lse2 set, the kernel
+//    also writes LSE * log2(e) (+inf for rows that see no key).
+//  attn_bwd_post_kernel: dQ = scale * accumulator, converted to T, strided.
+//
+// Workspace layout (kernels.h): accumulator (B, Hq, Sq, D) fp32, then Delta
+// (B, Hq, sq_pad), then (Hopper) LSE * log2(e) (B, Hq, sq_pad).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <math.h>
+
+#include "../flashcore.h"
+#include "ptx.cuh"
+
+static constexpr int BWD_ROW_THREADS = 128;
+static constexpr int BWD_ROW_MAX_GRID = 1 << 20;  // CTAs of the row kernels; more rows loop
+
+// Two T (one 32-bit word, low half first) as floats.
+template <typename T> FC_DEVICE float2 bwd_unpack2(uint32_t w);
+template <> FC_DEVICE float2 bwd_unpack2<__half>(uint32_t w) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&w));
+}
+template <> FC_DEVICE float2 bwd_unpack2<__nv_bfloat16>(uint32_t w) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+}
+
+// *addr += x, addr[1] += y in global memory, no return value (one vector
+// reduction on sm90, two scalar ones before). addr is 8-byte aligned. The
+// generic address is passed as is (a global allocation's generic and global
+// addresses coincide); converting it cost a register and spilled at DP = 64.
+FC_DEVICE void bwd_red_add2(float* addr, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(x), "f"(y) : "memory");
+#else
+    atomicAdd(addr, x);
+    atomicAdd(addr + 1, y);
+#endif
+}
+
+// Rows loop CTA-uniformly so the shuffles below see whole warps.
+template <int DP, typename T>
+__global__ void __launch_bounds__(BWD_ROW_THREADS)
+attn_bwd_prep_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_pad, bool with_lse2) {
+    constexpr int LANES = DP / 8, ROWS = BWD_ROW_THREADS / LANES;
+    const int64_t n_rows = (int64_t)p.B * p.Hq * p.Sq, n_vec = (int64_t)p.B * p.Hq * sq_pad;
+    float* dq_acc = static_cast<float*>(p.workspace);
+    float* delta = dq_acc + n_rows * p.D;  // (B, Hq, sq_pad)
+    float* lse2 = delta + n_vec;           // (B, Hq, sq_pad), when with_lse2
+    const int c = threadIdx.x % LANES;
+    const bool col_ok = c * 8 < p.D;
+    for (int64_t base = (int64_t)blockIdx.x * ROWS; base < n_vec; base += (int64_t)gridDim.x * ROWS) {
+        const int64_t vrow = base + threadIdx.x / LANES;  // row of the per-row vectors
+        const int64_t bh = vrow / sq_pad;
+        const int i = (int)(vrow % sq_pad);
+        const bool real = vrow < n_vec && i < p.Sq;
+        const int64_t row = bh * p.Sq + i;  // row of (B, Hq, Sq)
+        float sum = 0.f;
+        if (real && col_ok) {
+            const int h = (int)(bh % p.Hq), b = (int)(bh / p.Hq);
+            const uint4 o = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.o) + b * p.o_batch_stride +
+                                                            h * p.o_head_stride + i * p.o_row_stride + c * 8);
+            const uint4 d = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.dout) + b * p.do_batch_stride +
+                                                            h * p.do_head_stride + i * p.do_row_stride + c * 8);
+            const uint32_t ow[4] = {o.x, o.y, o.z, o.w}, dw[4] = {d.x, d.y, d.z, d.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float2 of = bwd_unpack2<T>(ow[e]), df = bwd_unpack2<T>(dw[e]);
+                sum = fmaf(of.x, df.x, fmaf(of.y, df.y, sum));
+            }
+            float4* acc = reinterpret_cast<float4*>(dq_acc + row * p.D + c * 8);
+            acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+            acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int off = LANES / 2; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        if (vrow < n_vec && c == 0) {
+            // With dlse: dS = P (dP - Delta + dlse), so Delta - dlse is stored (rows with
+            // LSE = -inf have P = 0 and keep Delta, whatever dlse holds there).
+            const float lse = real ? p.lse[row] : -INFINITY;
+            delta[vrow] = !real ? 0.f : p.dlse && lse != -INFINITY ? sum - p.dlse[row] : sum;
+            if (with_lse2) lse2[vrow] = lse == -INFINITY ? INFINITY : lse * FC_LOG2E;
+        }
+    }
+}
+
+template <int DP, typename T>
+__global__ void __launch_bounds__(BWD_ROW_THREADS) attn_bwd_post_kernel(const __grid_constant__ fc_attn_bwd_params p) {
+    constexpr int LANES = DP / 8, ROWS = BWD_ROW_THREADS / LANES;
+    const int64_t n_rows = (int64_t)p.B * p.Hq * p.Sq;
+    const float* dq_acc = static_cast<const float*>(p.workspace);
+    const int c = threadIdx.x % LANES;
+    if (c * 8 >= p.D) return;
+    for (int64_t row = (int64_t)blockIdx.x * ROWS + threadIdx.x / LANES; row < n_rows;
+         row += (int64_t)gridDim.x * ROWS) {
+        const int i = (int)(row % p.Sq);
+        const int bh = (int)(row / p.Sq), h = bh % p.Hq, b = bh / p.Hq;
+        const float4* src = reinterpret_cast<const float4*>(dq_acc + row * p.D + c * 8);
+        const float4 x0 = src[0], x1 = src[1];
+        const float s = p.scale;
+        uint4 packed;
+        packed.x = pack2<T>(x0.x * s, x0.y * s);
+        packed.y = pack2<T>(x0.z * s, x0.w * s);
+        packed.z = pack2<T>(x1.x * s, x1.y * s);
+        packed.w = pack2<T>(x1.z * s, x1.w * s);
+        *reinterpret_cast<uint4*>(static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride +
+                                  i * p.dq_row_stride + c * 8) = packed;
+    }
+}
+
+// Grid of a row kernel over `rows` rows at padded head dim DP.
+template <int DP>
+static unsigned bwd_row_grid(long long rows) {
+    constexpr int ROWS = BWD_ROW_THREADS / (DP / 8);  // rows per CTA
+    const long long ctas = (rows + ROWS - 1) / ROWS;
+    return (unsigned)(ctas < BWD_ROW_MAX_GRID ? ctas : BWD_ROW_MAX_GRID);
+}

@@ -1,0 +1,389 @@
+// attn_bwd_sm90.cuh -- Hopper attention backward (sm_90a): wgmma + TMA.
+//
+// Algorithm. Three kernels on one stream, as the portable backward
+// (csrc/sm80/attn_bwd_sm80.cuh), with a Hopper main kernel:
+//  1. attn_bwd_prep_kernel (csrc/common/bwd_rows.cuh): Delta_i = dO_i . O_i
+//     (minus dlse_i) and LSE_i * log2(e) per query row, padded to
+//     FC_BWD_ROW_PAD rows per head (padding rows: Delta 0, LSE +inf, so P = 0),
+//     and the fp32 dQ accumulator zeroed.
+//  2. attn_bwd_sm90_kernel: one CTA owns BC = 128 keys of one (batch, KV
+//     head); K and V arrive once by TMA. Two warpgroups own 64 keys each and
+//     keep their dK, dV accumulators (fp32) in registers. The CTA walks the
+//     Hq / Hkv query heads of the KV head and, per head, the query blocks of BR
+//     rows that see any of its keys (causal: from the block of the first key's
+//     diagonal on). Thread 0 loads each block's Q, dO (TMA, 128-byte swizzle)
+//     and its rows' LSE and Delta (bulk copies) into a ring of STAGES slots,
+//     completing on one mbarrier per slot, STAGES - 1 blocks ahead. Per block,
+//     each warpgroup runs, for its 64 keys x BR rows,
+//       S^T = K Q^T, dP^T = V dO^T        wgmma, both operands in shared memory
+//       P^T = exp2(S^T scale log2e - LSE log2e)   (masked: keys >= Sk, causal)
+//       dV += P^T dO                      wgmma, P^T from registers
+//       dS^T = P^T (dP^T - Delta)
+//       dK += dS^T Q                      wgmma, dS^T from registers
+//     and stores dS^T (16-bit) into shared memory. After a CTA barrier each
+//     warpgroup computes a 64 x 64 tile of dQ_i = dS K over all 128 keys (wgmma
+//     with both operands MN-major: dS^T as stored, K as loaded) and adds it to
+//     the fp32 accumulator with vector reductions (unscaled).
+//     The epilogue writes dK * scale and dV from the registers.
+//  3. attn_bwd_post_kernel (bwd_rows.cuh): dQ = scale * accumulator, in dtype.
+// dK and dV are bit-reproducible (a fixed order inside one CTA); dQ's
+// reductions across key blocks are not.
+//
+// Limits. sm_90a only. D any multiple of 8 up to DP (64 or 128): TMA
+// zero-fills the padding columns, which are never stored. Any Sq, Sk >= 1:
+// TMA zero-fills tail rows and keys; tail keys are masked and tail rows have
+// LSE +inf. Rows with LSE = -inf get P = 0. Tensor strides as the forward's
+// Hopper kernel (TMA: 16-byte aligned). The workspace is the portable
+// backward's with LSE * log2(e) after Delta, both padded (kernels.h).
+#pragma once
+
+#include <cuda.h>
+#include <limits.h>
+#include <math.h>
+
+#include "../common/bwd_rows.cuh"
+#include "../common/launch.cuh"
+#include "../flashcore.h"
+#include "../kernels.h"
+#include "hopper.cuh"
+#include "tensor_map.h"
+
+// ---------------------------------------------------------------------------
+// Tile table, per padded head dim DP (BC = 128 keys per CTA, two warpgroups).
+//
+//  DP  | BR  | STAGES | smem: K,V + Q,dO ring + dS^T x 2 + LSE,Delta | registers per thread (255 max)
+//  64  | 128 |   3    | 32 + 96 + 64 + 3 = 195 KB                   | S^T 64 + dP^T 64 + P^T 32 + dK, dV 32 each
+//  128 |  64 |   3    | 64 + 96 + 32 + 1.5 = 193.5 KB               | S^T 32 + dP^T 32 + P^T 16 + dK, dV 64 each
+// BR: the dQ phase gives each warpgroup one 64 x 64 wgmma tile of the
+// block's dQ (BR x DP = 128 x 64 or 64 x 128): rows 64 * wg at DP = 64,
+// columns 64 * wg at DP = 128, so each reads whole 128-byte swizzle slabs.
+// Two dS^T buffers: a warpgroup may store block i+1's dS^T while the other
+// still reads block i's. STAGES: the ring loads two blocks ahead.
+template <int DP>
+struct BwdSm90Tile {
+    static constexpr int WGS = 2;                     // warpgroups, one per 64 keys
+    static constexpr int THREADS = WGS * 128;
+    static constexpr int WG_KEYS = 64;                // keys (wgmma M rows) per warpgroup
+    static constexpr int BC = WGS * WG_KEYS;          // keys per CTA
+    static constexpr int BR = DP <= 64 ? 128 : 64;    // query rows per block
+    static constexpr int STAGES = 3;                  // Q / dO / LSE / Delta slots
+    static constexpr int SLABS = DP / FC_SLAB_COLS;   // 64-column swizzle slabs of a K, V, Q or dO row
+    static constexpr uint32_t ROWB = FC_SWZ_ROW_BYTES;
+    static constexpr uint32_t KV_TILE = BC * DP * 2;  // bytes of K (or V)
+    static constexpr uint32_t QDO_TILE = BR * DP * 2; // bytes of one slot's Q (or dO)
+    static constexpr uint32_t DS_TILE = BC * BR * 2;  // bytes of one dS^T buffer (BC key rows, BR columns)
+    static constexpr uint32_t VEC = BR * 4;           // bytes of one slot's LSE (or Delta)
+    static constexpr uint32_t OFF_K = 0;
+    static constexpr uint32_t OFF_V = OFF_K + KV_TILE;
+    static constexpr uint32_t OFF_Q = OFF_V + KV_TILE;
+    static constexpr uint32_t OFF_DO = OFF_Q + STAGES * QDO_TILE;
+    static constexpr uint32_t OFF_DS = OFF_DO + STAGES * QDO_TILE;
+    static constexpr uint32_t OFF_LSE = OFF_DS + 2 * DS_TILE;
+    static constexpr uint32_t OFF_DELTA = OFF_LSE + STAGES * VEC;
+    static constexpr uint32_t OFF_BAR = OFF_DELTA + STAGES * VEC;  // K/V barrier, then one per slot
+    static constexpr uint32_t SMEM_BYTES = OFF_BAR + 8 * (1 + STAGES) + FC_SWZ_GROUP_BYTES;  // + alignment slack
+    static constexpr int DQ_COLS = 64;                // dQ columns per warpgroup (one wgmma N)
+    static_assert(BR * DP == WGS * 64 * DQ_COLS, "the dQ phase splits the block's dQ into one 64 x 64 tile per warpgroup");
+    static_assert(BC == 2 * FC_BWD_KEYS_PER_CTA, "dispatch sizes the grid check with the portable kernel's keys per CTA");
+    static_assert(FC_BWD_ROW_PAD % BR == 0, "the padded LSE and Delta must cover every block's rows");
+};
+
+struct BwdSm90Args {
+    CUtensorMap q_map;   // Q as (D, Sq, Hq, B), box (64, BR)
+    CUtensorMap do_map;  // dO as (D, Sq, Hq, B), box (64, BR)
+    CUtensorMap k_map;   // K as (D, Sk, Hkv, B), box (64, BC)
+    CUtensorMap v_map;   // V as (D, Sk, Hkv, B), box (64, BC)
+    fc_attn_bwd_params p;
+    int sq_pad;          // rows per head of the padded LSE and Delta (Sq rounded up to FC_BWD_ROW_PAD)
+};
+
+// Issues acc = A B^T over DP as one wgmma group: A = 64 rows at a_rows of a
+// tile with A_ROWS rows per slab, B = N rows at b_rows of a tile with N rows
+// per slab, both K-major (a k16 step moves 32 bytes inside a slab).
+template <int DP, int A_ROWS, int N, typename T>
+FC_DEVICE void bwd_issue_kmajor(float (&acc)[N / 2], uint32_t a_rows, uint32_t b_rows) {
+    wgmma_fence();  // orders earlier register use of acc before the async writes
+    const uint64_t ad = wgmma_desc(a_rows, 16, FC_SWZ_GROUP_BYTES), bd = wgmma_desc(b_rows, 16, FC_SWZ_GROUP_BYTES);
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; ++kk) {
+        const uint64_t a = wgmma_desc_add(ad, (kk / 4) * A_ROWS * FC_SWZ_ROW_BYTES + (kk % 4) * 32);
+        const uint64_t b = wgmma_desc_add(bd, (kk / 4) * N * FC_SWZ_ROW_BYTES + (kk % 4) * 32);
+        if constexpr (N == 64) wgmma_ss_n64<T>(acc, a, b, kk > 0);
+        else wgmma_ss_n128<T>(acc, a, b, kk > 0);
+    }
+    wgmma_commit();
+}
+
+// Issues acc (64 x DP) += A B as one wgmma group: A = 64 x BR in registers
+// (BR / 16 k16 fragments), B = BR rows x DP columns at b_tile, N-major (BR
+// rows per slab; a k16 step moves 16 rows).
+template <int DP, int BR, typename T>
+FC_DEVICE void bwd_issue_acc(float (&acc)[DP / 2], const uint32_t (&a)[BR / 16][4], uint32_t b_tile) {
+    wgmma_fence();  // orders the register writes of a (and acc) before the async reads
+    const uint64_t bd = wgmma_desc(b_tile, BR * FC_SWZ_ROW_BYTES, FC_SWZ_GROUP_BYTES);
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) {
+        const uint64_t b = wgmma_desc_add(bd, kk * 16 * FC_SWZ_ROW_BYTES);
+        if constexpr (DP == 64) wgmma_rs_n64<T>(acc, a[kk], b, 1);
+        else wgmma_rs_n128<T>(acc, a[kk], b, 1);
+    }
+    wgmma_commit();
+}
+
+// ---------------------------------------------------------------------------
+// Kernel: dK, dV and the dQ accumulator. Fragment layout of an accumulator
+// acc[4 * nt + 2 * hr + e] of a warpgroup: row warp * 16 + lane / 4 + 8 * hr,
+// column nt * 8 + (lane % 4) * 2 + e.
+
+template <int DP, typename T>
+__global__ void __launch_bounds__(BwdSm90Tile<DP>::THREADS, 1)
+attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
+    using Tile = BwdSm90Tile<DP>;
+    constexpr int BR = Tile::BR, BC = Tile::BC, STAGES = Tile::STAGES, SLABS = Tile::SLABS;
+    constexpr uint32_t ROWB = Tile::ROWB;
+    const fc_attn_bwd_params& p = args.p;
+
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t raw = smem_u32(smem_raw);
+    const uint32_t base = (raw + FC_SWZ_GROUP_BYTES - 1) & ~(FC_SWZ_GROUP_BYTES - 1);  // swizzle atoms: 1 KB aligned
+    const uint32_t sK = base + Tile::OFF_K, sV = base + Tile::OFF_V;   // (BC, DP) each, slabs of BC rows
+    const uint32_t sQ = base + Tile::OFF_Q, sdO = base + Tile::OFF_DO;  // (STAGES, BR, DP), slabs of BR rows
+    const uint32_t sdS = base + Tile::OFF_DS;                           // (2, BC, BR) dS^T, slabs of BC rows
+    const uint32_t sLse = base + Tile::OFF_LSE, sDelta = base + Tile::OFF_DELTA;  // (STAGES, BR) fp32
+    const float* lse_s = reinterpret_cast<const float*>(smem_raw + (sLse - raw));
+    const float* delta_s = reinterpret_cast<const float*>(smem_raw + (sDelta - raw));
+    const uint32_t kv_bar = base + Tile::OFF_BAR;
+    auto full_bar = [&](int slot) { return kv_bar + 8 * (1 + slot); };
+
+    const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+    // 1-D grid over (key block, KV head, batch), key blocks fastest (as the portable kernel).
+    const int n_kblocks = (p.Sk + BC - 1) / BC;
+    const int kb = (int)(blockIdx.x % n_kblocks), bhk = (int)(blockIdx.x / n_kblocks);
+    const int hk = bhk % p.Hkv, b = bhk / p.Hkv;
+    const int G = p.Hq / p.Hkv;
+    const int k0 = kb * BC;
+    const bool causal = p.causal != FC_CAUSAL_NONE;
+    const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;  // key j visible to row i iff j <= i + diag
+    const int n_mblocks = (p.Sq + BR - 1) / BR;
+    const int m_first = !causal || k0 - diag <= 0 ? 0 : min(n_mblocks, (k0 - diag) / BR);
+    const int per_head = n_mblocks - m_first;
+    const int n_iter = per_head * G;  // (head, query block) pairs, head-major
+
+    float* dq_acc = static_cast<float*>(p.workspace);
+    const float* delta_g = dq_acc + (int64_t)p.B * p.Hq * p.Sq * p.D;
+    const float* lse2_g = delta_g + (int64_t)p.B * p.Hq * args.sq_pad;
+
+    if (tid == 0) {
+        mbar_init(kv_bar, 1);
+        for (int s = 0; s < STAGES; ++s) mbar_init(full_bar(s), 1);
+        mbar_init_fence();
+    }
+    __syncthreads();  // the initialized barriers before any wait on them or TMA completion
+
+    // Q, dO, LSE and Delta of block j into slot j % STAGES (thread 0).
+    auto load_block = [&](int j) {
+        const int slot = j % STAGES, h = hk * G + j / per_head, row0 = (m_first + j % per_head) * BR;
+        const uint32_t bar = full_bar(slot);
+        mbar_expect_tx(bar, 2 * Tile::QDO_TILE + 2 * Tile::VEC);
+#pragma unroll
+        for (int s = 0; s < SLABS; ++s) {
+            tma_load_4d(sQ + slot * Tile::QDO_TILE + s * BR * ROWB, &args.q_map, bar, s * FC_SLAB_COLS, row0, h, b);
+            tma_load_4d(sdO + slot * Tile::QDO_TILE + s * BR * ROWB, &args.do_map, bar, s * FC_SLAB_COLS, row0, h, b);
+        }
+        const int64_t vec0 = ((int64_t)b * p.Hq + h) * args.sq_pad + row0;
+        bulk_load(sLse + slot * Tile::VEC, lse2_g + vec0, Tile::VEC, bar);
+        bulk_load(sDelta + slot * Tile::VEC, delta_g + vec0, Tile::VEC, bar);
+    };
+    if (tid == 0 && n_iter > 0) {
+        mbar_expect_tx(kv_bar, 2 * Tile::KV_TILE);
+#pragma unroll
+        for (int s = 0; s < SLABS; ++s) {
+            tma_load_4d(sK + s * BC * ROWB, &args.k_map, kv_bar, s * FC_SLAB_COLS, k0, hk, b);
+            tma_load_4d(sV + s * BC * ROWB, &args.v_map, kv_bar, s * FC_SLAB_COLS, k0, hk, b);
+        }
+        for (int j = 0; j < STAGES - 1 && j < n_iter; ++j) load_block(j);
+    }
+
+    float dk[DP / 2], dv[DP / 2];  // this warpgroup's 64 keys x DP (dK unscaled)
+#pragma unroll
+    for (int i = 0; i < DP / 2; ++i) dk[i] = dv[i] = 0.f;
+
+    const float scale_log2 = p.scale * FC_LOG2E;
+    const int key_w0 = k0 + wg * Tile::WG_KEYS;  // this warpgroup's first key
+    const uint32_t k_rows = sK + wg * Tile::WG_KEYS * ROWB, v_rows = sV + wg * Tile::WG_KEYS * ROWB;
+    // dQ tile of this warpgroup: dS^T's column slab (query rows) and K's column slab (head-dim columns).
+    const int dq_row_slab = BR == 128 ? wg : 0, dq_col_slab = DP == 128 ? wg : 0;
+    if (n_iter > 0) mbar_wait(kv_bar, 0);
+
+    for (int it = 0; it < n_iter; ++it) {
+        const int slot = it % STAGES;
+        const int h = hk * G + it / per_head, row0 = (m_first + it % per_head) * BR;
+        const uint32_t q_s = sQ + slot * Tile::QDO_TILE, do_s = sdO + slot * Tile::QDO_TILE;
+        mbar_wait(full_bar(slot), (it / STAGES) & 1);
+
+        float s[BR / 2], dp[BR / 2];
+        bwd_issue_kmajor<DP, BC, BR, T>(s, k_rows, q_s);    // S^T = K Q^T
+        bwd_issue_kmajor<DP, BC, BR, T>(dp, v_rows, do_s);  // dP^T = V dO^T
+        wgmma_wait<1>();
+        fence_regs(s);
+
+        // P^T in place; columns are query rows (padding rows have LSE +inf: P = 0).
+        const float* lse_r = lse_s + slot * BR + (lane % 4) * 2;
+#pragma unroll
+        for (int nt = 0; nt < BR / 8; ++nt) {
+            const float2 l = *reinterpret_cast<const float2*>(lse_r + nt * 8);
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                s[4 * nt + 2 * hr] = fast_exp2(fmaf(s[4 * nt + 2 * hr], scale_log2, -l.x));
+                s[4 * nt + 2 * hr + 1] = fast_exp2(fmaf(s[4 * nt + 2 * hr + 1], scale_log2, -l.y));
+            }
+        }
+        if (key_w0 + Tile::WG_KEYS > p.Sk || (causal && key_w0 + Tile::WG_KEYS - 1 > row0 + diag)) {
+            const int q_first = row0 + (lane % 4) * 2;
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                const int key = key_w0 + warp * 16 + lane / 4 + 8 * hr;
+                const int c_lim = causal ? key - diag - q_first : INT_MIN;  // masked iff column c < c_lim
+                const bool key_bad = key >= p.Sk;
+#pragma unroll
+                for (int nt = 0; nt < BR / 8; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e)
+                        if (key_bad || nt * 8 + e < c_lim) s[4 * nt + 2 * hr + e] = 0.f;
+            }
+        }
+
+        uint32_t pa[BR / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BR / 16; ++kk)
+            pack_a_from_c<T>(pa[kk], *reinterpret_cast<const float(*)[4]>(&s[8 * kk]),
+                             *reinterpret_cast<const float(*)[4]>(&s[8 * kk + 4]));
+        bwd_issue_acc<DP, BR, T>(dv, pa, do_s);  // dV += P^T dO
+        wgmma_wait<1>();                          // dP^T has landed (dV may still run)
+        fence_regs(dp);
+
+        const float* delta_r = delta_s + slot * BR + (lane % 4) * 2;
+#pragma unroll
+        for (int nt = 0; nt < BR / 8; ++nt) {
+            const float2 d = *reinterpret_cast<const float2*>(delta_r + nt * 8);
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                dp[4 * nt + 2 * hr] = s[4 * nt + 2 * hr] * (dp[4 * nt + 2 * hr] - d.x);
+                dp[4 * nt + 2 * hr + 1] = s[4 * nt + 2 * hr + 1] * (dp[4 * nt + 2 * hr + 1] - d.y);
+            }
+        }
+        uint32_t dsa[BR / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BR / 16; ++kk)
+            pack_a_from_c<T>(dsa[kk], *reinterpret_cast<const float(*)[4]>(&dp[8 * kk]),
+                             *reinterpret_cast<const float(*)[4]>(&dp[8 * kk + 4]));
+        bwd_issue_acc<DP, BR, T>(dk, dsa, q_s);  // dK += dS^T Q
+
+        // dS^T into buffer it % 2: key row r, query column c at slab c / 64, chunk (c % 64) / 8 ^ r % 8.
+        // dsa[kk][2 * half + hr] holds row lane/4 + 8*hr, columns 16 kk + 8 half + (lane % 4) * 2 + 0/1.
+        const uint32_t ds_buf = sdS + (it & 1) * Tile::DS_TILE;
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const int r = wg * Tile::WG_KEYS + warp * 16 + lane / 4 + 8 * hr;
+#pragma unroll
+            for (int kk = 0; kk < BR / 16; ++kk)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int chunk = (2 * kk + half) % 8, slab = (2 * kk + half) / 8;
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_buf + slab * BC * ROWB + r * ROWB +
+                                                                    ((chunk ^ (r & 7)) << 4) + (lane % 4) * 4),
+                                 "r"(dsa[kk][2 * half + hr])
+                                 : "memory");
+                }
+        }
+        fence_proxy_async();  // this thread's dS^T stores before the wgmma (async proxy) reads below
+        named_barrier_sync(1, Tile::THREADS);  // orders both warpgroups' dS^T stores before either's dQ
+                                               // wgmma, and both warpgroups' block it-1 reads (all retired)
+                                               // before the refill of its slot below
+        if (tid == 0 && it + STAGES - 1 < n_iter) load_block(it + STAGES - 1);
+
+        // dQ tile (64 x 64) = dS[rows of the slab, all BC keys] K[all keys, columns of the slab].
+        float dq[Tile::DQ_COLS / 2];
+        {
+            wgmma_fence();  // orders earlier register use of dq before the async writes
+            const uint64_t ad = wgmma_desc(ds_buf + dq_row_slab * BC * ROWB, BC * ROWB, FC_SWZ_GROUP_BYTES);
+            const uint64_t bd = wgmma_desc(sK + dq_col_slab * BC * ROWB, BC * ROWB, FC_SWZ_GROUP_BYTES);
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; ++kk)
+                wgmma_ss_tt_n64<T>(dq, wgmma_desc_add(ad, kk * 16 * ROWB), wgmma_desc_add(bd, kk * 16 * ROWB), kk > 0);
+            wgmma_commit();
+        }
+        wgmma_wait<0>();  // dQ, and this block's dV and dK (their A registers and the slot are free)
+        fence_regs(dq);
+        fence_regs(dk);
+        fence_regs(dv);
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const int r = row0 + dq_row_slab * 64 + warp * 16 + lane / 4 + 8 * hr;
+            if (r >= p.Sq) continue;
+            float* dst = dq_acc + (((int64_t)b * p.Hq + h) * p.Sq + r) * p.D + dq_col_slab * 64 + (lane % 4) * 2;
+#pragma unroll
+            for (int nt = 0; nt < Tile::DQ_COLS / 8; ++nt)
+                if (dq_col_slab * 64 + nt * 8 < p.D) bwd_red_add2(dst + nt * 8, dq[4 * nt + 2 * hr], dq[4 * nt + 2 * hr + 1]);
+        }
+    }
+
+    // Epilogue: dK * scale and dV of keys < Sk, columns < D, from the registers.
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        const int key = key_w0 + warp * 16 + lane / 4 + 8 * hr;
+        if (key >= p.Sk) continue;
+        T* dk_row = static_cast<T*>(p.dk) + b * p.dk_batch_stride + hk * p.dk_head_stride + (int64_t)key * p.dk_row_stride;
+        T* dv_row = static_cast<T*>(p.dv) + b * p.dv_batch_stride + hk * p.dv_head_stride + (int64_t)key * p.dv_row_stride;
+#pragma unroll
+        for (int nt = 0; nt < DP / 8; ++nt) {
+            const int col = nt * 8 + (lane % 4) * 2;
+            if (col >= p.D) continue;
+            *reinterpret_cast<uint32_t*>(dk_row + col) = pack2<T>(dk[4 * nt + 2 * hr] * p.scale, dk[4 * nt + 2 * hr + 1] * p.scale);
+            *reinterpret_cast<uint32_t*>(dv_row + col) = pack2<T>(dv[4 * nt + 2 * hr], dv[4 * nt + 2 * hr + 1]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Launcher and the C entry points of one padded head dim (see kernels.h)
+
+template <int DP, typename T>
+static fc_status attn_bwd_sm90_launch(const fc_attn_bwd_params* p, cudaStream_t stream) {
+    using Tile = BwdSm90Tile<DP>;
+    BwdSm90Args a;
+    a.p = *p;
+    a.sq_pad = (p->Sq + FC_BWD_ROW_PAD - 1) / FC_BWD_ROW_PAD * FC_BWD_ROW_PAD;
+    fc_status s = fc_sm90_tensor_map(&a.q_map, p->dtype, p->q, p->D, p->Sq, p->Hq, p->B, p->q_row_stride,
+                                     p->q_head_stride, p->q_batch_stride, Tile::BR);
+    if (s == FC_OK)
+        s = fc_sm90_tensor_map(&a.do_map, p->dtype, p->dout, p->D, p->Sq, p->Hq, p->B, p->do_row_stride,
+                               p->do_head_stride, p->do_batch_stride, Tile::BR);
+    if (s == FC_OK)
+        s = fc_sm90_tensor_map(&a.k_map, p->dtype, p->k, p->D, p->Sk, p->Hkv, p->B, p->k_row_stride,
+                               p->k_head_stride, p->k_batch_stride, Tile::BC);
+    if (s == FC_OK)
+        s = fc_sm90_tensor_map(&a.v_map, p->dtype, p->v, p->D, p->Sk, p->Hkv, p->B, p->v_row_stride,
+                               p->v_head_stride, p->v_batch_stride, Tile::BC);
+    if (s != FC_OK) return s;
+    // dispatch keeps the portable kernel's key blocks x B x Hkv (twice these) <= 2^31 - 1
+    const unsigned main_ctas = (unsigned)((p->Sk + Tile::BC - 1) / Tile::BC) * (unsigned)(p->B * p->Hkv);
+
+    attn_bwd_prep_kernel<DP, T><<<bwd_row_grid<DP>((long long)p->B * p->Hq * a.sq_pad), BWD_ROW_THREADS, 0, stream>>>(
+        *p, a.sq_pad, true);
+    if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
+
+    if (fc_smem_limit_once<attn_bwd_sm90_kernel<DP, T>>((int)Tile::SMEM_BYTES) != cudaSuccess) return FC_ERR_CUDA;
+    attn_bwd_sm90_kernel<DP, T><<<main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(a);
+    if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
+
+    attn_bwd_post_kernel<DP, T><<<bwd_row_grid<DP>((long long)p->B * p->Hq * p->Sq), BWD_ROW_THREADS, 0, stream>>>(*p);
+    return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
+}
+
+#define FC_SM90_BWD_DEFINE(DP)                                                                      \
+    extern "C" fc_status fc_sm90_bwd_d##DP(const fc_attn_bwd_params* p, fc_stream_t stream) {      \
+        return p->dtype == FC_DTYPE_BF16 ? attn_bwd_sm90_launch<DP, __nv_bfloat16>(p, (cudaStream_t)stream) \
+                                         : attn_bwd_sm90_launch<DP, __half>(p, (cudaStream_t)stream);        \
+    }                                                                                               \
+    extern "C" size_t fc_sm90_bwd_smem_d##DP(void) { return BwdSm90Tile<DP>::SMEM_BYTES; }
