@@ -44,7 +44,8 @@ Args:
     return_lse: also return the fp32 log-sum-exp (natural log) of the
         scaled scores, shape (B, Hq, Sq).
     kernel: ``"auto"`` (default), or force ``"sm80"`` (portable
-        tensor-core kernel), ``"sm90"`` (Hopper kernel) or ``"cpu"``.
+        tensor-core kernel), ``"sm90"`` (Hopper kernel) or ``"cpu"``; the
+        backward runs the same family (``"auto"``: sm90 on H100/H200).
     num_splits: split-KV (flash-decoding) for few query rows and long
         keys. ``None`` or ``0``: a heuristic picks the kernel and how many
         ways to split Sk across the SMs; ``1``: no split; ``n > 1``: run
@@ -308,6 +309,18 @@ void forget_zeroed_workspace(const at::Tensor& q, cudaStream_t stream) {
 // does not write reads as NaN whatever memory the allocator handed back.
 static bool poison_outputs = false;
 
+// A kernel id the C API knows, on q's device type.
+void check_kernel_id(const at::Tensor& q, int kernel) {
+    if (kernel < FC_KERNEL_AUTO || kernel > FC_KERNEL_CPU)
+        value_error("kernel: unknown kernel id " + std::to_string(kernel));
+    if (q.is_cpu() && kernel != FC_KERNEL_AUTO && kernel != FC_KERNEL_CPU)
+        value_error("kernel: a GPU kernel was forced but q is on the CPU; move the tensors to CUDA "
+                    "or use kernel='auto'");
+    if (q.is_cuda() && kernel == FC_KERNEL_CPU)
+        value_error("kernel: 'cpu' was forced but q is on " + q.device().str() +
+                    "; move the tensors to the CPU or use kernel='auto'");
+}
+
 // Checks, allocates out (and lse), runs the C API; lse is undefined unless return_lse.
 std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                           double scale, int causal, int kernel, bool return_lse,
@@ -317,14 +330,7 @@ std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor&
     check_scale(scale);
     if (causal < FC_CAUSAL_NONE || causal > FC_CAUSAL_BOTTOM_RIGHT)
         value_error("causal: unknown mode " + std::to_string(causal));
-    if (kernel < FC_KERNEL_AUTO || kernel > FC_KERNEL_CPU)
-        value_error("kernel: unknown kernel id " + std::to_string(kernel));
-    if (q.is_cpu() && kernel != FC_KERNEL_AUTO && kernel != FC_KERNEL_CPU)
-        value_error("kernel: a GPU kernel was forced but q is on the CPU; move the tensors to CUDA "
-                    "or use kernel='auto'");
-    if (q.is_cuda() && kernel == FC_KERNEL_CPU)
-        value_error("kernel: 'cpu' was forced but q is on " + q.device().str() +
-                    "; move the tensors to the CPU or use kernel='auto'");
+    check_kernel_id(q, kernel);
 
     c10::OptionalDeviceGuard guard(q.device());
     at::Tensor out = at::empty(q.sizes(), q.options());
@@ -397,15 +403,18 @@ at::Tensor rows_usable(const at::Tensor& t) {
     return ok ? t : t.contiguous();
 }
 
-// bwd(dout, q, k, v, out, lse, dlse | None, scale, causal_mode) -> (dq, dk, dv): the
-// backward of a forward call with these q, k, v, scale and causal mode that gave
-// out and lse (flashcore/__init__.py's autograd formula). dq, dk, dv are
+// bwd(dout, q, k, v, out, lse, dlse | None, scale, causal_mode, kernel=0) -> (dq, dk, dv):
+// the backward of a forward call with these q, k, v, scale and causal mode that
+// gave out and lse (flashcore/__init__.py's autograd formula), on the kernel
+// family of id `kernel` (auto: sm90 on H100/H200, else sm80). dq, dk, dv are
 // contiguous, in q's dtype.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                                                   const c10::optional<at::Tensor>& dlse, double scale, int causal) {
+                                                   const c10::optional<at::Tensor>& dlse, double scale, int causal,
+                                                   int kernel) {
     at::NoGradGuard no_grad;  // (a create_graph backward: the op itself has no derivative)
     check_inputs(q, k, v);
+    check_kernel_id(q, kernel);
     if (!(scale > 0.0 && scale <= FC_MAX_SCALE && (float)scale > 0.f))
         value_error("scale: got " + std::to_string(scale) + "; the backward needs the forward's scale, > 0 in fp32 "
                     "and at most 2.3e38");
@@ -459,7 +468,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
     p.dtype = to_fc_dtype(q.scalar_type());
     p.scale = (float)scale;
     p.causal = (fc_causal)causal;
-    p.kernel = q.is_cpu() ? FC_KERNEL_CPU : FC_KERNEL_AUTO;
+    p.kernel = q.is_cpu() ? FC_KERNEL_CPU : (fc_kernel)kernel;
 
     fc_stream_t stream = q.is_cuda() ? (fc_stream_t)c10::cuda::getCurrentCUDAStream().stream() : nullptr;
     at::Tensor workspace;
@@ -729,8 +738,9 @@ PYBIND11_MODULE(_C, m) {
     m.attr("KERNELS") = name_dict(KERNEL_IDS);
     m.attr("CAUSAL_ALIGNMENTS") = name_dict(ALIGNMENT_IDS);
     m.def("fwd", &fwd, "attention forward with causal mode and kernel ids (see flashcore.attention)");
-    m.def("bwd", &bwd, "attention backward: (dout, q, k, v, out, lse, dlse | None, scale, causal_mode) -> "
-          "(dq, dk, dv)");
+    m.def("bwd", &bwd, "attention backward: (dout, q, k, v, out, lse, dlse | None, scale, causal_mode, "
+          "kernel id) -> (dq, dk, dv)", py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
+          py::arg("lse"), py::arg("dlse"), py::arg("scale"), py::arg("causal"), py::arg("kernel") = 0);
     m.attr("BWD_MAX_GPU_HEAD_DIM") = FC_BWD_MAX_GPU_HEAD_DIM;
     m.def("picked_kernel", &picked_kernel, "kernel that kernel='auto' runs for (q, k)");
     m.def("num_splits", &num_splits_for, "split-KV plan for (q, k, v, causal_mode, kernel, num_splits): "

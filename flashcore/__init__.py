@@ -217,7 +217,8 @@ def _attention_vmap(info, in_dims, query, key, value, attn_mask, dropout_p, is_c
 #
 # The op's autograd formula: the forward saves q, k, v, out and lse (the op
 # returns lse whenever grad is needed, see attention), and the backward op
-# runs fc_attn_bwd (the CPU path, or the portable GPU kernel at D <= 128).
+# runs fc_attn_bwd (the CPU path, or a GPU kernel at D <= 128: the forward's
+# `kernel` picks the family, "auto" the Hopper one on H100/H200).
 # The gradient of lse, when the caller used it, enters as dlse.
 
 def _causal_mode(is_causal, causal, causal_alignment):
@@ -243,22 +244,24 @@ def _attention_backward(ctx, grad_out, grad_lse):
     if lse.dim() != 3:
         out, lse = _attention_op(query, key, value, *ctx.forward_args)
     dlse = grad_lse if grad_lse is not None and grad_lse.dim() == 3 else None
-    dq, dk, dv = _attention_backward_op(grad_out, query, key, value, out, lse, dlse, ctx.scale, ctx.causal_mode)
+    dq, dk, dv = _attention_backward_op(grad_out, query, key, value, out, lse, dlse, ctx.scale, ctx.causal_mode,
+                                        ctx.forward_args[7])
     return (dq, dk, dv) + (None,) * 9
 
 
 @torch.library.custom_op("flashcore::attention_backward", mutates_args=())
 def _attention_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                            out: torch.Tensor, lse: torch.Tensor, grad_lse: Optional[torch.Tensor], scale: float,
-                           causal_mode: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward of flashcore::attention: (dq, dk, dv), contiguous, in q's dtype."""
+                           causal_mode: int, kernel: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward of flashcore::attention: (dq, dk, dv), contiguous, in q's dtype, on the
+    forward's kernel family (``kernel``: its name, as flashcore.attention takes it)."""
     ts = [t.as_subclass(torch.Tensor) if t is not None and type(t) is not torch.Tensor else t
           for t in (grad_out, query, key, value, out, lse, grad_lse)]
-    return _C.bwd(*ts, scale, causal_mode)
+    return _C.bwd(*ts, scale, causal_mode, KERNELS[kernel])
 
 
 @_attention_backward_op.register_fake
-def _attention_backward_fake(grad_out, query, key, value, out, lse, grad_lse, scale, causal_mode):
+def _attention_backward_fake(grad_out, query, key, value, out, lse, grad_lse, scale, causal_mode, kernel):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (query, key, value))
 
 

@@ -18,10 +18,15 @@ import torch.nn.functional as F
 import flashcore
 from flashcore import _C
 
-from conftest import (CAUSAL_MODES, DTYPE_NAMES, default_scale, dtype_id, expand_kv, live_rows, make_qkv,
-                      mode_id, ref_dtype, requires_gpu, visible_mask)
+from conftest import (CAUSAL_MODES, DTYPE_NAMES, GPU_KERNELS, default_scale, dtype_id, expand_kv, live_rows,
+                      make_qkv, mode_id, ref_dtype, requires_gpu, visible_mask)
 
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_gpu)]
+# Where the gradients of the main tests run: the C path, and each GPU backward
+# family the device runs (the forward's `kernel` picks it: sm80 everywhere,
+# sm90 on a compute capability 9.0 GPU; "auto" there is sm90).
+TARGETS = [pytest.param("cpu", "auto", id="cpu")] + [
+    pytest.param("cuda", k, marks=requires_gpu, id=f"cuda-{k}") for k in GPU_KERNELS]
 LOWP = [torch.float16, torch.bfloat16]
 # Half an ulp at 1.0 (the rule's eps per unit of the largest gradient): 2^-11 fp16, 2^-8 bf16; fp32 as the forward's.
 HALF_ULP = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 1e-5}
@@ -123,12 +128,12 @@ def shape_id(s):
 @pytest.mark.parametrize("mode", CAUSAL_MODES, ids=mode_id)
 @pytest.mark.parametrize("D", [40, 64, 96, 128])
 @pytest.mark.parametrize("dtype", LOWP, ids=dtype_id)
-@pytest.mark.parametrize("dev", DEVICES)
-def test_grads(dev, dtype, D, mode, shape):
+@pytest.mark.parametrize("dev,kernel", TARGETS)
+def test_grads(dev, kernel, dtype, D, mode, shape):
     B, Hq, Hkv, Sq, Sk = shape
     q, k, v = make_qkv(B, Hq, Hkv, Sq, Sk, D, dtype, dev)
     go = torch.randn(B, Hq, Sq, D, device=dev).to(dtype)
-    check_grads(q, k, v, mode, fc_grads(q, k, v, mode, go), go)
+    check_grads(q, k, v, mode, fc_grads(q, k, v, mode, go, kernel=kernel), go)
 
 
 @requires_gpu
@@ -136,11 +141,12 @@ def test_grads(dev, dtype, D, mode, shape):
 @pytest.mark.parametrize("mode", CAUSAL_MODES, ids=mode_id)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", LOWP, ids=dtype_id)
-def test_grads_gpu_long(dtype, D, mode, shape):
+@pytest.mark.parametrize("kernel", GPU_KERNELS)
+def test_grads_gpu_long(kernel, dtype, D, mode, shape):
     B, Hq, Hkv, Sq, Sk = shape
     q, k, v = make_qkv(B, Hq, Hkv, Sq, Sk, D, dtype, "cuda")
     go = torch.randn(B, Hq, Sq, D, device="cuda").to(dtype)
-    check_grads(q, k, v, mode, fc_grads(q, k, v, mode, go), go)
+    check_grads(q, k, v, mode, fc_grads(q, k, v, mode, go, kernel=kernel), go)
 
 
 @pytest.mark.parametrize("D", [8, 256])
@@ -154,40 +160,41 @@ def test_grads_cpu_any_head_dim(dtype, D):
 
 @pytest.mark.parametrize("layouts", [("transposed",) * 3, ("sliced", "sliced_hi", "batch_step")],
                          ids=lambda x: "-".join(x))
-@pytest.mark.parametrize("dev", DEVICES)
-def test_grads_strided(dev, layouts):
+@pytest.mark.parametrize("dev,kernel", TARGETS)
+def test_grads_strided(dev, kernel, layouts):
     """Strided views as inputs; their gradients come back in the view's shape."""
     dtype = torch.float16
     q, k, v = make_qkv(2, 4, 2, 77, 130, 64, dtype, dev, layouts=layouts)
     go = torch.randn(2, 4, 77, 64, device=dev).to(dtype)
-    check_grads(q, k, v, "bottom_right", fc_grads(q, k, v, "bottom_right", go), go)
+    check_grads(q, k, v, "bottom_right", fc_grads(q, k, v, "bottom_right", go, kernel=kernel), go)
 
 
-@pytest.mark.parametrize("dev", DEVICES)
-def test_grads_expanded_kv(dev):
+@pytest.mark.parametrize("dev,kernel", TARGETS)
+def test_grads_expanded_kv(dev, kernel):
     """k and v broadcast over heads (head stride 0): autograd sums the heads' gradients."""
     k0 = torch.randn(2, 1, 50, 64, device=dev).half().requires_grad_(True)
     v0 = torch.randn(2, 1, 50, 64, device=dev).half().requires_grad_(True)
     q = torch.randn(2, 4, 40, 64, device=dev).half().requires_grad_(True)
-    out = flashcore.attention(q, k0.expand(2, 4, 50, 64), v0.expand(2, 4, 50, 64), is_causal=True)
+    out = flashcore.attention(q, k0.expand(2, 4, 50, 64), v0.expand(2, 4, 50, 64), is_causal=True, kernel=kernel)
     go = torch.randn_like(out)
     (out.float() * go.float()).sum().backward()
-    want = fc_grads(q, k0.expand(2, 4, 50, 64).contiguous(), v0.expand(2, 4, 50, 64).contiguous(), "top_left", go)
+    want = fc_grads(q, k0.expand(2, 4, 50, 64).contiguous(), v0.expand(2, 4, 50, 64).contiguous(), "top_left", go,
+                    kernel=kernel)
     assert torch.equal(q.grad, want[0])
     torch.testing.assert_close(k0.grad.float(), want[1].float().sum(1, keepdim=True), atol=2e-2, rtol=1e-2)
     torch.testing.assert_close(v0.grad.float(), want[2].float().sum(1, keepdim=True), atol=2e-2, rtol=1e-2)
 
 
 @pytest.mark.parametrize("mode", CAUSAL_MODES, ids=mode_id)
-@pytest.mark.parametrize("dev,dtype", [("cpu", torch.float32), ("cpu", torch.float16),
-                                       pytest.param("cuda", torch.float16, marks=requires_gpu)],
-                         ids=["cpu-fp32", "cpu-fp16", "cuda-fp16"])
-def test_grads_through_lse(dev, dtype, mode):
+@pytest.mark.parametrize("dev,dtype,kernel", [("cpu", torch.float32, "auto"), ("cpu", torch.float16, "auto")] + [
+    pytest.param("cuda", torch.float16, k, marks=requires_gpu) for k in GPU_KERNELS],
+                         ids=["cpu-fp32", "cpu-fp16"] + [f"cuda-{k}-fp16" for k in GPU_KERNELS])
+def test_grads_through_lse(dev, dtype, kernel, mode):
     """A loss that uses the returned lse: its gradient enters dS as P * dlse (fp32: to 1e-5 of the largest)."""
     q, k, v = make_qkv(1, 4, 2, 45, 70, 64, dtype, dev)
     go = torch.randn(1, 4, 45, 64, device=dev).to(dtype)
     glse = torch.randn(1, 4, 45, device=dev)
-    check_grads(q, k, v, mode, fc_grads(q, k, v, mode, go, glse), go, glse)
+    check_grads(q, k, v, mode, fc_grads(q, k, v, mode, go, glse, kernel=kernel), go, glse)
 
 
 @pytest.mark.parametrize("dev", DEVICES)
@@ -222,12 +229,12 @@ def test_grad_of_sum(dev):
     check_grads(q.detach(), k.detach(), v.detach(), None, (q.grad, k.grad, v.grad), go)
 
 
-@pytest.mark.parametrize("dev", DEVICES)
-def test_fully_masked_rows(dev):
+@pytest.mark.parametrize("dev,kernel", TARGETS)
+def test_fully_masked_rows(dev, kernel):
     """bottom-right with Sq > Sk: the first Sq - Sk rows see no key; their dq is 0, nothing is NaN."""
     q, k, v = make_qkv(1, 2, 2, 70, 20, 64, torch.bfloat16, dev)
     go = torch.randn(1, 2, 70, 64, device=dev).bfloat16()
-    got = fc_grads(q, k, v, "bottom_right", go)
+    got = fc_grads(q, k, v, "bottom_right", go, kernel=kernel)
     assert (got[0][:, :, :50] == 0).all()
     check_grads(q, k, v, "bottom_right", got, go)
 
@@ -244,13 +251,13 @@ def test_empty_lengths(dev, sizes):
         assert g.shape == t.shape and (g == 0).all()
 
 
-@pytest.mark.parametrize("dev", DEVICES)
-def test_gqa_grads_sum_over_group(dev):
+@pytest.mark.parametrize("dev,kernel", TARGETS)
+def test_gqa_grads_sum_over_group(dev, kernel):
     """dk, dv of a KV head are the sums over its query heads: the same as with k, v repeated."""
     q, k, v = make_qkv(1, 6, 2, 40, 40, 64, torch.float32 if dev == "cpu" else torch.float16, dev)
     go = torch.randn(1, 6, 40, 64, device=dev).to(q.dtype)
-    g = fc_grads(q, k, v, None, go)
-    gr = fc_grads(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), None, go)
+    g = fc_grads(q, k, v, None, go, kernel=kernel)
+    gr = fc_grads(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), None, go, kernel=kernel)
     tol = 1e-5 if dev == "cpu" else 2e-2
     torch.testing.assert_close(g[0].float(), gr[0].float(), atol=tol, rtol=tol)
     torch.testing.assert_close(g[1].float(), gr[1].float().unflatten(1, (2, 3)).sum(2), atol=tol, rtol=tol)
@@ -361,6 +368,10 @@ def test_backward_entry_point_checks():
         _C.bwd(go, q, k, v, out, lse, None, -1.0, 0)
     with pytest.raises(ValueError, match=r"^causal: unknown mode 3"):
         _C.bwd(go, q, k, v, out, lse, None, 0.125, 3)
+    with pytest.raises(ValueError, match=r"^kernel: unknown kernel id 7"):
+        _C.bwd(go, q, k, v, out, lse, None, 0.125, 0, 7)
+    with pytest.raises(ValueError, match=r"^kernel: a GPU kernel was forced but q is on the CPU"):
+        _C.bwd(go, q, k, v, out, lse, None, 0.125, 0, flashcore.KERNELS["sm90"])
 
 
 def test_opcheck_backward():
@@ -370,7 +381,8 @@ def test_opcheck_backward():
                           (q, k, v, None, 0.0, True, None, None, "bottom_right", True, "auto", None))
     out, lse = flashcore.attention(q.detach(), k.detach(), v.detach(), return_lse=True)
     torch.library.opcheck(torch.ops.flashcore.attention_backward.default,
-                          (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, None, 0.125, 0))
+                          (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, None, 0.125, 0,
+                           "auto"))
 
 
 def test_autocast_grads():
@@ -401,7 +413,7 @@ def test_gpu_head_dim_over_128_refused(which):
 @requires_gpu
 @pytest.mark.parametrize("kernel", ["auto", "sm80", "sm90"])
 def test_gpu_forced_forward_kernel(kernel):
-    """The backward is the same whichever forward kernel ran (it reads the forward's O and LSE)."""
+    """A forced kernel runs the forward and the backward of its family; the gradients match either way."""
     if kernel == "sm90" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("sm90 needs a compute capability 9.0 GPU")
     q, k, v = make_qkv(2, 4, 2, 300, 300, 128, torch.float16, "cuda")
@@ -410,24 +422,26 @@ def test_gpu_forced_forward_kernel(kernel):
 
 
 @requires_gpu
+@pytest.mark.parametrize("kernel", GPU_KERNELS)
 @pytest.mark.parametrize("D", [64, 128])
-def test_gpu_reruns(D):
+def test_gpu_reruns(D, kernel):
     """dk and dv are bit-identical across reruns; dq (fp32 atomics across key blocks) within rounding."""
     q, k, v = make_qkv(2, 8, 2, 700, 900, D, torch.float16, "cuda")
     go = torch.randn(2, 8, 700, D, device="cuda").half()
-    first = fc_grads(q, k, v, "bottom_right", go)
+    first = fc_grads(q, k, v, "bottom_right", go, kernel=kernel)
     for _ in range(5):
-        again = fc_grads(q, k, v, "bottom_right", go)
+        again = fc_grads(q, k, v, "bottom_right", go, kernel=kernel)
         assert torch.equal(again[1], first[1]) and torch.equal(again[2], first[2])
         torch.testing.assert_close(again[0], first[0], atol=2e-3, rtol=2e-3)
 
 
 @requires_gpu
-def test_gpu_matches_cpu_path():
+@pytest.mark.parametrize("kernel", GPU_KERNELS)
+def test_gpu_matches_cpu_path(kernel):
     """The GPU kernel against the C path on the same inputs, forward output and LSE."""
     q, k, v = make_qkv(1, 4, 2, 130, 150, 64, torch.float16, "cuda")
     go = torch.randn(1, 4, 130, 64, device="cuda").half()
-    g = fc_grads(q, k, v, "top_left", go)
+    g = fc_grads(q, k, v, "top_left", go, kernel=kernel)
     c = fc_grads(q.cpu(), k.cpu(), v.cpu(), "top_left", go.cpu())
     for a, b in zip(g, c):
         torch.testing.assert_close(a.cpu().float(), b.float(), atol=2e-2, rtol=2e-2)

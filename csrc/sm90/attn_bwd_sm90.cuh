@@ -130,6 +130,10 @@ FC_DEVICE void bwd_issue_acc(float (&acc)[DP / 2], const uint32_t (&a)[BR / 16][
     wgmma_commit();
 }
 
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FC_SM90_BWD_BODY 1  // device code for sm_90a (the extension also compiles this file for sm_80)
+#endif
+
 // ---------------------------------------------------------------------------
 // Kernel: dK, dV and the dQ accumulator. Fragment layout of an accumulator
 // acc[4 * nt + 2 * hr + e] of a warpgroup: row warp * 16 + lane / 4 + 8 * hr,
@@ -138,6 +142,7 @@ FC_DEVICE void bwd_issue_acc(float (&acc)[DP / 2], const uint32_t (&a)[BR / 16][
 template <int DP, typename T>
 __global__ void __launch_bounds__(BwdSm90Tile<DP>::THREADS, 1)
 attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
+#ifdef FC_SM90_BWD_BODY
     using Tile = BwdSm90Tile<DP>;
     constexpr int BR = Tile::BR, BC = Tile::BC, STAGES = Tile::STAGES, SLABS = Tile::SLABS;
     constexpr uint32_t ROWB = Tile::ROWB;
@@ -343,6 +348,9 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
             *reinterpret_cast<uint32_t*>(dv_row + col) = pack2<T>(dv[4 * nt + 2 * hr], dv[4 * nt + 2 * hr + 1]);
         }
     }
+#else
+    __trap();  // built without sm_90a; dispatch never launches this
+#endif
 }
 
 // ---------------------------------------------------------------------------
