@@ -107,9 +107,9 @@ MISMATCH_TOL = {"fp16": 1e-2, "bf16": 5e-2}
 # sdpa-default's, relative to their largest magnitude: two fp16 backward
 # passes with P and dS rounded to fp16 differ by about 1e-3 of it.
 MISMATCH_REL_BWD = {"fp16": 1e-2, "bf16": 5e-2}
-# Impls the bwd suite times: one flashcore (its backward does not depend on the
-# forward kernel) and SDPA's backends.
-BWD_IMPLS = ("flashcore",) + SDPA_IMPLS
+# Impls the bwd suite times: flashcore (auto, and each forced family: kernel=
+# picks the forward's and the backward's) and SDPA's backends.
+BWD_IMPLS = ("flashcore", "flashcore:sm80", "flashcore:sm90") + SDPA_IMPLS
 BWD_HEAD_DIMS = (64, 128)  # the GPU backward's head dims
 
 
