@@ -492,11 +492,12 @@ static fc_attn_params bwd_forward_view(const fc_attn_bwd_params* p) {
 
 #define FC_WORKSPACE_ALIGN 16 /* bytes: every workspace pointer and size is a multiple of this */
 
-/* The dQ accumulator, then Delta and LSE * log2(e) padded (kernels.h); one size for both kernels. */
+/* The dQ accumulator of padded rows and head dim, then Delta and LSE * log2(e)
+ * of padded rows (kernels.h); one size for both kernels (the portable one uses less). */
 static size_t bwd_workspace_bytes(const fc_attn_bwd_params* p) {
-    const size_t rows = (size_t)p->B * p->Hq * p->Sq;
     const size_t vec = (size_t)p->B * p->Hq * (((size_t)p->Sq + FC_BWD_ROW_PAD - 1) / FC_BWD_ROW_PAD * FC_BWD_ROW_PAD);
-    return ((rows * p->D + 2 * vec) * sizeof(float) + FC_WORKSPACE_ALIGN - 1) / FC_WORKSPACE_ALIGN * FC_WORKSPACE_ALIGN;
+    const size_t dp = p->D <= 64 ? 64 : 128;  /* the kernels' padded head dim (D <= FC_BWD_MAX_GPU_HEAD_DIM) */
+    return ((vec * dp + 2 * vec) * sizeof(float) + FC_WORKSPACE_ALIGN - 1) / FC_WORKSPACE_ALIGN * FC_WORKSPACE_ALIGN;
 }
 
 /* The GPU backward kernel for p on dev: the forced one, or AUTO's choice. */

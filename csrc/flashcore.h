@@ -220,9 +220,9 @@ fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream);
 
 /* Bytes of workspace fc_attn_bwd needs for p: 0 for the CPU path, for calls
  * with B, Hq, Sq or Sk = 0 (the gradients are zeros) and for params the
- * check rejects, else (B*Hq*Sq*D + 2*B*Hq*Sq_pad)*4 rounded up to 16, with
- * Sq_pad = Sq rounded up to 128: the fp32 dQ accumulator (B, Hq, Sq, D)
- * followed by two fp32 vectors per query row (Delta and the LSE in base 2). */
+ * check rejects, else B*Hq*Sq_pad*(DP + 2)*4 rounded up to 16, with Sq_pad =
+ * Sq rounded up to 128 and DP = 64 for D <= 64, else 128: an fp32 dQ
+ * accumulator and two fp32 vectors per query row (Delta, the LSE in base 2). */
 size_t fc_attn_bwd_workspace_size(const fc_attn_bwd_params* p);
 
 #ifdef __cplusplus

@@ -3,16 +3,18 @@
 // backward. DP / 8 threads per row, each 8 columns (16 bytes of T).
 //
 //  attn_bwd_prep_kernel: Delta_i = sum_d dO_id O_id (fp32) per query row,
-//    minus dlse_i when the caller passes an LSE gradient, and the row's D
-//    floats of the fp32 dQ accumulator zeroed. The per-row vectors hold
-//    (B, Hq, sq_pad) rows: sq_pad = Sq for the portable kernel, Sq rounded
-//    up to FC_BWD_ROW_PAD for the Hopper one, whose padding rows get Delta = 0
-//    and LSE * log2(e) = +inf (so their P is 0). With lse2 set, the kernel
-//    also writes LSE * log2(e) (+inf for rows that see no key).
-//  attn_bwd_post_kernel: dQ = scale * accumulator, converted to T, strided.
+//    minus dlse_i when the caller passes an LSE gradient, and the fp32 dQ
+//    accumulator zeroed. The per-row vectors hold (B, Hq, sq_pad) rows:
+//    sq_pad = Sq for the portable kernel, Sq rounded up to FC_BWD_ROW_PAD for
+//    the Hopper one, whose padding rows get Delta = 0 and LSE * log2(e) = +inf
+//    (so their P is 0); `hopper` also writes LSE * log2(e) (+inf for rows that
+//    see no key) and zeroes the Hopper kernel's tiled accumulator.
+//  attn_bwd_post_kernel: dQ = scale * accumulator, converted to T, strided
+//    (the portable kernel's row-major accumulator).
 //
-// Workspace layout (kernels.h): accumulator (B, Hq, Sq, D) fp32, then Delta
-// (B, Hq, sq_pad), then (Hopper) LSE * log2(e) (B, Hq, sq_pad).
+// Workspace layout (kernels.h): the accumulator, (B, Hq, Sq, D) row-major fp32
+// (portable) or (B, Hq, sq_pad, DP) in tiles (Hopper, attn_bwd_sm90.cuh), then
+// Delta (B, Hq, sq_pad), then (Hopper) LSE * log2(e) (B, Hq, sq_pad).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -49,12 +51,12 @@ FC_DEVICE void bwd_red_add2(float* addr, float x, float y) {
 // Rows loop CTA-uniformly so the shuffles below see whole warps.
 template <int DP, typename T>
 __global__ void __launch_bounds__(BWD_ROW_THREADS)
-attn_bwd_prep_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_pad, bool with_lse2) {
+attn_bwd_prep_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_pad, bool hopper) {
     constexpr int LANES = DP / 8, ROWS = BWD_ROW_THREADS / LANES;
     const int64_t n_rows = (int64_t)p.B * p.Hq * p.Sq, n_vec = (int64_t)p.B * p.Hq * sq_pad;
     float* dq_acc = static_cast<float*>(p.workspace);
-    float* delta = dq_acc + n_rows * p.D;  // (B, Hq, sq_pad)
-    float* lse2 = delta + n_vec;           // (B, Hq, sq_pad), when with_lse2
+    float* delta = dq_acc + (hopper ? n_vec * DP : n_rows * p.D);  // (B, Hq, sq_pad)
+    float* lse2 = delta + n_vec;                                    // (B, Hq, sq_pad), Hopper
     const int c = threadIdx.x % LANES;
     const bool col_ok = c * 8 < p.D;
     for (int64_t base = (int64_t)blockIdx.x * ROWS; base < n_vec; base += (int64_t)gridDim.x * ROWS) {
@@ -76,7 +78,14 @@ attn_bwd_prep_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_pad, b
                 const float2 of = bwd_unpack2<T>(ow[e]), df = bwd_unpack2<T>(dw[e]);
                 sum = fmaf(of.x, df.x, fmaf(of.y, df.y, sum));
             }
-            float4* acc = reinterpret_cast<float4*>(dq_acc + row * p.D + c * 8);
+            if (!hopper) {
+                float4* acc = reinterpret_cast<float4*>(dq_acc + row * p.D + c * 8);
+                acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+                acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+        }
+        if (hopper && vrow < n_vec) {  // DP floats per row of the tiled accumulator, padding rows too
+            float4* acc = reinterpret_cast<float4*>(dq_acc + vrow * DP + c * 8);
             acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
             acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
         }
@@ -87,7 +96,7 @@ attn_bwd_prep_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_pad, b
             // LSE = -inf have P = 0 and keep Delta, whatever dlse holds there).
             const float lse = real ? p.lse[row] : -INFINITY;
             delta[vrow] = !real ? 0.f : p.dlse && lse != -INFINITY ? sum - p.dlse[row] : sum;
-            if (with_lse2) lse2[vrow] = lse == -INFINITY ? INFINITY : lse * FC_LOG2E;
+            if (hopper) lse2[vrow] = lse == -INFINITY ? INFINITY : lse * FC_LOG2E;
         }
     }
 }

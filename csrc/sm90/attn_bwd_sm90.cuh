@@ -22,10 +22,13 @@
 //       dK += dS^T Q                      wgmma, dS^T from registers
 //     and stores dS^T (16-bit) into shared memory. After a CTA barrier each
 //     warpgroup computes a 64 x 64 tile of dQ_i = dS K over all 128 keys (wgmma
-//     with both operands MN-major: dS^T as stored, K as loaded) and adds it to
-//     the fp32 accumulator with vector reductions (unscaled).
+//     with both operands MN-major: dS^T as stored, K as loaded), stages it in
+//     shared memory in fragment order and adds it (unscaled) to the fp32
+//     accumulator with one bulk reduction (cp.reduce.async.bulk) of 16 KB:
+//     the accumulator is kept in that tiled order (DQ_PIECE floats per 64 x 64
+//     piece), where per-row reductions from registers cost 30 % of the time.
 //     The epilogue writes dK * scale and dV from the registers.
-//  3. attn_bwd_post_kernel (bwd_rows.cuh): dQ = scale * accumulator, in dtype.
+//  3. attn_bwd_sm90_post_kernel: dQ = scale * accumulator, untiled, in dtype.
 // dK and dV are bit-reproducible (a fixed order inside one CTA); dQ's
 // reductions across key blocks are not.
 //
@@ -51,14 +54,15 @@
 // ---------------------------------------------------------------------------
 // Tile table, per padded head dim DP (BC = 128 keys per CTA, two warpgroups).
 //
-//  DP  | BR  | STAGES | smem: K,V + Q,dO ring + dS^T x 2 + LSE,Delta | registers per thread (255 max)
-//  64  | 128 |   3    | 32 + 96 + 64 + 3 = 195 KB                   | S^T 64 + dP^T 64 + P^T 32 + dK, dV 32 each
-//  128 |  64 |   3    | 64 + 96 + 32 + 1.5 = 193.5 KB               | S^T 32 + dP^T 32 + P^T 16 + dK, dV 64 each
+//  DP  | BR  | STAGES | smem: K,V + Q,dO ring + dS^T x 2 + dQ x 2 + LSE,Delta | registers per thread (255 max)
+//  64  | 128 |   2    | 32 + 64 + 64 + 32 + 2 = 194 KB                      | S^T 64 + dP^T 64 + P^T 32 + dK, dV 32 each
+//  128 |  64 |   2    | 64 + 64 + 32 + 32 + 1 = 193 KB                      | S^T 32 + dP^T 32 + P^T 16 + dK, dV 64 each
 // BR: the dQ phase gives each warpgroup one 64 x 64 wgmma tile of the
 // block's dQ (BR x DP = 128 x 64 or 64 x 128): rows 64 * wg at DP = 64,
 // columns 64 * wg at DP = 128, so each reads whole 128-byte swizzle slabs.
 // Two dS^T buffers: a warpgroup may store block i+1's dS^T while the other
-// still reads block i's. STAGES: the ring loads two blocks ahead.
+// still reads block i's. STAGES: the ring loads one block ahead (a third slot
+// and the dQ staging would pass the 227 KB a CTA may have).
 template <int DP>
 struct BwdSm90Tile {
     static constexpr int WGS = 2;                     // warpgroups, one per 64 keys
@@ -66,27 +70,37 @@ struct BwdSm90Tile {
     static constexpr int WG_KEYS = 64;                // keys (wgmma M rows) per warpgroup
     static constexpr int BC = WGS * WG_KEYS;          // keys per CTA
     static constexpr int BR = DP <= 64 ? 128 : 64;    // query rows per block
-    static constexpr int STAGES = 3;                  // Q / dO / LSE / Delta slots
+    static constexpr int STAGES = 2;                  // Q / dO / LSE / Delta slots
     static constexpr int SLABS = DP / FC_SLAB_COLS;   // 64-column swizzle slabs of a K, V, Q or dO row
     static constexpr uint32_t ROWB = FC_SWZ_ROW_BYTES;
     static constexpr uint32_t KV_TILE = BC * DP * 2;  // bytes of K (or V)
     static constexpr uint32_t QDO_TILE = BR * DP * 2; // bytes of one slot's Q (or dO)
     static constexpr uint32_t DS_TILE = BC * BR * 2;  // bytes of one dS^T buffer (BC key rows, BR columns)
     static constexpr uint32_t VEC = BR * 4;           // bytes of one slot's LSE (or Delta)
+    static constexpr int DQ_COLS = 64;                // dQ columns per warpgroup (one wgmma N)
+    static constexpr int DQ_PIECE = 64 * DQ_COLS;     // floats of one warpgroup's dQ tile (a piece)
+    static constexpr uint32_t DQ_STAGE = DQ_PIECE * 4;  // bytes of one warpgroup's dQ staging
     static constexpr uint32_t OFF_K = 0;
     static constexpr uint32_t OFF_V = OFF_K + KV_TILE;
     static constexpr uint32_t OFF_Q = OFF_V + KV_TILE;
     static constexpr uint32_t OFF_DO = OFF_Q + STAGES * QDO_TILE;
     static constexpr uint32_t OFF_DS = OFF_DO + STAGES * QDO_TILE;
-    static constexpr uint32_t OFF_LSE = OFF_DS + 2 * DS_TILE;
+    static constexpr uint32_t OFF_DQ = OFF_DS + 2 * DS_TILE;
+    static constexpr uint32_t OFF_LSE = OFF_DQ + WGS * DQ_STAGE;
     static constexpr uint32_t OFF_DELTA = OFF_LSE + STAGES * VEC;
     static constexpr uint32_t OFF_BAR = OFF_DELTA + STAGES * VEC;  // K/V barrier, then one per slot
     static constexpr uint32_t SMEM_BYTES = OFF_BAR + 8 * (1 + STAGES) + FC_SWZ_GROUP_BYTES;  // + alignment slack
-    static constexpr int DQ_COLS = 64;                // dQ columns per warpgroup (one wgmma N)
     static_assert(BR * DP == WGS * 64 * DQ_COLS, "the dQ phase splits the block's dQ into one 64 x 64 tile per warpgroup");
     static_assert(BC == 2 * FC_BWD_KEYS_PER_CTA, "dispatch sizes the grid check with the portable kernel's keys per CTA");
     static_assert(FC_BWD_ROW_PAD % BR == 0, "the padded LSE and Delta must cover every block's rows");
 };
+
+// First float of piece (64-row block m of a head, 64-column slab) of the tiled
+// dQ accumulator: m counts the 64-row blocks of all (batch, head) pairs.
+template <int DP>
+FC_DEVICE int64_t sm90_dq_piece(int64_t m, int slab) {
+    return (m * (DP / 64) + slab) * BwdSm90Tile<DP>::DQ_PIECE;
+}
 
 struct BwdSm90Args {
     CUtensorMap q_map;   // Q as (D, Sq, Hq, B), box (64, BR)
@@ -154,13 +168,14 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     const uint32_t sK = base + Tile::OFF_K, sV = base + Tile::OFF_V;   // (BC, DP) each, slabs of BC rows
     const uint32_t sQ = base + Tile::OFF_Q, sdO = base + Tile::OFF_DO;  // (STAGES, BR, DP), slabs of BR rows
     const uint32_t sdS = base + Tile::OFF_DS;                           // (2, BC, BR) dS^T, slabs of BC rows
+    const uint32_t sDQ = base + Tile::OFF_DQ;                           // (WGS, DQ_PIECE) fp32, fragment order
     const uint32_t sLse = base + Tile::OFF_LSE, sDelta = base + Tile::OFF_DELTA;  // (STAGES, BR) fp32
     const float* lse_s = reinterpret_cast<const float*>(smem_raw + (sLse - raw));
     const float* delta_s = reinterpret_cast<const float*>(smem_raw + (sDelta - raw));
     const uint32_t kv_bar = base + Tile::OFF_BAR;
     auto full_bar = [&](int slot) { return kv_bar + 8 * (1 + slot); };
 
-    const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+    const int tid = threadIdx.x, wg = tid / 128, t = tid % 128, warp = t / 32, lane = tid % 32;
     // 1-D grid over (key block, KV head, batch), key blocks fastest (as the portable kernel).
     const int n_kblocks = (p.Sk + BC - 1) / BC;
     const int kb = (int)(blockIdx.x % n_kblocks), bhk = (int)(blockIdx.x / n_kblocks);
@@ -174,8 +189,8 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     const int per_head = n_mblocks - m_first;
     const int n_iter = per_head * G;  // (head, query block) pairs, head-major
 
-    float* dq_acc = static_cast<float*>(p.workspace);
-    const float* delta_g = dq_acc + (int64_t)p.B * p.Hq * p.Sq * p.D;
+    float* dq_acc = static_cast<float*>(p.workspace);  // (B, Hq, sq_pad, DP) in pieces, see sm90_dq_piece
+    const float* delta_g = dq_acc + (int64_t)p.B * p.Hq * args.sq_pad * DP;
     const float* lse2_g = delta_g + (int64_t)p.B * p.Hq * args.sq_pad;
 
     if (tid == 0) {
@@ -302,9 +317,11 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                 }
         }
         fence_proxy_async();  // this thread's dS^T stores before the wgmma (async proxy) reads below
+        if (t == 0) bulk_wait_read<0>();  // this warpgroup's last dQ reduction has read its staging
         named_barrier_sync(1, Tile::THREADS);  // orders both warpgroups' dS^T stores before either's dQ
                                                // wgmma, and both warpgroups' block it-1 reads (all retired)
-                                               // before the refill of its slot below
+                                               // before the refill of its slot below, and the staging
+                                               // reads before the stores to it below
         if (tid == 0 && it + STAGES - 1 < n_iter) load_block(it + STAGES - 1);
 
         // dQ tile (64 x 64) = dS[rows of the slab, all BC keys] K[all keys, columns of the slab].
@@ -322,16 +339,24 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         fence_regs(dq);
         fence_regs(dk);
         fence_regs(dv);
+        // dq[4 nt + 2 hr + e] at float (2 nt + hr) * 256 + 2 t + e of the piece: consecutive threads, consecutive bytes.
+        const uint32_t stage = sDQ + wg * Tile::DQ_STAGE;
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-            const int r = row0 + dq_row_slab * 64 + warp * 16 + lane / 4 + 8 * hr;
-            if (r >= p.Sq) continue;
-            float* dst = dq_acc + (((int64_t)b * p.Hq + h) * p.Sq + r) * p.D + dq_col_slab * 64 + (lane % 4) * 2;
-#pragma unroll
-            for (int nt = 0; nt < Tile::DQ_COLS / 8; ++nt)
-                if (dq_col_slab * 64 + nt * 8 < p.D) bwd_red_add2(dst + nt * 8, dq[4 * nt + 2 * hr], dq[4 * nt + 2 * hr + 1]);
+        for (int j = 0; j < Tile::DQ_COLS / 4; ++j)
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(stage + (j * 128 + t) * 8), "f"(dq[2 * j]),
+                         "f"(dq[2 * j + 1])
+                         : "memory");
+        fence_proxy_async();  // this thread's staging stores before the bulk reduction (async proxy) reads them
+        named_barrier_sync(2 + wg, 128);  // orders the warpgroup's staging stores before the reduction below
+        if (t == 0) {
+            const int64_t piece = sm90_dq_piece<DP>(((int64_t)b * p.Hq + h) * (args.sq_pad / 64) + row0 / 64 + dq_row_slab,
+                                                     dq_col_slab);
+            bulk_reduce_add_f32(dq_acc + piece, stage, Tile::DQ_STAGE);
+            bulk_commit();
         }
     }
+
+    if (t == 0) bulk_wait<0>();  // the dQ reductions are done (their staging is read) before the CTA exits
 
     // Epilogue: dK * scale and dV of keys < Sk, columns < D, from the registers.
 #pragma unroll
@@ -351,6 +376,40 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
 #else
     __trap();  // built without sm_90a; dispatch never launches this
 #endif
+}
+
+// ---------------------------------------------------------------------------
+// dQ = scale * accumulator, from the tiled order, in dtype, strided. One thread
+// per 8 columns of a row: they are 8 consecutive floats of the piece (fragment
+// order: row r, column c of a piece at float (2 (c / 8) + (r % 16) / 8) * 256 +
+// 2 ((r / 16) * 32 + (r % 8) * 4 + (c % 8) / 2) + c % 2).
+
+template <int DP, typename T>
+__global__ void __launch_bounds__(BWD_ROW_THREADS)
+attn_bwd_sm90_post_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_pad) {
+    constexpr int LANES = DP / 8, ROWS = BWD_ROW_THREADS / LANES;
+    const int64_t n_rows = (int64_t)p.B * p.Hq * p.Sq;
+    const float* dq_acc = static_cast<const float*>(p.workspace);
+    const int c = threadIdx.x % LANES;
+    if (c * 8 >= p.D) return;
+    for (int64_t row = (int64_t)blockIdx.x * ROWS + threadIdx.x / LANES; row < n_rows;
+         row += (int64_t)gridDim.x * ROWS) {
+        const int i = (int)(row % p.Sq), r = i % 64;
+        const int64_t bh = row / p.Sq;
+        const int h = (int)(bh % p.Hq), b = (int)(bh / p.Hq);
+        const int64_t piece = sm90_dq_piece<DP>(bh * (sq_pad / 64) + i / 64, c / 8);
+        const float4* src = reinterpret_cast<const float4*>(
+            dq_acc + piece + ((2 * (c % 8) + (r % 16) / 8) * 128 + (r / 16) * 32 + (r % 8) * 4) * 2);
+        const float4 x0 = src[0], x1 = src[1];
+        const float s = p.scale;
+        uint4 packed;
+        packed.x = pack2<T>(x0.x * s, x0.y * s);
+        packed.y = pack2<T>(x0.z * s, x0.w * s);
+        packed.z = pack2<T>(x1.x * s, x1.y * s);
+        packed.w = pack2<T>(x1.z * s, x1.w * s);
+        *reinterpret_cast<uint4*>(static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride +
+                                  i * p.dq_row_stride + c * 8) = packed;
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -385,7 +444,8 @@ static fc_status attn_bwd_sm90_launch(const fc_attn_bwd_params* p, cudaStream_t 
     attn_bwd_sm90_kernel<DP, T><<<main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(a);
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
-    attn_bwd_post_kernel<DP, T><<<bwd_row_grid<DP>((long long)p->B * p->Hq * p->Sq), BWD_ROW_THREADS, 0, stream>>>(*p);
+    attn_bwd_sm90_post_kernel<DP, T><<<bwd_row_grid<DP>((long long)p->B * p->Hq * p->Sq), BWD_ROW_THREADS, 0, stream>>>(
+        *p, a.sq_pad);
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 

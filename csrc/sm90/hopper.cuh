@@ -103,6 +103,21 @@ FC_DEVICE void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t
                  "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
 }
+// Adds `bytes` (a multiple of 16) of fp32 at shared address src to global dst
+// (both 16-byte aligned), elementwise, as one bulk async operation of this
+// thread's current bulk group (bulk_commit closes it).
+FC_DEVICE void bulk_reduce_add_f32(void* dst, uint32_t src, uint32_t bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+                 "r"(bytes)
+                 : "memory");
+}
+FC_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's bulk groups are pending their reads of shared memory.
+template <int N>
+FC_DEVICE void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
+// Waits until at most N of this thread's bulk groups are pending (writes done).
+template <int N>
+FC_DEVICE void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
 FC_DEVICE void tma_prefetch_map(const void* tensor_map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)tensor_map) : "memory");
 }
