@@ -492,12 +492,15 @@ static fc_attn_params bwd_forward_view(const fc_attn_bwd_params* p) {
 
 #define FC_WORKSPACE_ALIGN 16 /* bytes: every workspace pointer and size is a multiple of this */
 
-/* The dQ accumulator of padded rows and head dim, then Delta and LSE * log2(e)
- * of padded rows (kernels.h); one size for both kernels (the portable one uses less). */
-static size_t bwd_workspace_bytes(const fc_attn_bwd_params* p) {
+/* Workspace of GPU kernel k (kernels.h): the portable kernel's row-major dQ
+ * accumulator and Delta, or the Hopper kernel's accumulator of padded rows and
+ * head dim in pieces, then Delta and LSE * log2(e) of padded rows. */
+static size_t bwd_workspace_bytes(const fc_attn_bwd_params* p, fc_kernel k) {
+    const size_t rows = (size_t)p->B * p->Hq * p->Sq;
     const size_t vec = (size_t)p->B * p->Hq * (((size_t)p->Sq + FC_BWD_ROW_PAD - 1) / FC_BWD_ROW_PAD * FC_BWD_ROW_PAD);
-    const size_t dp = p->D <= 64 ? 64 : 128;  /* the kernels' padded head dim (D <= FC_BWD_MAX_GPU_HEAD_DIM) */
-    return ((vec * dp + 2 * vec) * sizeof(float) + FC_WORKSPACE_ALIGN - 1) / FC_WORKSPACE_ALIGN * FC_WORKSPACE_ALIGN;
+    const size_t dp = p->D <= 64 ? 64 : 128;  /* the padded head dim (D <= FC_BWD_MAX_GPU_HEAD_DIM) */
+    const size_t floats = k == FC_KERNEL_SM90 ? vec * dp + 2 * vec : rows * ((size_t)p->D + 1);
+    return (floats * sizeof(float) + FC_WORKSPACE_ALIGN - 1) / FC_WORKSPACE_ALIGN * FC_WORKSPACE_ALIGN;
 }
 
 /* The GPU backward kernel for p on dev: the forced one, or AUTO's choice. */
@@ -520,7 +523,8 @@ static int bwd_needs_workspace(const fc_attn_bwd_params* p) {
     return p->B > 0 && p->Hq > 0 && p->Sq > 0 && p->Sk > 0;
 }
 
-static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int check_workspace) {
+/* Checks p; *kernel (when not NULL) gets the GPU kernel that would run. */
+static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int check_workspace, fc_kernel* kernel) {
     if (!p) { fail(rp, FC_ERR_NULL_POINTER, "params: NULL"); return rp->first; }
     if (p->kernel != FC_KERNEL_AUTO && p->kernel != FC_KERNEL_SM80 && p->kernel != FC_KERNEL_SM90 &&
         p->kernel != FC_KERNEL_CPU) {
@@ -542,9 +546,10 @@ static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int
     check_aligned(rp, "dk", p->dk, p->dk_batch_stride, p->dk_head_stride, p->dk_row_stride);
     check_aligned(rp, "dv", p->dv, p->dv_batch_stride, p->dv_head_stride, p->dv_row_stride);
     const fc_kernel k = bwd_pick(p, c.dev);
+    if (kernel) *kernel = k;
     const char* arch = k == FC_KERNEL_SM90 ? fc_arch_reason(k, c.dev->major, c.dev->minor) : NULL;
     if (arch)
-        fail(rp, FC_ERR_ARCH, "kernel: %s", arch);
+        fail(rp, FC_ERR_ARCH, "kernel: this GPU has compute capability %d.%d; %s", c.dev->major, c.dev->minor, arch);
     else if (p->D > FC_BWD_MAX_GPU_HEAD_DIM)
         fail(rp, FC_ERR_UNSUPPORTED_HEAD_DIM, "D: the GPU backward supports head dims up to %d, got %d; use "
              "scaled_dot_product_attention for training at this head dim", FC_BWD_MAX_GPU_HEAD_DIM, p->D);
@@ -557,7 +562,7 @@ static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int
     if (p->B > 0 && p->Hq > 0 && p->Sq == 0 && (int64_t)p->B * p->Hkv * p->Sk / FC_COMBINE_ROWS >= FC_GRID_X_MAX)
         fail(rp, FC_ERR_INVALID_SHAPE, "shape: B=%d x Hkv=%d x Sk=%d zero rows of dk and dv need more than 2^31-1 "
              "thread blocks; split the batch", p->B, p->Hkv, p->Sk);
-    const size_t need = bwd_needs_workspace(p) ? bwd_workspace_bytes(p) : 0;
+    const size_t need = bwd_needs_workspace(p) ? bwd_workspace_bytes(p, k) : 0;
     if (check_workspace && need > 0) {
         if (!p->workspace || p->workspace_bytes < need)
             fail(rp, FC_ERR_WORKSPACE, "workspace: %zu bytes given, %zu needed for the dQ accumulator; allocate "
@@ -571,13 +576,14 @@ static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int
 fc_status fc_attn_bwd_check(const fc_attn_bwd_params* p, char* why, size_t why_len) {
     fc_reasons r = {FC_OK, why, why_len, 0};
     if (why && why_len) why[0] = '\0';
-    return bwd_check_impl(p, &r, 1);
+    return bwd_check_impl(p, &r, 1, NULL);
 }
 
 size_t fc_attn_bwd_workspace_size(const fc_attn_bwd_params* p) {
     fc_reasons r = {FC_OK, NULL, 0, 0};
-    if (bwd_check_impl(p, &r, 0) != FC_OK || p->kernel == FC_KERNEL_CPU || !bwd_needs_workspace(p)) return 0;
-    return bwd_workspace_bytes(p);
+    fc_kernel k = FC_KERNEL_SM80;
+    if (bwd_check_impl(p, &r, 0, &k) != FC_OK || p->kernel == FC_KERNEL_CPU || !bwd_needs_workspace(p)) return 0;
+    return bwd_workspace_bytes(p, k);
 }
 
 /* Writes zero rows into t: B batches x H heads x S rows of D elements (the
@@ -594,7 +600,8 @@ static fc_status zero_rows(void* t, int64_t sb, int64_t sh, int64_t sr, int B, i
 
 fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream) {
     fc_reasons r = {FC_OK, NULL, 0, 0};
-    fc_status s = bwd_check_impl(p, &r, 1);
+    fc_kernel k = FC_KERNEL_SM80;
+    fc_status s = bwd_check_impl(p, &r, 1, &k);
     if (s != FC_OK) return s;
     if (p->kernel == FC_KERNEL_CPU) return fc_cpu_bwd(p);
     if (p->B == 0 || p->Hq == 0) return FC_OK;
@@ -611,7 +618,7 @@ fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream) {
                          p->dtype, stream);
     }
 #ifdef FC_HAVE_SM90
-    if (bwd_pick(p, current_device()) == FC_KERNEL_SM90)
+    if (k == FC_KERNEL_SM90)
         return p->D <= 64 ? fc_sm90_bwd_d64(p, stream) : fc_sm90_bwd_d128(p, stream);
 #endif
     return p->D <= 64 ? fc_sm80_bwd_d64(p, stream) : fc_sm80_bwd_d128(p, stream);

@@ -205,7 +205,8 @@ typedef struct {
     fc_dtype dtype;   /* element type of every tensor but lse */
     float scale;      /* the forward's softmax scale */
     fc_causal causal; /* the forward's mask mode */
-    fc_kernel kernel; /* FC_KERNEL_AUTO (sm90 on H100/H200, else sm80), FC_KERNEL_SM80 (mma.sync, sm80+),
+    fc_kernel kernel; /* FC_KERNEL_AUTO (sm90 on H100/H200 in a build with sm_90a code, else sm80),
+                         FC_KERNEL_SM80 (mma.sync, sm80+),
                          FC_KERNEL_SM90 (wgmma + TMA, compute capability 9.0) or FC_KERNEL_CPU */
     void* workspace;  /* device scratch, 16-byte aligned: fp32 dQ accumulator and per-row vectors */
     size_t workspace_bytes; /* bytes at workspace; must be >= fc_attn_bwd_workspace_size(p) */
@@ -220,9 +221,10 @@ fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream);
 
 /* Bytes of workspace fc_attn_bwd needs for p: 0 for the CPU path, for calls
  * with B, Hq, Sq or Sk = 0 (the gradients are zeros) and for params the
- * check rejects, else B*Hq*Sq_pad*(DP + 2)*4 rounded up to 16, with Sq_pad =
- * Sq rounded up to 128 and DP = 64 for D <= 64, else 128: an fp32 dQ
- * accumulator and two fp32 vectors per query row (Delta, the LSE in base 2). */
+ * check rejects, else, rounded up to 16: for the sm80 kernel B*Hq*Sq*(D + 1)*4
+ * (an fp32 dQ accumulator and Delta), for the sm90 kernel B*Hq*Sq_pad*(DP + 2)*4
+ * with Sq_pad = Sq rounded up to 128 and DP = 64 for D <= 64, else 128 (the
+ * accumulator in tiles, Delta and the LSE in base 2, padded rows). */
 size_t fc_attn_bwd_workspace_size(const fc_attn_bwd_params* p);
 
 #ifdef __cplusplus

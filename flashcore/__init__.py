@@ -234,6 +234,7 @@ def _attention_setup_context(ctx, inputs, output):
     # (a direct op call without return_lse leaves lse empty: the backward recomputes it)
     ctx.set_materialize_grads(False)  # an unused lse (or out) gradient comes as None, not zeros
     ctx.forward_args = (attn_mask, dropout_p, is_causal, scale, causal, causal_alignment, True, kernel, num_splits)
+    ctx.kernel = kernel  # the backward runs the same family
     ctx.save_for_backward(query, key, value, out, lse)
 
 
@@ -245,23 +246,26 @@ def _attention_backward(ctx, grad_out, grad_lse):
         out, lse = _attention_op(query, key, value, *ctx.forward_args)
     dlse = grad_lse if grad_lse is not None and grad_lse.dim() == 3 else None
     dq, dk, dv = _attention_backward_op(grad_out, query, key, value, out, lse, dlse, ctx.scale, ctx.causal_mode,
-                                        ctx.forward_args[7])
+                                        ctx.kernel)
     return (dq, dk, dv) + (None,) * 9
 
 
 @torch.library.custom_op("flashcore::attention_backward", mutates_args=())
 def _attention_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                            out: torch.Tensor, lse: torch.Tensor, grad_lse: Optional[torch.Tensor], scale: float,
-                           causal_mode: int, kernel: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           causal_mode: int, family: str = "auto") -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward of flashcore::attention: (dq, dk, dv), contiguous, in q's dtype, on the
-    forward's kernel family (``kernel``: its name, as flashcore.attention takes it)."""
+    forward's kernel family (``family``: the forward's ``kernel``, as flashcore.attention takes it;
+    not named ``kernel``, which inductor's fallback passes as a keyword of its own)."""
+    if family not in KERNELS:
+        raise ValueError(f"family: expected one of {sorted(KERNELS)}, got {family!r}")
     ts = [t.as_subclass(torch.Tensor) if t is not None and type(t) is not torch.Tensor else t
           for t in (grad_out, query, key, value, out, lse, grad_lse)]
-    return _C.bwd(*ts, scale, causal_mode, KERNELS[kernel])
+    return _C.bwd(*ts, scale, causal_mode, KERNELS[family])
 
 
 @_attention_backward_op.register_fake
-def _attention_backward_fake(grad_out, query, key, value, out, lse, grad_lse, scale, causal_mode, kernel):
+def _attention_backward_fake(grad_out, query, key, value, out, lse, grad_lse, scale, causal_mode, family="auto"):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (query, key, value))
 
 

@@ -16,8 +16,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "csrc", "sm90", "wgmma_ops.cuh")
 TYPES = [("__half", "f16"), ("__nv_bfloat16", "bf16")]
 SS_N = (64, 128, 192)  # S = Q K^T: keys per K tile
-RS_N = (64, 128, 136)
-SS_TT_N = (64,)  # dQ = dS K: 64 head-dim columns per warpgroup  # O += P V: head-dim columns per wgmma (136: loop_sched's P V with 8 columns of ones)
+RS_N = (64, 128, 136)  # O += P V: head-dim columns per wgmma (136: loop_sched's P V with 8 columns of ones)
+SS_TT_N = (64,)  # dQ = dS K: 64 head-dim columns per warpgroup
 
 
 def regs(n, first):

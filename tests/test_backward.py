@@ -372,6 +372,11 @@ def test_backward_entry_point_checks():
         _C.bwd(go, q, k, v, out, lse, None, 0.125, 0, 7)
     with pytest.raises(ValueError, match=r"^kernel: a GPU kernel was forced but q is on the CPU"):
         _C.bwd(go, q, k, v, out, lse, None, 0.125, 0, flashcore.KERNELS["sm90"])
+    with pytest.raises(ValueError, match=r"^family: expected one of .*got 'sm70'"):
+        torch.ops.flashcore.attention_backward(go, q, k, v, out, lse, None, 0.125, 0, "sm70")
+    # the family defaults to "auto": the op's nine-argument form still works
+    got = torch.ops.flashcore.attention_backward(go, q, k, v, out, lse, None, 0.125, 0)
+    assert all(torch.isfinite(g).all() for g in got)
 
 
 def test_opcheck_backward():
@@ -408,6 +413,17 @@ def test_gpu_head_dim_over_128_refused(which):
         flashcore.attention(args["q"], args["k"], args["v"])
     with torch.no_grad():
         flashcore.attention(args["q"], args["k"], args["v"])  # inference still runs
+
+
+@requires_gpu
+def test_gpu_forced_sm90_backward_refused_off_hopper():
+    """Forcing the Hopper backward on a GPU that is not compute capability 9.0 raises and names the GPU."""
+    if torch.cuda.get_device_capability() == (9, 0):
+        pytest.skip("the sm90 backward runs on this GPU")
+    q, k, v = make_qkv(1, 2, 2, 16, 16, 64, torch.float16, "cuda")
+    out, lse = flashcore.attention(q, k, v, return_lse=True)
+    with pytest.raises(RuntimeError, match=r"kernel: this GPU has compute capability \d+\.\d+; the sm90 kernel"):
+        _C.bwd(torch.randn_like(out), q, k, v, out, lse, None, 0.125, 0, flashcore.KERNELS["sm90"])
 
 
 @requires_gpu

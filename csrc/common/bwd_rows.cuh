@@ -35,19 +35,6 @@ template <> FC_DEVICE float2 bwd_unpack2<__nv_bfloat16>(uint32_t w) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
 }
 
-// *addr += x, addr[1] += y in global memory, no return value (one vector
-// reduction on sm90, two scalar ones before). addr is 8-byte aligned. The
-// generic address is passed as is (a global allocation's generic and global
-// addresses coincide); converting it cost a register and spilled at DP = 64.
-FC_DEVICE void bwd_red_add2(float* addr, float x, float y) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(x), "f"(y) : "memory");
-#else
-    atomicAdd(addr, x);
-    atomicAdd(addr + 1, y);
-#endif
-}
-
 // Rows loop CTA-uniformly so the shuffles below see whole warps.
 template <int DP, typename T>
 __global__ void __launch_bounds__(BWD_ROW_THREADS)

@@ -98,6 +98,19 @@ FC_DEVICE void bwd_cp_async_4(void* smem_dst, const void* src, bool valid) {
                  "r"(valid ? 4 : 0));
 }
 
+// *addr += x, addr[1] += y in global memory, no return value (one vector
+// reduction on sm90, two scalar ones before). addr is 8-byte aligned. The
+// generic address is passed as is (a global allocation's generic and global
+// addresses coincide); converting it cost a register and spilled at DP = 64.
+FC_DEVICE void bwd_red_add2(float* addr, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(x), "f"(y) : "memory");
+#else
+    atomicAdd(addr, x);
+    atomicAdd(addr + 1, y);
+#endif
+}
+
 // ---------------------------------------------------------------------------
 // Kernel 2: dK, dV and the dQ accumulator.
 

@@ -36,8 +36,9 @@
 // zero-fills the padding columns, which are never stored. Any Sq, Sk >= 1:
 // TMA zero-fills tail rows and keys; tail keys are masked and tail rows have
 // LSE +inf. Rows with LSE = -inf get P = 0. Tensor strides as the forward's
-// Hopper kernel (TMA: 16-byte aligned). The workspace is the portable
-// backward's with LSE * log2(e) after Delta, both padded (kernels.h).
+// Hopper kernel (TMA: 16-byte aligned). Workspace (kernels.h): the dQ
+// accumulator (B, Hq, Sq_pad, DP) in pieces, then Delta and LSE * log2(e),
+// (B, Hq, Sq_pad) each.
 #pragma once
 
 #include <cuda.h>
@@ -55,18 +56,20 @@
 // Tile table, per padded head dim DP (BC = 128 keys per CTA, two warpgroups).
 //
 //  DP  | BR  | STAGES | smem: K,V + Q,dO ring + dS^T x 2 + dQ x 2 + LSE,Delta | registers per thread (255 max)
-//  64  | 128 |   2    | 32 + 64 + 64 + 32 + 2 = 194 KB                      | S^T 64 + dP^T 64 + P^T 32 + dK, dV 32 each
-//  128 |  64 |   2    | 64 + 64 + 32 + 32 + 1 = 193 KB                      | S^T 32 + dP^T 32 + P^T 16 + dK, dV 64 each
+//  64  | 128 |   2    | 32 + 64 + 64 + 32 + 2 = 194 KB                      | S^T 64 + dP^T 64 + P^T 32 + dS^T 32
+//      |     |        |                                                     | + dK, dV 32 each; dQ 32 once S^T is done
+//  128 |  64 |   2    | 64 + 64 + 32 + 32 + 1 = 193 KB                      | S^T 32 + dP^T 32 + P^T 16 + dS^T 16
+//      |     |        |                                                     | + dK, dV 64 each; dQ 32 once S^T is done
 // BR: the dQ phase gives each warpgroup one 64 x 64 wgmma tile of the
 // block's dQ (BR x DP = 128 x 64 or 64 x 128): rows 64 * wg at DP = 64,
 // columns 64 * wg at DP = 128, so each reads whole 128-byte swizzle slabs.
 // Two dS^T buffers: a warpgroup may store block i+1's dS^T while the other
-// still reads block i's. STAGES: the ring loads one block ahead (a third slot
-// and the dQ staging would pass the 227 KB a CTA may have).
+// still reads block i's. STAGES: the ring loads one block ahead; at DP = 64 a
+// third slot and the dQ staging would pass the 227 KB a CTA may have.
 template <int DP>
 struct BwdSm90Tile {
     static constexpr int WGS = 2;                     // warpgroups, one per 64 keys
-    static constexpr int THREADS = WGS * 128;
+    static constexpr int THREADS = WGS * FC_WG_THREADS;
     static constexpr int WG_KEYS = 64;                // keys (wgmma M rows) per warpgroup
     static constexpr int BC = WGS * WG_KEYS;          // keys per CTA
     static constexpr int BR = DP <= 64 ? 128 : 64;    // query rows per block
@@ -77,29 +80,45 @@ struct BwdSm90Tile {
     static constexpr uint32_t QDO_TILE = BR * DP * 2; // bytes of one slot's Q (or dO)
     static constexpr uint32_t DS_TILE = BC * BR * 2;  // bytes of one dS^T buffer (BC key rows, BR columns)
     static constexpr uint32_t VEC = BR * 4;           // bytes of one slot's LSE (or Delta)
+    static constexpr int DS_BUFS = 2;                 // dS^T buffers (see above)
+    static constexpr int DQ_ROWS = 64;                // dQ rows per warpgroup (one wgmma M)
     static constexpr int DQ_COLS = 64;                // dQ columns per warpgroup (one wgmma N)
-    static constexpr int DQ_PIECE = 64 * DQ_COLS;     // floats of one warpgroup's dQ tile (a piece)
+    static constexpr int DQ_PIECE = DQ_ROWS * DQ_COLS;  // floats of one warpgroup's dQ tile (a piece)
     static constexpr uint32_t DQ_STAGE = DQ_PIECE * 4;  // bytes of one warpgroup's dQ staging
     static constexpr uint32_t OFF_K = 0;
     static constexpr uint32_t OFF_V = OFF_K + KV_TILE;
     static constexpr uint32_t OFF_Q = OFF_V + KV_TILE;
     static constexpr uint32_t OFF_DO = OFF_Q + STAGES * QDO_TILE;
     static constexpr uint32_t OFF_DS = OFF_DO + STAGES * QDO_TILE;
-    static constexpr uint32_t OFF_DQ = OFF_DS + 2 * DS_TILE;
+    static constexpr uint32_t OFF_DQ = OFF_DS + DS_BUFS * DS_TILE;
     static constexpr uint32_t OFF_LSE = OFF_DQ + WGS * DQ_STAGE;
     static constexpr uint32_t OFF_DELTA = OFF_LSE + STAGES * VEC;
     static constexpr uint32_t OFF_BAR = OFF_DELTA + STAGES * VEC;  // K/V barrier, then one per slot
-    static constexpr uint32_t SMEM_BYTES = OFF_BAR + 8 * (1 + STAGES) + FC_SWZ_GROUP_BYTES;  // + alignment slack
-    static_assert(BR * DP == WGS * 64 * DQ_COLS, "the dQ phase splits the block's dQ into one 64 x 64 tile per warpgroup");
+    static constexpr uint32_t SMEM_BYTES = OFF_BAR + FC_MBAR_BYTES * (1 + STAGES) + FC_SWZ_GROUP_BYTES;  // + alignment slack
+    static_assert(BR * DP == WGS * DQ_ROWS * DQ_COLS, "the dQ phase splits the block's dQ into one piece per warpgroup");
+    static_assert(DQ_ROWS == FC_SLAB_COLS && DQ_COLS == FC_SLAB_COLS, "a piece is one slab of dS^T's columns and of K's");
     static_assert(BC == 2 * FC_BWD_KEYS_PER_CTA, "dispatch sizes the grid check with the portable kernel's keys per CTA");
     static_assert(FC_BWD_ROW_PAD % BR == 0, "the padded LSE and Delta must cover every block's rows");
 };
+
+// Named barriers (0 is __syncthreads).
+static constexpr int BWD_BAR_CTA = 1;  // both warpgroups, once per block (dS^T, ring refill, staging)
+static constexpr int BWD_BAR_WG0 = 2;  // + wg: one warpgroup's dQ staging
 
 // First float of piece (64-row block m of a head, 64-column slab) of the tiled
 // dQ accumulator: m counts the 64-row blocks of all (batch, head) pairs.
 template <int DP>
 FC_DEVICE int64_t sm90_dq_piece(int64_t m, int slab) {
-    return (m * (DP / 64) + slab) * BwdSm90Tile<DP>::DQ_PIECE;
+    return (m * (DP / FC_SLAB_COLS) + slab) * BwdSm90Tile<DP>::DQ_PIECE;
+}
+
+// Float offset of row r, column c inside a piece: the fragment order a
+// warpgroup stages (thread t = 32 (r / 16) + 4 (r % 8) + (c % 8) / 2 holds it
+// in its register pair jj = 2 (c / 8) + (r % 16) / 8, stored at 2 (128 jj + t)
+// + c % 2), so that consecutive threads write consecutive 8 bytes.
+FC_DEVICE int sm90_dq_frag_offset(int r, int c) {
+    const int t = 32 * (r / 16) + 4 * (r % 8) + (c % 8) / 2, jj = 2 * (c / 8) + (r % 16) / 8;
+    return 2 * (FC_WG_THREADS * jj + t) + c % 2;
 }
 
 struct BwdSm90Args {
@@ -107,7 +126,7 @@ struct BwdSm90Args {
     CUtensorMap do_map;  // dO as (D, Sq, Hq, B), box (64, BR)
     CUtensorMap k_map;   // K as (D, Sk, Hkv, B), box (64, BC)
     CUtensorMap v_map;   // V as (D, Sk, Hkv, B), box (64, BC)
-    fc_attn_bwd_params p;
+    fc_attn_bwd_params p;  // the call's params (dispatch checked them)
     int sq_pad;          // rows per head of the padded LSE and Delta (Sq rounded up to FC_BWD_ROW_PAD)
 };
 
@@ -173,9 +192,9 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     const float* lse_s = reinterpret_cast<const float*>(smem_raw + (sLse - raw));
     const float* delta_s = reinterpret_cast<const float*>(smem_raw + (sDelta - raw));
     const uint32_t kv_bar = base + Tile::OFF_BAR;
-    auto full_bar = [&](int slot) { return kv_bar + 8 * (1 + slot); };
+    auto full_bar = [&](int slot) { return kv_bar + FC_MBAR_BYTES * (1 + slot); };
 
-    const int tid = threadIdx.x, wg = tid / 128, t = tid % 128, warp = t / 32, lane = tid % 32;
+    const int tid = threadIdx.x, wg = tid / FC_WG_THREADS, t = tid % FC_WG_THREADS, warp = t / 32, lane = tid % 32;
     // 1-D grid over (key block, KV head, batch), key blocks fastest (as the portable kernel).
     const int n_kblocks = (p.Sk + BC - 1) / BC;
     const int kb = (int)(blockIdx.x % n_kblocks), bhk = (int)(blockIdx.x / n_kblocks);
@@ -233,18 +252,18 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     const uint32_t k_rows = sK + wg * Tile::WG_KEYS * ROWB, v_rows = sV + wg * Tile::WG_KEYS * ROWB;
     // dQ tile of this warpgroup: dS^T's column slab (query rows) and K's column slab (head-dim columns).
     const int dq_row_slab = BR == 128 ? wg : 0, dq_col_slab = DP == 128 ? wg : 0;
-    if (n_iter > 0) mbar_wait(kv_bar, 0);
+    if (n_iter > 0) mbar_wait(kv_bar, 0);  // K and V have landed (the loop's wgmmas read them)
 
     for (int it = 0; it < n_iter; ++it) {
         const int slot = it % STAGES;
         const int h = hk * G + it / per_head, row0 = (m_first + it % per_head) * BR;
         const uint32_t q_s = sQ + slot * Tile::QDO_TILE, do_s = sdO + slot * Tile::QDO_TILE;
-        mbar_wait(full_bar(slot), (it / STAGES) & 1);
+        mbar_wait(full_bar(slot), (it / STAGES) & 1);  // block it's Q, dO, LSE and Delta have landed
 
         float s[BR / 2], dp[BR / 2];
         bwd_issue_kmajor<DP, BC, BR, T>(s, k_rows, q_s);    // S^T = K Q^T
         bwd_issue_kmajor<DP, BC, BR, T>(dp, v_rows, do_s);  // dP^T = V dO^T
-        wgmma_wait<1>();
+        wgmma_wait<1>();  // S^T has landed (dP^T may still run)
         fence_regs(s);
 
         // P^T in place; columns are query rows (padding rows have LSE +inf: P = 0).
@@ -301,7 +320,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
 
         // dS^T into buffer it % 2: key row r, query column c at slab c / 64, chunk (c % 64) / 8 ^ r % 8.
         // dsa[kk][2 * half + hr] holds row lane/4 + 8*hr, columns 16 kk + 8 half + (lane % 4) * 2 + 0/1.
-        const uint32_t ds_buf = sdS + (it & 1) * Tile::DS_TILE;
+        const uint32_t ds_buf = sdS + (it % Tile::DS_BUFS) * Tile::DS_TILE;
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
             const int r = wg * Tile::WG_KEYS + warp * 16 + lane / 4 + 8 * hr;
@@ -318,11 +337,12 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         }
         fence_proxy_async();  // this thread's dS^T stores before the wgmma (async proxy) reads below
         if (t == 0) bulk_wait_read<0>();  // this warpgroup's last dQ reduction has read its staging
-        named_barrier_sync(1, Tile::THREADS);  // orders both warpgroups' dS^T stores before either's dQ
+        named_barrier_sync(BWD_BAR_CTA, Tile::THREADS);  // orders both warpgroups' dS^T stores before either's dQ
                                                // wgmma, and both warpgroups' block it-1 reads (all retired)
                                                // before the refill of its slot below, and the staging
                                                // reads before the stores to it below
         if (tid == 0 && it + STAGES - 1 < n_iter) load_block(it + STAGES - 1);
+        __syncwarp();  // warp 0 reconverged before the warpgroup-wide wgmma instructions below
 
         // dQ tile (64 x 64) = dS[rows of the slab, all BC keys] K[all keys, columns of the slab].
         float dq[Tile::DQ_COLS / 2];
@@ -339,18 +359,18 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         fence_regs(dq);
         fence_regs(dk);
         fence_regs(dv);
-        // dq[4 nt + 2 hr + e] at float (2 nt + hr) * 256 + 2 t + e of the piece: consecutive threads, consecutive bytes.
+        // dq[2 j + e] (j = 2 nt + hr) at float 2 (128 j + t) + e of the piece (sm90_dq_frag_offset).
         const uint32_t stage = sDQ + wg * Tile::DQ_STAGE;
 #pragma unroll
         for (int j = 0; j < Tile::DQ_COLS / 4; ++j)
-            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(stage + (j * 128 + t) * 8), "f"(dq[2 * j]),
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(stage + (j * FC_WG_THREADS + t) * 8), "f"(dq[2 * j]),
                          "f"(dq[2 * j + 1])
                          : "memory");
         fence_proxy_async();  // this thread's staging stores before the bulk reduction (async proxy) reads them
-        named_barrier_sync(2 + wg, 128);  // orders the warpgroup's staging stores before the reduction below
+        named_barrier_sync(BWD_BAR_WG0 + wg, FC_WG_THREADS);  // orders the warpgroup's staging stores before the reduction below
         if (t == 0) {
-            const int64_t piece = sm90_dq_piece<DP>(((int64_t)b * p.Hq + h) * (args.sq_pad / 64) + row0 / 64 + dq_row_slab,
-                                                     dq_col_slab);
+            const int64_t m = ((int64_t)b * p.Hq + h) * (args.sq_pad / Tile::DQ_ROWS) + row0 / Tile::DQ_ROWS + dq_row_slab;
+            const int64_t piece = sm90_dq_piece<DP>(m, dq_col_slab);
             bulk_reduce_add_f32(dq_acc + piece, stage, Tile::DQ_STAGE);
             bulk_commit();
         }
@@ -380,9 +400,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
 
 // ---------------------------------------------------------------------------
 // dQ = scale * accumulator, from the tiled order, in dtype, strided. One thread
-// per 8 columns of a row: they are 8 consecutive floats of the piece (fragment
-// order: row r, column c of a piece at float (2 (c / 8) + (r % 16) / 8) * 256 +
-// 2 ((r / 16) * 32 + (r % 8) * 4 + (c % 8) / 2) + c % 2).
+// per 8 columns of a row: 8 consecutive floats of the piece (sm90_dq_frag_offset).
 
 template <int DP, typename T>
 __global__ void __launch_bounds__(BWD_ROW_THREADS)
@@ -394,12 +412,13 @@ attn_bwd_sm90_post_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_p
     if (c * 8 >= p.D) return;
     for (int64_t row = (int64_t)blockIdx.x * ROWS + threadIdx.x / LANES; row < n_rows;
          row += (int64_t)gridDim.x * ROWS) {
-        const int i = (int)(row % p.Sq), r = i % 64;
+        constexpr int PR = BwdSm90Tile<DP>::DQ_ROWS;
+        const int i = (int)(row % p.Sq), col = c * 8;
         const int64_t bh = row / p.Sq;
         const int h = (int)(bh % p.Hq), b = (int)(bh / p.Hq);
-        const int64_t piece = sm90_dq_piece<DP>(bh * (sq_pad / 64) + i / 64, c / 8);
-        const float4* src = reinterpret_cast<const float4*>(
-            dq_acc + piece + ((2 * (c % 8) + (r % 16) / 8) * 128 + (r / 16) * 32 + (r % 8) * 4) * 2);
+        const int64_t piece = sm90_dq_piece<DP>(bh * (sq_pad / PR) + i / PR, col / FC_SLAB_COLS);
+        const float4* src =
+            reinterpret_cast<const float4*>(dq_acc + piece + sm90_dq_frag_offset(i % PR, col % FC_SLAB_COLS));
         const float4 x0 = src[0], x1 = src[1];
         const float s = p.scale;
         uint4 packed;

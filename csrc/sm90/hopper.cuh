@@ -8,6 +8,9 @@
 #include "../common/ptx.cuh"
 #include "wgmma_ops.cuh"
 
+static constexpr int FC_WG_THREADS = 128;      // threads of a warpgroup (four warps)
+static constexpr uint32_t FC_MBAR_BYTES = 8;   // one mbarrier
+
 // ---------------------------------------------------------------------------
 // mbarriers (64-bit, in shared memory; addresses are shared-space bytes)
 
@@ -100,14 +103,15 @@ FC_DEVICE void tma_load_4d_multicast(uint32_t dst, const void* tensor_map, uint3
 // aligned) from global memory into shared memory, completing on `bar`.
 FC_DEVICE void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
+                 "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(bar)
                  : "memory");
 }
 // Adds `bytes` (a multiple of 16) of fp32 at shared address src to global dst
 // (both 16-byte aligned), elementwise, as one bulk async operation of this
 // thread's current bulk group (bulk_commit closes it).
 FC_DEVICE void bulk_reduce_add_f32(void* dst, uint32_t src, uint32_t bytes) {
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                     __cvta_generic_to_global(dst)), "r"(src),
                  "r"(bytes)
                  : "memory");
 }
