@@ -309,6 +309,16 @@ void forget_zeroed_workspace(const at::Tensor& q, cudaStream_t stream) {
 // does not write reads as NaN whatever memory the allocator handed back.
 static bool poison_outputs = false;
 
+// Runs one C API call (check + launch): on the GPU as is, on the CPU, which
+// computes the whole attention on this thread, with the GIL released so
+// that other Python threads run meanwhile.
+template <typename Call>
+fc_status run_c(const at::Tensor& q, Call call) {
+    if (q.is_cuda()) return call();
+    pybind11::gil_scoped_release no_gil;
+    return call();
+}
+
 // A kernel id the C API knows, on q's device type.
 void check_kernel_id(const at::Tensor& q, int kernel) {
     if (kernel < FC_KERNEL_AUTO || kernel > FC_KERNEL_CPU)
@@ -365,14 +375,7 @@ std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor&
     }
 
     // One call does check + launch; the reasons are only formatted on failure.
-    // The CPU path computes the whole attention here: other Python threads run meanwhile.
-    fc_status st;
-    if (q.is_cuda()) {
-        st = fc_attn_fwd(&p, stream);
-    } else {
-        pybind11::gil_scoped_release no_gil;
-        st = fc_attn_fwd(&p, stream);
-    }
+    const fc_status st = run_c(q, [&] { return fc_attn_fwd(&p, stream); });
     if (st != FC_OK) {
         if (p.counters_zeroed) forget_zeroed_workspace(q, (cudaStream_t)stream);
         if (st == FC_ERR_HOST_MEMORY) raise_failure(st, FC_OK, "", "the CPU kernel could not allocate its per-thread "
@@ -482,13 +485,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
         dq.fill_(NAN); dk.fill_(NAN); dv.fill_(NAN);
         if (workspace.defined()) workspace.fill_(0xff);
     }
-    fc_status st;
-    if (q.is_cuda()) {
-        st = fc_attn_bwd(&p, stream);
-    } else {
-        pybind11::gil_scoped_release no_gil;
-        st = fc_attn_bwd(&p, stream);
-    }
+    const fc_status st = run_c(q, [&] { return fc_attn_bwd(&p, stream); });
     if (st != FC_OK) {
         if (st == FC_ERR_HOST_MEMORY) raise_failure(st, FC_OK, "", "the CPU backward could not allocate its scratch "
                                                                 "(malloc failed)");

@@ -1,6 +1,7 @@
-// bwd_rows.cuh -- the backward's per-row kernels, shared by the portable
-// (csrc/sm80/attn_bwd_sm80.cuh) and the Hopper (csrc/sm90/attn_bwd_sm90.cuh)
-// backward. DP / 8 threads per row, each 8 columns (16 bytes of T).
+// bwd_rows.cuh -- what the portable (csrc/sm80/attn_bwd_sm80.cuh) and the
+// Hopper (csrc/sm90/attn_bwd_sm90.cuh) backward share: the per-row kernels
+// (DP / 8 threads per row, each 8 columns, 16 bytes of T), the layout of the
+// Hopper kernel's dQ accumulator, and the blocks a main-kernel CTA walks.
 //
 //  attn_bwd_prep_kernel: Delta_i = sum_d dO_id O_id (fp32) per query row,
 //    minus dlse_i when the caller passes an LSE gradient, and the fp32 dQ
@@ -9,8 +10,8 @@
 //    the Hopper one, whose padding rows get Delta = 0 and LSE * log2(e) = +inf
 //    (so their P is 0); `hopper` also writes LSE * log2(e) (+inf for rows that
 //    see no key) and zeroes the Hopper kernel's tiled accumulator.
-//  attn_bwd_post_kernel: dQ = scale * accumulator, converted to T, strided
-//    (the portable kernel's row-major accumulator).
+//  attn_bwd_post_kernel: dQ = scale * accumulator, converted to T, strided,
+//    from either accumulator layout.
 //
 // Workspace layout (kernels.h): the accumulator, (B, Hq, Sq, D) row-major fp32
 // (portable) or (B, Hq, sq_pad, DP) in tiles (Hopper, attn_bwd_sm90.cuh), then
@@ -25,6 +26,63 @@
 
 static constexpr int BWD_ROW_THREADS = 128;
 static constexpr int BWD_ROW_MAX_GRID = 1 << 20;  // CTAs of the row kernels; more rows loop
+
+// The Hopper kernel's dQ accumulator, (B, Hq, sq_pad, DP) fp32, is kept in
+// pieces of BWD_PIECE_ROWS x BWD_PIECE_COLS (a warpgroup's 64 x 64 wgmma
+// accumulator), each contiguous in the fragment order the warpgroup stages it.
+static constexpr int BWD_PIECE_ROWS = 64;
+static constexpr int BWD_PIECE_COLS = 64;
+static constexpr int BWD_PIECE = BWD_PIECE_ROWS * BWD_PIECE_COLS;  // floats of a piece
+static constexpr int BWD_PIECE_THREADS = 128;                      // the warpgroup that stages a piece
+
+// First float of piece (64-row block m, counted over all (batch, head) pairs; 64-column slab).
+template <int DP>
+FC_DEVICE int64_t bwd_piece(int64_t m, int slab) {
+    return (m * (DP / BWD_PIECE_COLS) + slab) * BWD_PIECE;
+}
+
+// Float offset of row r, column c inside a piece: thread t = 32 (r / 16) +
+// 4 (r % 8) + (c % 8) / 2 of the warpgroup holds it in its register pair
+// jj = 2 (c / 8) + (r % 16) / 8, stored at 2 (128 jj + t) + c % 2, so that
+// consecutive threads write consecutive 8 bytes (and 8 columns of a row from
+// a multiple of 8 are 8 consecutive floats).
+FC_DEVICE int bwd_piece_offset(int r, int c) {
+    const int t = 32 * (r / 16) + 4 * (r % 8) + (c % 8) / 2, jj = 2 * (c / 8) + (r % 16) / 8;
+    return 2 * (BWD_PIECE_THREADS * jj + t) + c % 2;
+}
+
+// The blocks a main-kernel CTA walks. 1-D grid over (key block of bc keys, KV
+// head, batch), key blocks fastest: the CTAs of one KV head run together and
+// share its Q and dO in L2. The CTA walks the G = Hq / Hkv query heads of its
+// KV head and, per head, the br-row query blocks that see any of its keys:
+// key j is visible to row i iff j <= i + diag (causal) and j < Sk, so the
+// first row that sees key k0 is k0 - diag and earlier blocks are skipped.
+struct BwdWalk {
+    int hk, b;     // KV head and batch
+    int G;         // query heads per KV head
+    int k0;        // first key of the CTA
+    bool causal;   // a causal mode
+    int diag;      // key j visible to row i iff j <= i + diag (causal)
+    int m_first;   // first query block (of br rows) a head's walk visits
+    int per_head;  // query blocks per head
+    int n_iter;    // (head, query block) pairs, head-major
+};
+FC_DEVICE BwdWalk bwd_walk(const fc_attn_bwd_params& p, int bc, int br) {
+    BwdWalk w;
+    const int n_kblocks = (p.Sk + bc - 1) / bc;
+    const int kb = (int)(blockIdx.x % n_kblocks), bhk = (int)(blockIdx.x / n_kblocks);
+    w.hk = bhk % p.Hkv;
+    w.b = bhk / p.Hkv;
+    w.G = p.Hq / p.Hkv;
+    w.k0 = kb * bc;
+    w.causal = p.causal != FC_CAUSAL_NONE;
+    w.diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
+    const int n_mblocks = (p.Sq + br - 1) / br;
+    w.m_first = !w.causal || w.k0 - w.diag <= 0 ? 0 : min(n_mblocks, (w.k0 - w.diag) / br);
+    w.per_head = n_mblocks - w.m_first;
+    w.n_iter = w.per_head * w.G;
+    return w;
+}
 
 // Two T (one 32-bit word, low half first) as floats.
 template <typename T> FC_DEVICE float2 bwd_unpack2(uint32_t w);
@@ -88,8 +146,10 @@ attn_bwd_prep_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_pad, b
     }
 }
 
+// hopper: the accumulator is in pieces (sq_pad rows per head), else (B, Hq, Sq, D) row-major.
 template <int DP, typename T>
-__global__ void __launch_bounds__(BWD_ROW_THREADS) attn_bwd_post_kernel(const __grid_constant__ fc_attn_bwd_params p) {
+__global__ void __launch_bounds__(BWD_ROW_THREADS)
+attn_bwd_post_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_pad, bool hopper) {
     constexpr int LANES = DP / 8, ROWS = BWD_ROW_THREADS / LANES;
     const int64_t n_rows = (int64_t)p.B * p.Hq * p.Sq;
     const float* dq_acc = static_cast<const float*>(p.workspace);
@@ -97,9 +157,14 @@ __global__ void __launch_bounds__(BWD_ROW_THREADS) attn_bwd_post_kernel(const __
     if (c * 8 >= p.D) return;
     for (int64_t row = (int64_t)blockIdx.x * ROWS + threadIdx.x / LANES; row < n_rows;
          row += (int64_t)gridDim.x * ROWS) {
-        const int i = (int)(row % p.Sq);
-        const int bh = (int)(row / p.Sq), h = bh % p.Hq, b = bh / p.Hq;
-        const float4* src = reinterpret_cast<const float4*>(dq_acc + row * p.D + c * 8);
+        const int i = (int)(row % p.Sq), col = c * 8;
+        const int64_t bh = row / p.Sq;
+        const int h = (int)(bh % p.Hq), b = (int)(bh / p.Hq);
+        const int64_t at = hopper ? bwd_piece<DP>(bh * (sq_pad / BWD_PIECE_ROWS) + i / BWD_PIECE_ROWS,
+                                                  col / BWD_PIECE_COLS) +
+                                        bwd_piece_offset(i % BWD_PIECE_ROWS, col % BWD_PIECE_COLS)
+                                  : row * p.D + col;
+        const float4* src = reinterpret_cast<const float4*>(dq_acc + at);
         const float4 x0 = src[0], x1 = src[1];
         const float s = p.scale;
         uint4 packed;
@@ -108,7 +173,7 @@ __global__ void __launch_bounds__(BWD_ROW_THREADS) attn_bwd_post_kernel(const __
         packed.z = pack2<T>(x1.x * s, x1.y * s);
         packed.w = pack2<T>(x1.z * s, x1.w * s);
         *reinterpret_cast<uint4*>(static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride +
-                                  i * p.dq_row_stride + c * 8) = packed;
+                                  i * p.dq_row_stride + col) = packed;
     }
 }
 

@@ -203,6 +203,19 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0, void* scra
     }
 }
 
+/* Per-thread scratch inside a parallel region: NULL, with *failed set, when
+ * malloc fails (the thread then computes no block and the call reports it). */
+static void* thread_scratch(size_t bytes, int* failed) {
+    void* scratch = malloc(bytes);
+    if (!scratch) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+        *failed = 1;
+    }
+    return scratch;
+}
+
 fc_status fc_cpu_fwd(const fc_attn_params* p) {
     const int nblk = (p->Sq + QB - 1) / QB;
     const int64_t total = (int64_t)p->B * p->Hq * nblk;
@@ -212,13 +225,7 @@ fc_status fc_cpu_fwd(const fc_attn_params* p) {
 #pragma omp parallel
 #endif
     {
-        void* scratch = malloc(scratch_bytes);
-        if (!scratch) {
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-            failed = 1;
-        }
+        void* scratch = thread_scratch(scratch_bytes, &failed);
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
@@ -366,13 +373,7 @@ fc_status fc_cpu_bwd(const fc_attn_bwd_params* p) {
 #pragma omp parallel
 #endif
     {
-        void* scratch = malloc(rows_bytes > keys_bytes ? rows_bytes : keys_bytes);
-        if (!scratch) {
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-            failed = 1;
-        }
+        void* scratch = thread_scratch(rows_bytes > keys_bytes ? rows_bytes : keys_bytes, &failed);
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif

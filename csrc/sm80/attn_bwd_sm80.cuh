@@ -134,22 +134,10 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     float* sDelta = sLse + STAGES * BR;                     // (STAGES, BR)
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    // 1-D grid over (key block, KV head, batch), key blocks fastest: the CTAs of
-    // one KV head run together and share its Q and dO in L2.
-    const int n_kblocks = (p.Sk + BC - 1) / BC;
-    const int kb = (int)(blockIdx.x % n_kblocks), bhk = (int)(blockIdx.x / n_kblocks);
-    const int hk = bhk % p.Hkv, b = bhk / p.Hkv;
-    const int G = p.Hq / p.Hkv;
-    const int k0 = kb * BC;  // first key of this CTA
-
-    // Key j is visible to query i iff j <= i + diag (causal) and j < Sk: the
-    // first row that sees key k0 is k0 - diag, so earlier query blocks are skipped.
-    const bool causal = p.causal != FC_CAUSAL_NONE;
-    const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
-    const int n_mblocks = (p.Sq + BR - 1) / BR;
-    const int m_first = !causal || k0 - diag <= 0 ? 0 : min(n_mblocks, (k0 - diag) / BR);
-    const int per_head = n_mblocks - m_first;  // query blocks per head
-    const int n_iter = per_head * G;           // (head, query block) pairs, head-major
+    const BwdWalk w = bwd_walk(p, BC, BR);  // the grid and the query blocks this CTA visits
+    const int hk = w.hk, b = w.b, G = w.G, k0 = w.k0, diag = w.diag;
+    const bool causal = w.causal;
+    const int m_first = w.m_first, per_head = w.per_head, n_iter = w.n_iter;
 
     const int64_t n_rows = (int64_t)p.B * p.Hq * p.Sq;
     float* dq_acc = static_cast<float*>(p.workspace);
@@ -437,7 +425,7 @@ static fc_status attn_bwd_sm80_launch(const fc_attn_bwd_params* p, cudaStream_t 
     attn_bwd_sm80_kernel<DP, T><<<main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(*p);
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
-    attn_bwd_post_kernel<DP, T><<<row_grid, BWD_ROW_THREADS, 0, stream>>>(*p);
+    attn_bwd_post_kernel<DP, T><<<row_grid, BWD_ROW_THREADS, 0, stream>>>(*p, p->Sq, false);
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 

@@ -25,10 +25,10 @@
 //     with both operands MN-major: dS^T as stored, K as loaded), stages it in
 //     shared memory in fragment order and adds it (unscaled) to the fp32
 //     accumulator with one bulk reduction (cp.reduce.async.bulk) of 16 KB:
-//     the accumulator is kept in that tiled order (DQ_PIECE floats per 64 x 64
-//     piece), where per-row reductions from registers cost 30 % of the time.
+//     the accumulator is kept in that tiled order (pieces of 64 x 64 floats,
+//     bwd_rows.cuh), where per-row reductions from registers cost 30 % of the time.
 //     The epilogue writes dK * scale and dV from the registers.
-//  3. attn_bwd_sm90_post_kernel: dQ = scale * accumulator, untiled, in dtype.
+//  3. attn_bwd_post_kernel (bwd_rows.cuh): dQ = scale * accumulator (pieces), in dtype.
 // dK and dV are bit-reproducible (a fixed order inside one CTA); dQ's
 // reductions across key blocks are not.
 //
@@ -81,10 +81,9 @@ struct BwdSm90Tile {
     static constexpr uint32_t DS_TILE = BC * BR * 2;  // bytes of one dS^T buffer (BC key rows, BR columns)
     static constexpr uint32_t VEC = BR * 4;           // bytes of one slot's LSE (or Delta)
     static constexpr int DS_BUFS = 2;                 // dS^T buffers (see above)
-    static constexpr int DQ_ROWS = 64;                // dQ rows per warpgroup (one wgmma M)
-    static constexpr int DQ_COLS = 64;                // dQ columns per warpgroup (one wgmma N)
-    static constexpr int DQ_PIECE = DQ_ROWS * DQ_COLS;  // floats of one warpgroup's dQ tile (a piece)
-    static constexpr uint32_t DQ_STAGE = DQ_PIECE * 4;  // bytes of one warpgroup's dQ staging
+    static constexpr int DQ_ROWS = BWD_PIECE_ROWS;    // dQ rows per warpgroup (one wgmma M)
+    static constexpr int DQ_COLS = BWD_PIECE_COLS;    // dQ columns per warpgroup (one wgmma N)
+    static constexpr uint32_t DQ_STAGE = BWD_PIECE * 4;  // bytes of one warpgroup's dQ staging (one piece)
     static constexpr uint32_t OFF_K = 0;
     static constexpr uint32_t OFF_V = OFF_K + KV_TILE;
     static constexpr uint32_t OFF_Q = OFF_V + KV_TILE;
@@ -97,6 +96,7 @@ struct BwdSm90Tile {
     static constexpr uint32_t SMEM_BYTES = OFF_BAR + FC_MBAR_BYTES * (1 + STAGES) + FC_SWZ_GROUP_BYTES;  // + alignment slack
     static_assert(BR * DP == WGS * DQ_ROWS * DQ_COLS, "the dQ phase splits the block's dQ into one piece per warpgroup");
     static_assert(DQ_ROWS == FC_SLAB_COLS && DQ_COLS == FC_SLAB_COLS, "a piece is one slab of dS^T's columns and of K's");
+    static_assert(BWD_PIECE_THREADS == FC_WG_THREADS, "a warpgroup stages a piece in its fragment order");
     static_assert(BC == 2 * FC_BWD_KEYS_PER_CTA, "dispatch sizes the grid check with the portable kernel's keys per CTA");
     static_assert(FC_BWD_ROW_PAD % BR == 0, "the padded LSE and Delta must cover every block's rows");
 };
@@ -104,22 +104,6 @@ struct BwdSm90Tile {
 // Named barriers (0 is __syncthreads).
 static constexpr int BWD_BAR_CTA = 1;  // both warpgroups, once per block (dS^T, ring refill, staging)
 static constexpr int BWD_BAR_WG0 = 2;  // + wg: one warpgroup's dQ staging
-
-// First float of piece (64-row block m of a head, 64-column slab) of the tiled
-// dQ accumulator: m counts the 64-row blocks of all (batch, head) pairs.
-template <int DP>
-FC_DEVICE int64_t sm90_dq_piece(int64_t m, int slab) {
-    return (m * (DP / FC_SLAB_COLS) + slab) * BwdSm90Tile<DP>::DQ_PIECE;
-}
-
-// Float offset of row r, column c inside a piece: the fragment order a
-// warpgroup stages (thread t = 32 (r / 16) + 4 (r % 8) + (c % 8) / 2 holds it
-// in its register pair jj = 2 (c / 8) + (r % 16) / 8, stored at 2 (128 jj + t)
-// + c % 2), so that consecutive threads write consecutive 8 bytes.
-FC_DEVICE int sm90_dq_frag_offset(int r, int c) {
-    const int t = 32 * (r / 16) + 4 * (r % 8) + (c % 8) / 2, jj = 2 * (c / 8) + (r % 16) / 8;
-    return 2 * (FC_WG_THREADS * jj + t) + c % 2;
-}
 
 struct BwdSm90Args {
     CUtensorMap q_map;   // Q as (D, Sq, Hq, B), box (64, BR)
@@ -187,7 +171,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     const uint32_t sK = base + Tile::OFF_K, sV = base + Tile::OFF_V;   // (BC, DP) each, slabs of BC rows
     const uint32_t sQ = base + Tile::OFF_Q, sdO = base + Tile::OFF_DO;  // (STAGES, BR, DP), slabs of BR rows
     const uint32_t sdS = base + Tile::OFF_DS;                           // (2, BC, BR) dS^T, slabs of BC rows
-    const uint32_t sDQ = base + Tile::OFF_DQ;                           // (WGS, DQ_PIECE) fp32, fragment order
+    const uint32_t sDQ = base + Tile::OFF_DQ;                           // (WGS, BWD_PIECE) fp32, fragment order
     const uint32_t sLse = base + Tile::OFF_LSE, sDelta = base + Tile::OFF_DELTA;  // (STAGES, BR) fp32
     const float* lse_s = reinterpret_cast<const float*>(smem_raw + (sLse - raw));
     const float* delta_s = reinterpret_cast<const float*>(smem_raw + (sDelta - raw));
@@ -195,20 +179,12 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     auto full_bar = [&](int slot) { return kv_bar + FC_MBAR_BYTES * (1 + slot); };
 
     const int tid = threadIdx.x, wg = tid / FC_WG_THREADS, t = tid % FC_WG_THREADS, warp = t / 32, lane = tid % 32;
-    // 1-D grid over (key block, KV head, batch), key blocks fastest (as the portable kernel).
-    const int n_kblocks = (p.Sk + BC - 1) / BC;
-    const int kb = (int)(blockIdx.x % n_kblocks), bhk = (int)(blockIdx.x / n_kblocks);
-    const int hk = bhk % p.Hkv, b = bhk / p.Hkv;
-    const int G = p.Hq / p.Hkv;
-    const int k0 = kb * BC;
-    const bool causal = p.causal != FC_CAUSAL_NONE;
-    const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;  // key j visible to row i iff j <= i + diag
-    const int n_mblocks = (p.Sq + BR - 1) / BR;
-    const int m_first = !causal || k0 - diag <= 0 ? 0 : min(n_mblocks, (k0 - diag) / BR);
-    const int per_head = n_mblocks - m_first;
-    const int n_iter = per_head * G;  // (head, query block) pairs, head-major
+    const BwdWalk w = bwd_walk(p, BC, BR);  // the grid and the query blocks this CTA visits
+    const int hk = w.hk, b = w.b, G = w.G, k0 = w.k0, diag = w.diag;
+    const bool causal = w.causal;
+    const int m_first = w.m_first, per_head = w.per_head, n_iter = w.n_iter;
 
-    float* dq_acc = static_cast<float*>(p.workspace);  // (B, Hq, sq_pad, DP) in pieces, see sm90_dq_piece
+    float* dq_acc = static_cast<float*>(p.workspace);  // (B, Hq, sq_pad, DP) in pieces, see bwd_piece
     const float* delta_g = dq_acc + (int64_t)p.B * p.Hq * args.sq_pad * DP;
     const float* lse2_g = delta_g + (int64_t)p.B * p.Hq * args.sq_pad;
 
@@ -359,7 +335,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         fence_regs(dq);
         fence_regs(dk);
         fence_regs(dv);
-        // dq[2 j + e] (j = 2 nt + hr) at float 2 (128 j + t) + e of the piece (sm90_dq_frag_offset).
+        // dq[2 j + e] (j = 2 nt + hr) at float 2 (128 j + t) + e of the piece (bwd_piece_offset).
         const uint32_t stage = sDQ + wg * Tile::DQ_STAGE;
 #pragma unroll
         for (int j = 0; j < Tile::DQ_COLS / 4; ++j)
@@ -370,7 +346,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         named_barrier_sync(BWD_BAR_WG0 + wg, FC_WG_THREADS);  // orders the warpgroup's staging stores before the reduction below
         if (t == 0) {
             const int64_t m = ((int64_t)b * p.Hq + h) * (args.sq_pad / Tile::DQ_ROWS) + row0 / Tile::DQ_ROWS + dq_row_slab;
-            const int64_t piece = sm90_dq_piece<DP>(m, dq_col_slab);
+            const int64_t piece = bwd_piece<DP>(m, dq_col_slab);
             bulk_reduce_add_f32(dq_acc + piece, stage, Tile::DQ_STAGE);
             bulk_commit();
         }
@@ -396,39 +372,6 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
 #else
     __trap();  // built without sm_90a; dispatch never launches this
 #endif
-}
-
-// ---------------------------------------------------------------------------
-// dQ = scale * accumulator, from the tiled order, in dtype, strided. One thread
-// per 8 columns of a row: 8 consecutive floats of the piece (sm90_dq_frag_offset).
-
-template <int DP, typename T>
-__global__ void __launch_bounds__(BWD_ROW_THREADS)
-attn_bwd_sm90_post_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_pad) {
-    constexpr int LANES = DP / 8, ROWS = BWD_ROW_THREADS / LANES;
-    const int64_t n_rows = (int64_t)p.B * p.Hq * p.Sq;
-    const float* dq_acc = static_cast<const float*>(p.workspace);
-    const int c = threadIdx.x % LANES;
-    if (c * 8 >= p.D) return;
-    for (int64_t row = (int64_t)blockIdx.x * ROWS + threadIdx.x / LANES; row < n_rows;
-         row += (int64_t)gridDim.x * ROWS) {
-        constexpr int PR = BwdSm90Tile<DP>::DQ_ROWS;
-        const int i = (int)(row % p.Sq), col = c * 8;
-        const int64_t bh = row / p.Sq;
-        const int h = (int)(bh % p.Hq), b = (int)(bh / p.Hq);
-        const int64_t piece = sm90_dq_piece<DP>(bh * (sq_pad / PR) + i / PR, col / FC_SLAB_COLS);
-        const float4* src =
-            reinterpret_cast<const float4*>(dq_acc + piece + sm90_dq_frag_offset(i % PR, col % FC_SLAB_COLS));
-        const float4 x0 = src[0], x1 = src[1];
-        const float s = p.scale;
-        uint4 packed;
-        packed.x = pack2<T>(x0.x * s, x0.y * s);
-        packed.y = pack2<T>(x0.z * s, x0.w * s);
-        packed.z = pack2<T>(x1.x * s, x1.y * s);
-        packed.w = pack2<T>(x1.z * s, x1.w * s);
-        *reinterpret_cast<uint4*>(static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride +
-                                  i * p.dq_row_stride + c * 8) = packed;
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -463,8 +406,8 @@ static fc_status attn_bwd_sm90_launch(const fc_attn_bwd_params* p, cudaStream_t 
     attn_bwd_sm90_kernel<DP, T><<<main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(a);
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
-    attn_bwd_sm90_post_kernel<DP, T><<<bwd_row_grid<DP>((long long)p->B * p->Hq * p->Sq), BWD_ROW_THREADS, 0, stream>>>(
-        *p, a.sq_pad);
+    attn_bwd_post_kernel<DP, T><<<bwd_row_grid<DP>((long long)p->B * p->Hq * p->Sq), BWD_ROW_THREADS, 0, stream>>>(
+        *p, a.sq_pad, true);
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 
