@@ -110,7 +110,8 @@ MISMATCH_REL_BWD = {"fp16": 1e-2, "bf16": 5e-2}
 # Impls the bwd suite times: flashcore (auto, and each forced family: kernel=
 # picks the forward's and the backward's) and SDPA's backends.
 BWD_IMPLS = ("flashcore", "flashcore:sm80", "flashcore:sm90") + SDPA_IMPLS
-BWD_HEAD_DIMS = (64, 128)  # the GPU backward's head dims
+BWD_HEAD_DIMS = (64, 128, 256)  # the grid's head dims, all of which the GPU backward takes
+BWD_SM90_MAX_HEAD_DIM = 128  # the Hopper backward's (flashcore:sm90) largest; above it the impl is not run
 
 
 # ----------------------------------------------------------------------------
@@ -1000,7 +1001,8 @@ def main(argv=None):
                        or (s["suite"] == "grid" and s["D"] == FLEX_HEAD_DIM
                            and s["dtype"] == FLEX_DTYPE)]
         if s["suite"] == "bwd":
-            shape_impls = [n for n in shape_impls if n in BWD_IMPLS]
+            shape_impls = [n for n in shape_impls if n in BWD_IMPLS
+                           and (n != "flashcore:sm90" or s["D"] <= BWD_SM90_MAX_HEAD_DIM)]
         log(f"[{i + 1}/{len(shapes)}] {shape_label(s)}  ({flops(s) / 1e9:.1f} GFLOP)")
         try:
             new_rows += run_shape(s, shape_impls, fc, flex, budget, skipped, mismatches, log, args.rounds,

@@ -63,8 +63,10 @@ NaN in the inputs gives NaN where it is read: in every column of a row
 with a NaN score, in one column for a NaN value. Sq and Sk go up to 2^30.
 
 Autograd: gradients for q, k and v (and through ``lse`` when returned)
-come from flashcore's backward, on the CPU for any head dim and on CUDA
-for D <= 128 (larger head dims that require grad raise ``ValueError``).
+come from flashcore's backward, on the CPU and on CUDA for any head dim
+(the Hopper backward, which ``kernel="sm90"`` forces, for D <= 128; at
+D > 128 ``"auto"`` runs the portable one, which needs 136.5 KB of shared
+memory per block: A100, H100/H200, not sm86/89 GPUs).
 There is no double backward and no forward-mode AD.
 
 Returns:
@@ -739,6 +741,7 @@ PYBIND11_MODULE(_C, m) {
           "kernel id) -> (dq, dk, dv)", py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
           py::arg("lse"), py::arg("dlse"), py::arg("scale"), py::arg("causal"), py::arg("kernel") = 0);
     m.attr("BWD_MAX_GPU_HEAD_DIM") = FC_BWD_MAX_GPU_HEAD_DIM;
+    m.attr("BWD_MAX_SM90_HEAD_DIM") = FC_BWD_MAX_SM90_HEAD_DIM;
     m.def("picked_kernel", &picked_kernel, "kernel that kernel='auto' runs for (q, k)");
     m.def("num_splits", &num_splits_for, "split-KV plan for (q, k, v, causal_mode, kernel, num_splits): "
           "0 = tile kernel, n >= 1 = split-KV kernel with n splits");

@@ -473,7 +473,9 @@ fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
  * own: dout, dq, dk, dv and lse pointers and alignment, the GPU kernel's head
  * dim and shared memory, and the workspace. On the GPU, kernel AUTO picks the
  * Hopper backward on a compute capability 9.0 device when the build has sm_90a
- * code, else the portable one (every sm80+ device); SM80 and SM90 force one.
+ * code and D <= FC_BWD_MAX_SM90_HEAD_DIM, else the portable one (every sm80+
+ * device; at D > 128 those with 136.5 KB of shared memory per block); SM80 and
+ * SM90 force one.
  */
 static fc_attn_params bwd_forward_view(const fc_attn_bwd_params* p) {
     fc_attn_params f;
@@ -498,7 +500,7 @@ static fc_attn_params bwd_forward_view(const fc_attn_bwd_params* p) {
 static size_t bwd_workspace_bytes(const fc_attn_bwd_params* p, fc_kernel k) {
     const size_t rows = (size_t)p->B * p->Hq * p->Sq;
     const size_t vec = (size_t)p->B * p->Hq * (((size_t)p->Sq + FC_BWD_ROW_PAD - 1) / FC_BWD_ROW_PAD * FC_BWD_ROW_PAD);
-    const size_t dp = p->D <= 64 ? 64 : 128;  /* the padded head dim (D <= FC_BWD_MAX_GPU_HEAD_DIM) */
+    const size_t dp = p->D <= 64 ? 64 : 128;  /* the Hopper kernel's padded head dim (D <= FC_BWD_MAX_SM90_HEAD_DIM) */
     const size_t floats = k == FC_KERNEL_SM90 ? vec * dp + 2 * vec : rows * ((size_t)p->D + 1);
     return (floats * sizeof(float) + FC_WORKSPACE_ALIGN - 1) / FC_WORKSPACE_ALIGN * FC_WORKSPACE_ALIGN;
 }
@@ -506,7 +508,8 @@ static size_t bwd_workspace_bytes(const fc_attn_bwd_params* p, fc_kernel k) {
 /* The GPU backward kernel for p on dev: the forced one, or AUTO's choice. */
 static fc_kernel bwd_pick(const fc_attn_bwd_params* p, const fc_device_info* dev) {
     if (p->kernel != FC_KERNEL_AUTO) return p->kernel;
-    return dev && fc_arch_reason(FC_KERNEL_SM90, dev->major, dev->minor) == NULL ? FC_KERNEL_SM90 : FC_KERNEL_SM80;
+    return dev && p->D <= FC_BWD_MAX_SM90_HEAD_DIM && fc_arch_reason(FC_KERNEL_SM90, dev->major, dev->minor) == NULL
+               ? FC_KERNEL_SM90 : FC_KERNEL_SM80;
 }
 
 static size_t bwd_smem(fc_kernel k, int D) {
@@ -514,7 +517,7 @@ static size_t bwd_smem(fc_kernel k, int D) {
     if (k == FC_KERNEL_SM90) return D <= 64 ? fc_sm90_bwd_smem_d64() : fc_sm90_bwd_smem_d128();
 #endif
     (void)k;
-    return D <= 64 ? fc_sm80_bwd_smem_d64() : fc_sm80_bwd_smem_d128();
+    return D <= 64 ? fc_sm80_bwd_smem_d64() : D <= 128 ? fc_sm80_bwd_smem_d128() : fc_sm80_bwd_smem_d256();
 }
 
 /* Whether the GPU backward runs its kernels (and needs the workspace): not
@@ -553,17 +556,22 @@ static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int
     else if (p->D > FC_BWD_MAX_GPU_HEAD_DIM)
         fail(rp, FC_ERR_UNSUPPORTED_HEAD_DIM, "D: the GPU backward supports head dims up to %d, got %d; use "
              "scaled_dot_product_attention for training at this head dim", FC_BWD_MAX_GPU_HEAD_DIM, p->D);
+    else if (k == FC_KERNEL_SM90 && p->D > FC_BWD_MAX_SM90_HEAD_DIM)
+        fail(rp, FC_ERR_UNSUPPORTED_HEAD_DIM, "kernel: the Hopper backward (sm90) supports head dims up to %d, got "
+             "%d; use kernel auto or sm80 (the portable backward) at this head dim", FC_BWD_MAX_SM90_HEAD_DIM, p->D);
     else if (bwd_smem(k, p->D) > (size_t)c.dev->smem_optin)
         fail(rp, FC_ERR_ARCH, "device: the backward at head dim %d needs %zu bytes of shared memory per block, "
-             "this GPU allows %d", p->D, bwd_smem(k, p->D), c.dev->smem_optin);
+             "this GPU allows %d; use scaled_dot_product_attention for training at this head dim on this GPU",
+             p->D, bwd_smem(k, p->D), c.dev->smem_optin);
     if ((int64_t)p->B * p->Hkv * ((p->Sk + FC_BWD_KEYS_PER_CTA - 1) / FC_BWD_KEYS_PER_CTA) > FC_GRID_X_MAX)
         fail(rp, FC_ERR_INVALID_SHAPE, "shape: B=%d x Hkv=%d x Sk=%d needs more than 2^31-1 thread blocks; "
              "split the batch", p->B, p->Hkv, p->Sk);
     if (p->B > 0 && p->Hq > 0 && p->Sq == 0 && (int64_t)p->B * p->Hkv * p->Sk / FC_COMBINE_ROWS >= FC_GRID_X_MAX)
         fail(rp, FC_ERR_INVALID_SHAPE, "shape: B=%d x Hkv=%d x Sk=%d zero rows of dk and dv need more than 2^31-1 "
              "thread blocks; split the batch", p->B, p->Hkv, p->Sk);
+    /* (the workspace is not checked for a refused call: its size query answers 0 there) */
     const size_t need = bwd_needs_workspace(p) ? bwd_workspace_bytes(p, k) : 0;
-    if (check_workspace && need > 0) {
+    if (check_workspace && need > 0 && rp->first == FC_OK) {
         if (!p->workspace || p->workspace_bytes < need)
             fail(rp, FC_ERR_WORKSPACE, "workspace: %zu bytes given, %zu needed for the dQ accumulator; allocate "
                  "fc_attn_bwd_workspace_size(params) bytes", p->workspace ? p->workspace_bytes : (size_t)0, need);
@@ -621,5 +629,6 @@ fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream) {
     if (k == FC_KERNEL_SM90)
         return p->D <= 64 ? fc_sm90_bwd_d64(p, stream) : fc_sm90_bwd_d128(p, stream);
 #endif
-    return p->D <= 64 ? fc_sm80_bwd_d64(p, stream) : fc_sm80_bwd_d128(p, stream);
+    return p->D <= 64 ? fc_sm80_bwd_d64(p, stream)
+         : p->D <= 128 ? fc_sm80_bwd_d128(p, stream) : fc_sm80_bwd_d256(p, stream);
 }

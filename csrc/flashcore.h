@@ -175,10 +175,13 @@ size_t fc_attn_fwd_workspace_size(const fc_attn_params* p);
  * dK and dV of a KV head sum over the Hq / Hkv query heads that read it.
  * Rows that see no key (LSE = -inf) give dQ = 0 and add nothing to dK, dV;
  * keys no row sees get dK = dV = 0. Same shapes, strides, dtypes and causal
- * modes as the forward. GPU kernels need D <= FC_BWD_MAX_GPU_HEAD_DIM; the CPU
- * path takes any D the forward takes.
+ * modes as the forward. GPU kernels need D <= FC_BWD_MAX_GPU_HEAD_DIM (the
+ * Hopper kernel D <= FC_BWD_MAX_SM90_HEAD_DIM: kernel AUTO runs the portable
+ * one above it); D > 128 needs 136.5 KB of shared memory per block, which
+ * sm86/sm89 GPUs do not have. The CPU path takes any D the forward takes.
  */
-#define FC_BWD_MAX_GPU_HEAD_DIM 128
+#define FC_BWD_MAX_GPU_HEAD_DIM 256
+#define FC_BWD_MAX_SM90_HEAD_DIM 128
 typedef struct {
     const void* q;    /* (B, Hq, Sq, D) the forward's queries */
     const void* k;    /* (B, Hkv, Sk, D) keys */
@@ -205,7 +208,8 @@ typedef struct {
     fc_dtype dtype;   /* element type of every tensor but lse */
     float scale;      /* the forward's softmax scale */
     fc_causal causal; /* the forward's mask mode */
-    fc_kernel kernel; /* FC_KERNEL_AUTO (sm90 on H100/H200 in a build with sm_90a code, else sm80),
+    fc_kernel kernel; /* FC_KERNEL_AUTO (sm90 on H100/H200 in a build with sm_90a code for
+                         D <= FC_BWD_MAX_SM90_HEAD_DIM, else sm80),
                          FC_KERNEL_SM80 (mma.sync, sm80+),
                          FC_KERNEL_SM90 (wgmma + TMA, compute capability 9.0) or FC_KERNEL_CPU */
     void* workspace;  /* device scratch, 16-byte aligned: fp32 dQ accumulator and per-row vectors */

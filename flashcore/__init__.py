@@ -40,7 +40,7 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
             return r
     dropout_p, scale = _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
                                         causal_alignment, return_lse, kernel, num_splits)
-    grad = _needs_grad(query, key, value)
+    grad = _needs_grad(query, key, value, kernel)
     query, key, value = _autocast(query, key, value)
     # With grad the op always returns the LSE: the backward reads it.
     out, lse = _attention_op(query, key, value, attn_mask, dropout_p, is_causal, scale, causal,
@@ -51,19 +51,23 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
 attention.__doc__ = _C.ATTENTION_DOC
 
 
-def _needs_grad(query, key, value):
+def _needs_grad(query, key, value, kernel):
     # Whether autograd records this call (an input requires grad). The GPU
-    # backward covers head dims up to _C.BWD_MAX_GPU_HEAD_DIM; a larger one is
-    # refused here, before the forward runs, rather than in backward().
+    # backward covers every head dim the forward takes (_C.BWD_MAX_GPU_HEAD_DIM),
+    # the Hopper one (which kernel="sm90" forces) up to _C.BWD_MAX_SM90_HEAD_DIM;
+    # a larger one there is refused here, before the forward runs, rather than
+    # in backward().
     _refuse_transforms(query, key, value)
     if not torch.is_grad_enabled():
         return False
     names = [n for n, t in (("q", query), ("k", key), ("v", value)) if isinstance(t, torch.Tensor) and t.requires_grad]
-    if (names and isinstance(query, torch.Tensor) and query.is_cuda and query.dim() == 4
-            and query.shape[-1] > _C.BWD_MAX_GPU_HEAD_DIM):
-        raise ValueError(f"{names[0]}: requires grad, but flashcore's GPU backward supports head dims up to "
-                         f"{_C.BWD_MAX_GPU_HEAD_DIM}, got D={query.shape[-1]}; call it under torch.no_grad() for "
-                         f"inference, or use scaled_dot_product_attention for training at this head dim")
+    if names and isinstance(query, torch.Tensor) and query.is_cuda and query.dim() == 4:
+        D = query.shape[-1]
+        if kernel == "sm90" and _C.BWD_MAX_SM90_HEAD_DIM < D <= _C.BWD_MAX_GPU_HEAD_DIM:
+            raise ValueError(f"kernel: 'sm90' forces the Hopper backward as well, which supports head dims up to "
+                             f"{_C.BWD_MAX_SM90_HEAD_DIM}, got D={D} with {names[0]} requiring grad; use "
+                             f"kernel='auto' (the Hopper forward, then the portable backward) or 'sm80', or "
+                             f"call it under torch.no_grad() for inference")
     return bool(names)
 
 
@@ -217,8 +221,9 @@ def _attention_vmap(info, in_dims, query, key, value, attn_mask, dropout_p, is_c
 #
 # The op's autograd formula: the forward saves q, k, v, out and lse (the op
 # returns lse whenever grad is needed, see attention), and the backward op
-# runs fc_attn_bwd (the CPU path, or a GPU kernel at D <= 128: the forward's
-# `kernel` picks the family, "auto" the Hopper one on H100/H200).
+# runs fc_attn_bwd (the CPU path, or a GPU kernel: the forward's `kernel`
+# picks the family, "auto" the Hopper one on H100/H200 at D <= 128 and the
+# portable one above).
 # The gradient of lse, when the caller used it, enters as dlse.
 
 def _causal_mode(is_causal, causal, causal_alignment):

@@ -124,29 +124,40 @@ def shape_id(s):
     return "B{}H{}-{}q{}k{}".format(*s)
 
 
+def check_or_refused(q, k, v, mode, go, kernel):
+    """check_grads of flashcore's gradients; where the forced family has no backward at q's head dim
+    (the Hopper one above BWD_MAX_SM90_HEAD_DIM), the refusal that names kernel= and the fix instead."""
+    if kernel == "sm90" and q.shape[-1] > _C.BWD_MAX_SM90_HEAD_DIM:
+        with pytest.raises(ValueError, match=r"kernel: 'sm90' forces the Hopper backward.*head dims up to 128, "
+                                             r"got D=\d+.*kernel='auto'"):
+            fc_grads(q, k, v, mode, go, kernel=kernel)
+        return
+    check_grads(q, k, v, mode, fc_grads(q, k, v, mode, go, kernel=kernel), go)
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 @pytest.mark.parametrize("mode", CAUSAL_MODES, ids=mode_id)
-@pytest.mark.parametrize("D", [40, 64, 96, 128])
+@pytest.mark.parametrize("D", [40, 64, 96, 128, 136, 256])
 @pytest.mark.parametrize("dtype", LOWP, ids=dtype_id)
 @pytest.mark.parametrize("dev,kernel", TARGETS)
 def test_grads(dev, kernel, dtype, D, mode, shape):
     B, Hq, Hkv, Sq, Sk = shape
     q, k, v = make_qkv(B, Hq, Hkv, Sq, Sk, D, dtype, dev)
     go = torch.randn(B, Hq, Sq, D, device=dev).to(dtype)
-    check_grads(q, k, v, mode, fc_grads(q, k, v, mode, go, kernel=kernel), go)
+    check_or_refused(q, k, v, mode, go, kernel)
 
 
 @requires_gpu
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=shape_id)
 @pytest.mark.parametrize("mode", CAUSAL_MODES, ids=mode_id)
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("dtype", LOWP, ids=dtype_id)
 @pytest.mark.parametrize("kernel", GPU_KERNELS)
 def test_grads_gpu_long(kernel, dtype, D, mode, shape):
     B, Hq, Hkv, Sq, Sk = shape
     q, k, v = make_qkv(B, Hq, Hkv, Sq, Sk, D, dtype, "cuda")
     go = torch.randn(B, Hq, Sq, D, device="cuda").to(dtype)
-    check_grads(q, k, v, mode, fc_grads(q, k, v, mode, go, kernel=kernel), go)
+    check_or_refused(q, k, v, mode, go, kernel)
 
 
 @pytest.mark.parametrize("D", [8, 256])
@@ -405,14 +416,23 @@ def test_autocast_grads():
 
 @requires_gpu
 @pytest.mark.parametrize("which", ["q", "k", "v"])
-def test_gpu_head_dim_over_128_refused(which):
-    """The GPU backward stops at D = 128: an input that requires grad at D = 256 raises before the forward runs."""
+def test_gpu_forced_sm90_over_128_refused(which):
+    """The Hopper backward stops at D = 128: with kernel="sm90" an input that requires grad at D = 256 raises
+    before the forward runs (naming the input and kernel="auto"), the raw backward call names the kernel, and
+    inference at that head dim still runs."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the forced sm90 forward needs a compute capability 9.0 GPU")
     args = dict(zip("qkv", make_qkv(1, 2, 2, 16, 16, 256, torch.float16, "cuda")))
     args[which].requires_grad_(True)
-    with pytest.raises(ValueError, match=rf"\b{which}: requires grad.*head dims up to 128.*D=256"):
-        flashcore.attention(args["q"], args["k"], args["v"])
+    with pytest.raises(ValueError, match=rf"kernel: 'sm90' forces the Hopper backward.*D=256 with {which} "
+                                         rf"requiring grad; use kernel='auto'"):
+        flashcore.attention(args["q"], args["k"], args["v"], kernel="sm90")
     with torch.no_grad():
-        flashcore.attention(args["q"], args["k"], args["v"])  # inference still runs
+        out, lse = flashcore.attention(args["q"], args["k"], args["v"], kernel="sm90", return_lse=True)
+    q, k, v = (t.detach() for t in (args["q"], args["k"], args["v"]))
+    with pytest.raises(ValueError, match=r"kernel: the Hopper backward \(sm90\) supports head dims up to 128, "
+                                           r"got 256; use kernel auto or sm80"):
+        _C.bwd(torch.randn_like(out), q, k, v, out, lse, None, 0.0625, 0, flashcore.KERNELS["sm90"])
 
 
 @requires_gpu

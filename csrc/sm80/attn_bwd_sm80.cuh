@@ -22,8 +22,15 @@
 //  3. attn_bwd_post_kernel (bwd_rows.cuh): dQ = scale * accumulator, in dtype.
 // dK and dV are reduced inside one CTA in a fixed order, so they are
 // bit-reproducible; dQ's atomic adds are not (their order varies).
+// At DP = 256 a warp's dK and dV for all 256 columns (128 fp32 registers
+// each) do not fit its registers, so the columns are split in SLICES = 2
+// halves, one CTA per (key block, half): each CTA computes S^T and dP^T over
+// all DP columns (they need every column of Q, K, V and dO) and dK, dV and
+// the dQ contributions for its half only. S^T and dP^T are computed twice,
+// 14 D instead of 10 D FLOPs per (row, key) pair: the price of a D = 256
+// backward without splitting the dK, dV accumulators across warps.
 //
-// Limits. D any multiple of 8 up to DP (64 or 128); the padding columns are
+// Limits. D any multiple of 8 up to DP (64, 128 or 256); the padding columns are
 // zero-filled on load and never stored. Any Sq, Sk >= 1: tail rows and keys
 // are zero-filled and masked. Rows with LSE = -inf (they see no key) get
 // P = 0, so dQ = 0 and they add nothing; keys that no row sees get dK = dV = 0.
@@ -54,11 +61,16 @@
 //      |       |    |    |             | + LSE/Delta 0.5 = 72.5 KB | 32 each; a second Q/dO slot (104.5 KB)
 //      |       |    |    |             |                           | would not fit sm86/89's 99 KB, so block
 //      |       |    |    |             |                           | i+1 loads during i's dQ phase only
+//  256 |   4   | 64 | 64 |      1      | K,V 64 + Q,dO 64 + dS 8   | as DP = 128 per column half (SLICES = 2,
+//      |       |    |    |             | + LSE/Delta 0.5 = 136.5 KB| see above); sm80 and sm90 only (sm86/89
+//      |       |    |    |             |                           | allow 99 KB: dispatch refuses)
 // 16 keys per warp: one m16 tile of S^T rows; BC = 64 keys is the k extent of dQ = dS K.
 // BR = 64 makes the dS^T tile rows 128 bytes, as the swizzle needs.
 // PARTS (DP = 128): S^T and dP^T are computed for 32 of the 64 rows at a time
 // (16 + 16 fp32 regs instead of 32 + 32); with all 64 at once ptxas spills
-// 12 bytes (sm_80) and 60 bytes (sm_90a) at 255 registers.
+// 12 bytes (sm_80) and 60 bytes (sm_90a) at 255 registers. At DP = 256 the
+// k loop of S^T and dP^T (16 steps) is unrolled 8 deep (K_UNROLL): unrolled
+// fully it spilled 4 bytes on sm_90a; 16-row parts instead cost 5 %.
 // MIN_CTAS (DP = 64): on the sm_90a target the registers are capped at 168 so
 // that three CTAs share an SM (57 KB each); measured on an H200, fp16, 16k
 // tokens: +3-7 % over 241 registers and two CTAs. On the sm_80 target the cap
@@ -77,7 +89,10 @@ struct BwdTile {
     static constexpr int BR = 64;                     // query rows per block
     static constexpr int STAGES = DP <= 64 ? 2 : 1;   // Q/dO (and LSE/Delta) slots
     static constexpr int PARTS = DP <= 64 ? 1 : 2;    // S^T, dP^T computed in parts of BR / PARTS rows
+    static constexpr int SLICES = DP <= 128 ? 1 : 2;  // column slices of dK, dV, dQ: one CTA per slice
+    static constexpr int DV = DP / SLICES;            // columns of dK, dV, dQ a CTA computes
     static constexpr int CHUNKS = DP / 8;             // 16-byte chunks per row
+    static constexpr int K_UNROLL = 8;                // k steps of S^T, dP^T unrolled (all of them up to DP = 128)
     static constexpr int MIN_CTAS = DP <= 64 ? FC_BWD_MIN_CTAS_D64 : 1;  // CTAs per SM the registers must allow
     static constexpr size_t KV_BYTES = (size_t)2 * BC * DP * 2;
     static constexpr size_t QDO_BYTES = (size_t)STAGES * 2 * BR * DP * 2;
@@ -87,6 +102,7 @@ struct BwdTile {
     static_assert(THREADS == 2 * BR, "one thread copies each row's LSE or Delta");
     static_assert(BR * 2 == 128, "the dS^T tile's rows must be 8 chunks for swz");
     static_assert(BC == FC_BWD_KEYS_PER_CTA, "dispatch sizes the grid with FC_BWD_KEYS_PER_CTA");
+    static_assert(DV % 64 == 0, "a slice starts at a multiple of 8 chunks, outside the swizzle");
 };
 
 // ---------------------------------------------------------------------------
@@ -120,7 +136,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     using Tile = BwdTile<DP>;
     constexpr int BR = Tile::BR, BC = Tile::BC, THREADS = Tile::THREADS, STAGES = Tile::STAGES;
     constexpr int CHUNKS = Tile::CHUNKS;
-    constexpr int D_TILES = DP / 8;   // 8-wide column tiles of dK, dV
+    constexpr int D_TILES = Tile::DV / 8;  // 8-wide column tiles of this CTA's dK, dV slice
     constexpr int ROW_BYTES = DP * 2;
     constexpr int DS_ROW_BYTES = BR * 2;
 
@@ -134,6 +150,9 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     float* sDelta = sLse + STAGES * BR;                     // (STAGES, BR)
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    // First column of this CTA's dK, dV, dQ slice (a constant 0 with one slice: a register
+    // more spilled at DP = 64's 168-register cap).
+    const int c_base = Tile::SLICES == 1 ? 0 : (int)blockIdx.y * Tile::DV;
     const BwdWalk w = bwd_walk(p, BC, BR);  // the grid and the query blocks this CTA visits
     const int hk = w.hk, b = w.b, G = w.G, k0 = w.k0, diag = w.diag;
     const bool causal = w.causal;
@@ -184,14 +203,15 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     // Per-lane ldmatrix byte addresses at chunk step 0 (see swz and chunk_step).
     //  k_a, v_a: A = this warp's 16 K (V) rows, row-major (S^T = K Q^T, dP^T = V dO^T).
     //  q_b:      B = Q (dO) rows as n, d as k, for S^T (dP^T); dO is at +QDO_OFF.
-    //  q_t:      B = Q (dO) with rows as k (.trans), for dK += dS^T Q (dV += P^T dO).
-    //  k_t:      B = K with keys as k (.trans), for dQ = dS K.
+    //  q_t:      B = Q (dO) with rows as k (.trans), for dK += dS^T Q (dV += P^T dO), at the slice.
+    //  k_t:      B = K with keys as k (.trans), for dQ = dS K, at the slice.
+    // The slice offset (a multiple of 128 bytes) lies outside the swizzle: a plain add.
     //  ds_a:     A = dS (query rows, key k) read transposed from the dS^T tile.
     const uint32_t k_a = smem_u32(sK + swz<DP>(warp * Tile::KEYS_PER_WARP + lane % 16, lane / 16));
     const uint32_t v_a = k_a + BC * ROW_BYTES;
     const uint32_t q_b = smem_u32(sQ + swz<DP>((lane / 16) * 8 + lane % 8, (lane / 8) % 2));
-    const uint32_t q_t = smem_u32(sQ + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16));
-    const uint32_t k_t = smem_u32(sK + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16));
+    const uint32_t q_t = smem_u32(sQ + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16) + c_base);
+    const uint32_t k_t = smem_u32(sK + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16) + c_base);
     const uint32_t ds_a = smem_u32(sdS + swz<BR>((lane / 16) * 8 + lane % 8, warp * 2 + (lane / 8) % 2));
     constexpr uint32_t QDO_OFF = STAGES * BR * ROW_BYTES;  // sdO - sQ, bytes
     constexpr uint32_t SLOT_BYTES = BR * ROW_BYTES;
@@ -205,7 +225,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
         for (int nt = 0; nt < NP; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
-#pragma unroll
+#pragma unroll Tile::K_UNROLL
         for (int kk = 0; kk < DP / 16; ++kk) {
             uint32_t a[4];
             ldmatrix_x4(a, chunk_step(a_lane, kk));
@@ -218,7 +238,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
             }
         }
     };
-    // acc (16 keys x DP) += A B: A = packed 16 x PART_ROWS fragments, B = PART_ROWS rows (.trans) at b_lane.
+    // acc (16 keys x DV) += A B: A = packed 16 x PART_ROWS fragments, B = PART_ROWS rows (.trans) at b_lane.
     auto gemm_acc = [&](float (&acc)[D_TILES][4], const uint32_t (&a)[NP / 2][4], uint32_t b_lane) {
 #pragma unroll
         for (int kk = 0; kk < NP / 2; ++kk)
@@ -347,7 +367,8 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
             for (int hr = 0; hr < 2; ++hr) {
                 const int r = row0 + warp * DQ_ROWS + lane / 4 + hr * 8;
                 row_ok[hr] = r < p.Sq;
-                dq_row[hr] = dq_acc + (((int64_t)b * p.Hq + h) * p.Sq + (row_ok[hr] ? r : 0)) * p.D + (lane % 4) * 2;
+                dq_row[hr] = dq_acc + (((int64_t)b * p.Hq + h) * p.Sq + (row_ok[hr] ? r : 0)) * p.D + c_base +
+                             (lane % 4) * 2;
             }
 #pragma unroll
             for (int dt2 = 0; dt2 < D_TILES / 2; ++dt2) {
@@ -361,8 +382,8 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                 }
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
-                    const int col = (2 * dt2 + j) * 8;
-                    if (col < p.D)
+                    const int col = (2 * dt2 + j) * 8;  // inside the slice
+                    if (c_base + col < p.D)
 #pragma unroll
                         for (int hr = 0; hr < 2; ++hr)
                             if (row_ok[hr]) bwd_red_add2(dq_row[hr] + col, acc[j][2 * hr], acc[j][2 * hr + 1]);
@@ -373,23 +394,24 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     cp_async_wait<0>();  // drain the (empty) trailing group; with no block, K and V have landed
     __syncthreads();     // every warp is done reading sK and sV (dQ reads all keys) before they are restaged
 
-    // Epilogue: dK * scale and dV through this warp's own K and V rows, then
-    // 16-byte coalesced stores of keys < Sk.
+    // Epilogue: dK * scale and dV through this warp's own K and V rows (the
+    // slice's columns), then 16-byte coalesced stores of keys < Sk.
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
         const int r = warp * Tile::KEYS_PER_WARP + lane / 4 + hr * 8;
 #pragma unroll
         for (int dt = 0; dt < D_TILES; ++dt) {
-            *reinterpret_cast<uint32_t*>(sK + swz<DP>(r, dt) + (lane % 4) * 2) =
+            *reinterpret_cast<uint32_t*>(sK + swz<DP>(r, c_base / 8 + dt) + (lane % 4) * 2) =
                 pack2<T>(acc_dk[dt][2 * hr] * p.scale, acc_dk[dt][2 * hr + 1] * p.scale);
-            *reinterpret_cast<uint32_t*>(sV + swz<DP>(r, dt) + (lane % 4) * 2) =
+            *reinterpret_cast<uint32_t*>(sV + swz<DP>(r, c_base / 8 + dt) + (lane % 4) * 2) =
                 pack2<T>(acc_dv[dt][2 * hr], acc_dv[dt][2 * hr + 1]);
         }
     }
     __syncwarp();  // this warp's staged rows are complete before its lanes read them back
-    constexpr int ROW_STEP = 32 / CHUNKS;  // rows per warp pass (CHUNKS <= 16)
-    static_assert(32 % CHUNKS == 0, "one row must fit in one warp pass");
-    const int c_first = lane % CHUNKS, r_first = lane / CHUNKS;
+    constexpr int OUT_CHUNKS = Tile::DV / 8;   // 16-byte chunks of a row's slice
+    constexpr int ROW_STEP = 32 / OUT_CHUNKS;  // rows per warp pass (OUT_CHUNKS <= 16)
+    static_assert(32 % OUT_CHUNKS == 0 && 16 % ROW_STEP == 0, "a warp's 16 rows split evenly into passes");
+    const int c_first = c_base / 8 + lane % OUT_CHUNKS, r_first = lane / OUT_CHUNKS;
     const bool col_ok = c_first * 8 < p.D;
     const int64_t key_first = (int64_t)k0 + warp * Tile::KEYS_PER_WARP + r_first;
     T* dk = static_cast<T*>(p.dk) + b * p.dk_batch_stride + hk * p.dk_head_stride + key_first * p.dk_row_stride +
@@ -415,14 +437,14 @@ template <int DP, typename T>
 static fc_status attn_bwd_sm80_launch(const fc_attn_bwd_params* p, cudaStream_t stream) {
     using Tile = BwdTile<DP>;
     // dispatch keeps the key blocks x B x Hkv <= 2^31 - 1
-    const unsigned main_ctas = (unsigned)((p->Sk + Tile::BC - 1) / Tile::BC) * (unsigned)(p->B * p->Hkv);
+    const dim3 main_grid((unsigned)((p->Sk + Tile::BC - 1) / Tile::BC) * (unsigned)(p->B * p->Hkv), Tile::SLICES);
     const unsigned row_grid = bwd_row_grid<DP>((long long)p->B * p->Hq * p->Sq);
 
     attn_bwd_prep_kernel<DP, T><<<row_grid, BWD_ROW_THREADS, 0, stream>>>(*p, p->Sq, false);  // Delta unpadded
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
     if (fc_smem_limit_once<attn_bwd_sm80_kernel<DP, T>>((int)Tile::SMEM_BYTES) != cudaSuccess) return FC_ERR_CUDA;
-    attn_bwd_sm80_kernel<DP, T><<<main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(*p);
+    attn_bwd_sm80_kernel<DP, T><<<main_grid, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(*p);
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
     attn_bwd_post_kernel<DP, T><<<row_grid, BWD_ROW_THREADS, 0, stream>>>(*p, p->Sq, false);

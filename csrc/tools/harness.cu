@@ -342,6 +342,12 @@ static bool check_bwd_case(const Case& c, fc_kernel kernel, std::mt19937& rng) {
         if (bp.workspace) CUDA_OK(cudaMemset(bp.workspace, 0xff, bp.workspace_bytes));
         char why[512];
         st = fc_attn_bwd_check(&bp, why, sizeof(why));
+        if (kernel == FC_KERNEL_SM90 && c.D > FC_BWD_MAX_SM90_HEAD_DIM) {  // must be refused, naming the kernel
+            const bool refused = st == FC_ERR_UNSUPPORTED_HEAD_DIM && strncmp(why, "kernel:", 7) == 0;
+            printf("D=%d sm90 %s: %s\n", c.D, refused ? "refused as it must be" : "NOT REFUSED", why);
+            free_all();
+            return refused;
+        }
         if (st != FC_OK) { printf("bwd refused: %s", why); free_all(); return false; }
         st = fc_attn_bwd(&bp, nullptr);
         CUDA_OK(cudaDeviceSynchronize());
@@ -382,7 +388,7 @@ static int run_check_bwd(fc_kernel kernel, bool small) {
     std::vector<Case> cases;
     const fc_causal modes[3] = {FC_CAUSAL_NONE, FC_CAUSAL_TOP_LEFT, FC_CAUSAL_BOTTOM_RIGHT};
     const int lens[][2] = {{113, 203}, {203, 113}, {1, 300}, {300, 1}, {1000, 1025}, {512, 512}};
-    for (int D : {64, 128, 72})
+    for (int D : {64, 128, 72, 256})
         for (auto& l : lens)
             for (fc_causal m : modes)
                 for (fc_dtype dt : {FC_DTYPE_FP16, FC_DTYPE_BF16}) {
@@ -396,6 +402,8 @@ static int run_check_bwd(fc_kernel kernel, bool small) {
         cases.push_back({1, 2, 2, 77, 90, 8, m, FC_DTYPE_FP16, false});       // D = 8
         cases.push_back({2, 4, 2, 150, 170, 96, m, FC_DTYPE_FP16, false, true});  // with dlse
         cases.push_back({1, 4, 4, 300, 200, 64, m, FC_DTYPE_BF16, true, true});   // with dlse, Sq > Sk
+        cases.push_back({2, 4, 2, 190, 150, 136, m, FC_DTYPE_FP16, false});     // D = 136: one chunk of the 2nd half
+        cases.push_back({1, 4, 1, 100, 333, 200, m, FC_DTYPE_BF16, true, true});  // D = 200, MQA, with dlse
     }
     if (small)
         cases.erase(std::remove_if(cases.begin(), cases.end(),
