@@ -29,8 +29,7 @@ size_t fc_sm80_smem_d256(void);
  * LSE * log2(e) (B, Hq, Sq_pad) each, with Sq_pad = Sq rounded up to
  * FC_BWD_ROW_PAD and DP = D padded to 64 or 128. The launchers fill them (no
  * memset needed). */
-#define FC_BWD_KEYS_PER_CTA 64 /* keys per CTA of the portable main kernel (its grid: key blocks x B x Hkv,
-                                  times 2 column halves at D > 128) */
+#define FC_BWD_KEYS_PER_CTA 64 /* keys per CTA of the portable main kernel (its grid: key blocks x B x Hkv) */
 #define FC_BWD_ROW_PAD 128     /* rows per head of the padded per-row vectors are a multiple of this */
 fc_status fc_sm80_bwd_d64(const fc_attn_bwd_params* p, fc_stream_t stream);   /* D <= 64 */
 fc_status fc_sm80_bwd_d128(const fc_attn_bwd_params* p, fc_stream_t stream);  /* 64 < D <= 128 */

@@ -23,12 +23,13 @@
 // dK and dV are reduced inside one CTA in a fixed order, so they are
 // bit-reproducible; dQ's atomic adds are not (their order varies).
 // At DP = 256 a warp's dK and dV for all 256 columns (128 fp32 registers
-// each) do not fit its registers, so the columns are split in SLICES = 2
-// halves, one CTA per (key block, half): each CTA computes S^T and dP^T over
-// all DP columns (they need every column of Q, K, V and dO) and dK, dV and
-// the dQ contributions for its half only. S^T and dP^T are computed twice,
+// each) do not fit its registers, so the columns are split in HALVES = 2
+// and the CTA has two groups of four warps, one per column half: warp w
+// owns keys 16 (w % 4) .. +15 and columns DV (w / 4) .. +DV-1 of dK, dV
+// and of the dQ rows it adds. Both groups compute S^T and dP^T for the
+// same keys over all DP columns (they need every column of Q, K, V and dO),
 // 14 D instead of 10 D FLOPs per (row, key) pair: the price of a D = 256
-// backward without splitting the dK, dV accumulators across warps.
+// backward that keeps the dK, dV accumulators and P^T in registers.
 //
 // Limits. D any multiple of 8 up to DP (64, 128 or 256); the padding columns are
 // zero-filled on load and never stored. Any Sq, Sk >= 1: tail rows and keys
@@ -61,9 +62,10 @@
 //      |       |    |    |             | + LSE/Delta 0.5 = 72.5 KB | 32 each; a second Q/dO slot (104.5 KB)
 //      |       |    |    |             |                           | would not fit sm86/89's 99 KB, so block
 //      |       |    |    |             |                           | i+1 loads during i's dQ phase only
-//  256 |   4   | 64 | 64 |      1      | K,V 64 + Q,dO 64 + dS 8   | as DP = 128 per column half (SLICES = 2,
-//      |       |    |    |             | + LSE/Delta 0.5 = 136.5 KB| see above); sm80 and sm90 only (sm86/89
-//      |       |    |    |             |                           | allow 99 KB: dispatch refuses)
+//  256 |   8   | 64 | 64 |      1      | K,V 64 + Q,dO 64 + dS 8   | as DP = 128 per column half (HALVES = 2,
+//      |       |    |    |             | + LSE/Delta 0.5 = 136.5 KB| see above): 8 warps share one copy of
+//      |       |    |    |             |                           | the tiles; one CTA per SM (sm80, sm90;
+//      |       |    |    |             |                           | sm86/89 allow 99 KB: dispatch refuses)
 // 16 keys per warp: one m16 tile of S^T rows; BC = 64 keys is the k extent of dQ = dS K.
 // BR = 64 makes the dS^T tile rows 128 bytes, as the swizzle needs.
 // PARTS (DP = 128): S^T and dP^T are computed for 32 of the 64 rows at a time
@@ -82,15 +84,16 @@
 #endif
 template <int DP>
 struct BwdTile {
-    static constexpr int WARPS = 4;
+    static constexpr int HALVES = DP <= 128 ? 1 : 2;  // column halves of dK, dV, dQ: a warp group each
+    static constexpr int KEY_WARPS = 4;               // warps of a group, 16 keys each
+    static constexpr int WARPS = KEY_WARPS * HALVES;
     static constexpr int THREADS = WARPS * 32;
     static constexpr int KEYS_PER_WARP = 16;
-    static constexpr int BC = WARPS * KEYS_PER_WARP;  // keys per CTA
+    static constexpr int BC = KEY_WARPS * KEYS_PER_WARP;  // keys per CTA
     static constexpr int BR = 64;                     // query rows per block
     static constexpr int STAGES = DP <= 64 ? 2 : 1;   // Q/dO (and LSE/Delta) slots
     static constexpr int PARTS = DP <= 64 ? 1 : 2;    // S^T, dP^T computed in parts of BR / PARTS rows
-    static constexpr int SLICES = DP <= 128 ? 1 : 2;  // column slices of dK, dV, dQ: one CTA per slice
-    static constexpr int DV = DP / SLICES;            // columns of dK, dV, dQ a CTA computes
+    static constexpr int DV = DP / HALVES;            // columns of dK, dV, dQ a warp computes
     static constexpr int CHUNKS = DP / 8;             // 16-byte chunks per row
     static constexpr int K_UNROLL = 8;                // k steps of S^T, dP^T unrolled (all of them up to DP = 128)
     static constexpr int MIN_CTAS = DP <= 64 ? FC_BWD_MIN_CTAS_D64 : 1;  // CTAs per SM the registers must allow
@@ -99,10 +102,10 @@ struct BwdTile {
     static constexpr size_t DS_BYTES = (size_t)BC * BR * 2;
     static constexpr size_t VEC_BYTES = (size_t)STAGES * 2 * BR * 4;  // LSE and Delta of the rows
     static constexpr size_t SMEM_BYTES = KV_BYTES + QDO_BYTES + DS_BYTES + VEC_BYTES;
-    static_assert(THREADS == 2 * BR, "one thread copies each row's LSE or Delta");
+    static_assert(KEY_WARPS * 32 == 2 * BR, "one thread of the first group copies each row's LSE or Delta");
     static_assert(BR * 2 == 128, "the dS^T tile's rows must be 8 chunks for swz");
     static_assert(BC == FC_BWD_KEYS_PER_CTA, "dispatch sizes the grid with FC_BWD_KEYS_PER_CTA");
-    static_assert(DV % 64 == 0, "a slice starts at a multiple of 8 chunks, outside the swizzle");
+    static_assert(DV % 64 == 0, "a half starts at a multiple of 8 chunks, outside the swizzle");
 };
 
 // ---------------------------------------------------------------------------
@@ -136,7 +139,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     using Tile = BwdTile<DP>;
     constexpr int BR = Tile::BR, BC = Tile::BC, THREADS = Tile::THREADS, STAGES = Tile::STAGES;
     constexpr int CHUNKS = Tile::CHUNKS;
-    constexpr int D_TILES = Tile::DV / 8;  // 8-wide column tiles of this CTA's dK, dV slice
+    constexpr int D_TILES = Tile::DV / 8;  // 8-wide column tiles of this warp's dK, dV half
     constexpr int ROW_BYTES = DP * 2;
     constexpr int DS_ROW_BYTES = BR * 2;
 
@@ -149,10 +152,12 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     float* sLse = reinterpret_cast<float*>(sdS + BC * BR);  // (STAGES, BR)
     float* sDelta = sLse + STAGES * BR;                     // (STAGES, BR)
 
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    // First column of this CTA's dK, dV, dQ slice (a constant 0 with one slice: a register
-    // more spilled at DP = 64's 168-register cap).
-    const int c_base = Tile::SLICES == 1 ? 0 : (int)blockIdx.y * Tile::DV;
+    const int tid = threadIdx.x, lane = tid % 32;
+    // This warp's 16 keys (kw) and the first column of its dK, dV, dQ half (constants with one
+    // half: D = 64's 168-register build spilled a register more without them).
+    const int kw = Tile::HALVES == 1 ? tid / 32 : (tid / 32) % Tile::KEY_WARPS;
+    const int half = Tile::HALVES == 1 ? 0 : tid / 32 / Tile::KEY_WARPS;
+    const int c_base = half * Tile::DV;
     const BwdWalk w = bwd_walk(p, BC, BR);  // the grid and the query blocks this CTA visits
     const int hk = w.hk, b = w.b, G = w.G, k0 = w.k0, diag = w.diag;
     const bool causal = w.causal;
@@ -188,7 +193,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
         const int64_t vec0 = ((int64_t)b * p.Hq + h) * p.Sq + row0;  // first row in (B, Hq, Sq)
         const int r = tid % BR;
         const float* src = (tid < BR ? p.lse : delta) + vec0 + (r < rows ? r : 0);
-        bwd_cp_async_4((tid < BR ? sLse : sDelta) + slot * BR + r, src, r < rows);
+        if (Tile::HALVES == 1 || tid < 2 * BR) bwd_cp_async_4((tid < BR ? sLse : sDelta) + slot * BR + r, src, r < rows);
     };
     if (n_iter > 0) load_block(0, 0);
     cp_async_commit();
@@ -203,16 +208,16 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     // Per-lane ldmatrix byte addresses at chunk step 0 (see swz and chunk_step).
     //  k_a, v_a: A = this warp's 16 K (V) rows, row-major (S^T = K Q^T, dP^T = V dO^T).
     //  q_b:      B = Q (dO) rows as n, d as k, for S^T (dP^T); dO is at +QDO_OFF.
-    //  q_t:      B = Q (dO) with rows as k (.trans), for dK += dS^T Q (dV += P^T dO), at the slice.
-    //  k_t:      B = K with keys as k (.trans), for dQ = dS K, at the slice.
-    // The slice offset (a multiple of 128 bytes) lies outside the swizzle: a plain add.
+    //  q_t:      B = Q (dO) with rows as k (.trans), for dK += dS^T Q (dV += P^T dO), at the half.
+    //  k_t:      B = K with keys as k (.trans), for dQ = dS K, at the half.
+    // The half's offset (a multiple of 128 bytes) lies outside the swizzle: a plain add.
     //  ds_a:     A = dS (query rows, key k) read transposed from the dS^T tile.
-    const uint32_t k_a = smem_u32(sK + swz<DP>(warp * Tile::KEYS_PER_WARP + lane % 16, lane / 16));
+    const uint32_t k_a = smem_u32(sK + swz<DP>(kw * Tile::KEYS_PER_WARP + lane % 16, lane / 16));
     const uint32_t v_a = k_a + BC * ROW_BYTES;
     const uint32_t q_b = smem_u32(sQ + swz<DP>((lane / 16) * 8 + lane % 8, (lane / 8) % 2));
     const uint32_t q_t = smem_u32(sQ + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16) + c_base);
     const uint32_t k_t = smem_u32(sK + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16) + c_base);
-    const uint32_t ds_a = smem_u32(sdS + swz<BR>((lane / 16) * 8 + lane % 8, warp * 2 + (lane / 8) % 2));
+    const uint32_t ds_a = smem_u32(sdS + swz<BR>((lane / 16) * 8 + lane % 8, kw * 2 + (lane / 8) % 2));
     constexpr uint32_t QDO_OFF = STAGES * BR * ROW_BYTES;  // sdO - sQ, bytes
     constexpr uint32_t SLOT_BYTES = BR * ROW_BYTES;
     constexpr int PART_ROWS = BR / Tile::PARTS;  // query rows per part
@@ -296,7 +301,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                 const int q_lim = p.Sq - q_first;  // masked iff c >= q_lim
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
-                    const int key = k0 + warp * Tile::KEYS_PER_WARP + lane / 4 + hr * 8;
+                    const int key = k0 + kw * Tile::KEYS_PER_WARP + lane / 4 + hr * 8;
                     const int c_lim = causal ? key - diag - q_first : INT_MIN;  // masked iff c < c_lim
                     const bool key_bad = key >= p.Sk;
 #pragma unroll
@@ -330,22 +335,24 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                 }
             }
 
-            // dK += dS^T Q, and dS^T (16-bit) into the shared tile for dQ.
+            // dK += dS^T Q, and dS^T (16-bit) into the shared tile for dQ (by the first group; the
+            // second computed the same values).
             uint32_t dsa[NP / 2][4];
 #pragma unroll
             for (int kk = 0; kk < NP / 2; ++kk) pack_a_from_c<T>(dsa[kk], dp[2 * kk], dp[2 * kk + 1]);
             gemm_acc(acc_dk, dsa, q_t + rows_off);
-            // dsa[kk][2 * half + hr]: key row lane/4 + 8*hr, query chunk col0/8 + 2*kk + half,
+            // dsa[kk][2 * hf + hr]: key row lane/4 + 8*hr, query chunk col0/8 + 2*kk + hf,
             // columns (lane%4)*2 + 0/1.
+            if (half == 0)
 #pragma unroll
-            for (int kk = 0; kk < NP / 2; ++kk)
+                for (int kk = 0; kk < NP / 2; ++kk)
 #pragma unroll
-                for (int half = 0; half < 2; ++half)
+                    for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
-                    for (int hr = 0; hr < 2; ++hr)
-                        *reinterpret_cast<uint32_t*>(sdS + swz<BR>(warp * Tile::KEYS_PER_WARP + lane / 4 + hr * 8,
-                                                                   col0 / 8 + 2 * kk + half) + (lane % 4) * 2) =
-                            dsa[kk][2 * half + hr];
+                        for (int hr = 0; hr < 2; ++hr)
+                            *reinterpret_cast<uint32_t*>(sdS + swz<BR>(kw * Tile::KEYS_PER_WARP + lane / 4 + hr * 8,
+                                                                       col0 / 8 + 2 * kk + hf) + (lane % 4) * 2) =
+                                dsa[kk][2 * hf + hr];
         }
         __syncthreads();  // orders every warp's dS^T stores before the dQ reads below, and (one slot)
                           // every warp's reads of the Q/dO slot and LSE/Delta before the refill below
@@ -356,7 +363,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
 
         // dQ rows row0 + warp*16 .. +15 += dS K (all BC keys), unscaled, into the accumulator.
         {
-            constexpr int DQ_ROWS = BR / Tile::WARPS;  // query rows per warp: one m16 tile
+            constexpr int DQ_ROWS = BR / Tile::KEY_WARPS;  // query rows per warp: one m16 tile
             static_assert(DQ_ROWS == 16, "the dQ phase gives each warp one m16 tile of rows");
             uint32_t a[BC / 16][4];
 #pragma unroll
@@ -365,7 +372,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
             bool row_ok[2];
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr) {
-                const int r = row0 + warp * DQ_ROWS + lane / 4 + hr * 8;
+                const int r = row0 + kw * DQ_ROWS + lane / 4 + hr * 8;
                 row_ok[hr] = r < p.Sq;
                 dq_row[hr] = dq_acc + (((int64_t)b * p.Hq + h) * p.Sq + (row_ok[hr] ? r : 0)) * p.D + c_base +
                              (lane % 4) * 2;
@@ -382,7 +389,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                 }
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
-                    const int col = (2 * dt2 + j) * 8;  // inside the slice
+                    const int col = (2 * dt2 + j) * 8;  // inside the half
                     if (c_base + col < p.D)
 #pragma unroll
                         for (int hr = 0; hr < 2; ++hr)
@@ -395,10 +402,10 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     __syncthreads();     // every warp is done reading sK and sV (dQ reads all keys) before they are restaged
 
     // Epilogue: dK * scale and dV through this warp's own K and V rows (the
-    // slice's columns), then 16-byte coalesced stores of keys < Sk.
+    // half's columns), then 16-byte coalesced stores of keys < Sk.
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-        const int r = warp * Tile::KEYS_PER_WARP + lane / 4 + hr * 8;
+        const int r = kw * Tile::KEYS_PER_WARP + lane / 4 + hr * 8;
 #pragma unroll
         for (int dt = 0; dt < D_TILES; ++dt) {
             *reinterpret_cast<uint32_t*>(sK + swz<DP>(r, c_base / 8 + dt) + (lane % 4) * 2) =
@@ -408,19 +415,19 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
         }
     }
     __syncwarp();  // this warp's staged rows are complete before its lanes read them back
-    constexpr int OUT_CHUNKS = Tile::DV / 8;   // 16-byte chunks of a row's slice
+    constexpr int OUT_CHUNKS = Tile::DV / 8;   // 16-byte chunks of a row's half
     constexpr int ROW_STEP = 32 / OUT_CHUNKS;  // rows per warp pass (OUT_CHUNKS <= 16)
     static_assert(32 % OUT_CHUNKS == 0 && 16 % ROW_STEP == 0, "a warp's 16 rows split evenly into passes");
     const int c_first = c_base / 8 + lane % OUT_CHUNKS, r_first = lane / OUT_CHUNKS;
     const bool col_ok = c_first * 8 < p.D;
-    const int64_t key_first = (int64_t)k0 + warp * Tile::KEYS_PER_WARP + r_first;
+    const int64_t key_first = (int64_t)k0 + kw * Tile::KEYS_PER_WARP + r_first;
     T* dk = static_cast<T*>(p.dk) + b * p.dk_batch_stride + hk * p.dk_head_stride + key_first * p.dk_row_stride +
             c_first * 8;
     T* dv = static_cast<T*>(p.dv) + b * p.dv_batch_stride + hk * p.dv_head_stride + key_first * p.dv_row_stride +
             c_first * 8;
 #pragma unroll
     for (int i = 0; i < 16 / ROW_STEP; ++i) {
-        const int r = warp * Tile::KEYS_PER_WARP + r_first + i * ROW_STEP;
+        const int r = kw * Tile::KEYS_PER_WARP + r_first + i * ROW_STEP;
         if (col_ok && k0 + r < p.Sk) {
             *reinterpret_cast<uint4*>(dk) = *reinterpret_cast<const uint4*>(sK + swz<DP>(r, c_first));
             *reinterpret_cast<uint4*>(dv) = *reinterpret_cast<const uint4*>(sV + swz<DP>(r, c_first));
@@ -437,14 +444,14 @@ template <int DP, typename T>
 static fc_status attn_bwd_sm80_launch(const fc_attn_bwd_params* p, cudaStream_t stream) {
     using Tile = BwdTile<DP>;
     // dispatch keeps the key blocks x B x Hkv <= 2^31 - 1
-    const dim3 main_grid((unsigned)((p->Sk + Tile::BC - 1) / Tile::BC) * (unsigned)(p->B * p->Hkv), Tile::SLICES);
+    const unsigned main_ctas = (unsigned)((p->Sk + Tile::BC - 1) / Tile::BC) * (unsigned)(p->B * p->Hkv);
     const unsigned row_grid = bwd_row_grid<DP>((long long)p->B * p->Hq * p->Sq);
 
     attn_bwd_prep_kernel<DP, T><<<row_grid, BWD_ROW_THREADS, 0, stream>>>(*p, p->Sq, false);  // Delta unpadded
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
     if (fc_smem_limit_once<attn_bwd_sm80_kernel<DP, T>>((int)Tile::SMEM_BYTES) != cudaSuccess) return FC_ERR_CUDA;
-    attn_bwd_sm80_kernel<DP, T><<<main_grid, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(*p);
+    attn_bwd_sm80_kernel<DP, T><<<main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(*p);
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
     attn_bwd_post_kernel<DP, T><<<row_grid, BWD_ROW_THREADS, 0, stream>>>(*p, p->Sq, false);

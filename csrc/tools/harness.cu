@@ -5,7 +5,8 @@
 //   build/harness bench [kernel]      TFLOP/s on the standard grid (CUDA events, median of runs)
 //   build/harness check-bwd [kernel] [small]
 //                                     backward: GPU forward for O and LSE, then fc_attn_bwd on the
-//                                     kernel against the CPU path (same values in fp32), twice
+//                                     kernel against the CPU path (same values in fp32), twice;
+//                                     FC_CHECK_D=256 keeps the cases of one head dim (compute-sanitizer)
 //   build/harness bench-bwd [kernel] [B Hq Hkv Sq Sk D causal reps]
 //                                     backward TFLOP/s (2.5x the forward's FLOPs), fp16, CUDA events
 //   build/harness shape kernel B Hq Hkv Sq Sk D causal reps [flush]
@@ -409,6 +410,10 @@ static int run_check_bwd(fc_kernel kernel, bool small) {
         cases.erase(std::remove_if(cases.begin(), cases.end(),
                                    [](const Case& c) { return (long)c.Sq * c.Sk > SMALL_CASE; }),
                     cases.end());
+    if (const char* only_d = getenv("FC_CHECK_D")) {
+        const int d = atoi(only_d);
+        cases.erase(std::remove_if(cases.begin(), cases.end(), [d](const Case& c) { return c.D != d; }), cases.end());
+    }
     int fails = 0;
     for (const Case& c : cases) fails += !check_bwd_case(c, kernel, rng);
     printf("check-bwd: %zu cases, %d failed\n", cases.size(), fails);
