@@ -5,9 +5,9 @@
 //  1. attn_bwd_prep_kernel (csrc/common/bwd_rows.cuh): Delta_i = dO_i . O_i
 //     (minus dlse_i) per query row, and the fp32 dQ accumulator zeroed.
 //  2. attn_bwd_sm80_kernel: one CTA owns BC keys of one (batch, KV head) and
-//     keeps their K and V tiles in swizzled shared memory; each of its WARPS
-//     warps owns 16 of the keys and their dK, dV accumulators (fp32, in
-//     registers). The CTA walks the Hq/Hkv query heads that read the KV head
+//     keeps their K and V tiles in swizzled shared memory; each of its
+//     KEY_WARPS = 4 warps (per column half at DP = 256, see below) owns 16 of
+//     the keys and their dK, dV accumulators (fp32, in registers). The CTA walks the Hq/Hkv query heads that read the KV head
 //     and, for each, the query blocks of BR rows that see any of its keys
 //     (causal: from the first block at or past the CTA's first key's diagonal).
 //     Per block, Q_i and dO_i are cp.async'ed into shared memory with the
@@ -68,7 +68,7 @@
 //      |       |    |    |             |                           | sm86/89 allow 99 KB: dispatch refuses)
 // 16 keys per warp: one m16 tile of S^T rows; BC = 64 keys is the k extent of dQ = dS K.
 // BR = 64 makes the dS^T tile rows 128 bytes, as the swizzle needs.
-// PARTS (DP = 128): S^T and dP^T are computed for 32 of the 64 rows at a time
+// PARTS (DP >= 128): S^T and dP^T are computed for 32 of the 64 rows at a time
 // (16 + 16 fp32 regs instead of 32 + 32); with all 64 at once ptxas spills
 // 12 bytes (sm_80) and 60 bytes (sm_90a) at 255 registers. At DP = 256 the
 // k loop of S^T and dP^T (16 steps) is unrolled 8 deep (K_UNROLL): unrolled
@@ -193,7 +193,8 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
         const int64_t vec0 = ((int64_t)b * p.Hq + h) * p.Sq + row0;  // first row in (B, Hq, Sq)
         const int r = tid % BR;
         const float* src = (tid < BR ? p.lse : delta) + vec0 + (r < rows ? r : 0);
-        if (Tile::HALVES == 1 || tid < 2 * BR) bwd_cp_async_4((tid < BR ? sLse : sDelta) + slot * BR + r, src, r < rows);
+        if (Tile::HALVES == 1 || tid < 2 * BR)  // the first group's threads
+            bwd_cp_async_4((tid < BR ? sLse : sDelta) + slot * BR + r, src, r < rows);
     };
     if (n_iter > 0) load_block(0, 0);
     cp_async_commit();
@@ -210,8 +211,8 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     //  q_b:      B = Q (dO) rows as n, d as k, for S^T (dP^T); dO is at +QDO_OFF.
     //  q_t:      B = Q (dO) with rows as k (.trans), for dK += dS^T Q (dV += P^T dO), at the half.
     //  k_t:      B = K with keys as k (.trans), for dQ = dS K, at the half.
-    // The half's offset (a multiple of 128 bytes) lies outside the swizzle: a plain add.
     //  ds_a:     A = dS (query rows, key k) read transposed from the dS^T tile.
+    // The half's column offset (a multiple of 128 bytes) lies outside the swizzle: a plain add.
     const uint32_t k_a = smem_u32(sK + swz<DP>(kw * Tile::KEYS_PER_WARP + lane % 16, lane / 16));
     const uint32_t v_a = k_a + BC * ROW_BYTES;
     const uint32_t q_b = smem_u32(sQ + swz<DP>((lane / 16) * 8 + lane % 8, (lane / 8) % 2));
@@ -361,7 +362,8 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
             cp_async_commit();
         }
 
-        // dQ rows row0 + warp*16 .. +15 += dS K (all BC keys), unscaled, into the accumulator.
+        // dQ rows row0 + kw*16 .. +15, this warp's column half, += dS K (all BC keys), unscaled,
+        // into the accumulator.
         {
             constexpr int DQ_ROWS = BR / Tile::KEY_WARPS;  // query rows per warp: one m16 tile
             static_assert(DQ_ROWS == 16, "the dQ phase gives each warp one m16 tile of rows");
