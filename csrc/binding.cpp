@@ -45,7 +45,8 @@ Args:
         scaled scores, shape (B, Hq, Sq).
     kernel: ``"auto"`` (default), or force ``"sm80"`` (portable
         tensor-core kernel), ``"sm90"`` (Hopper kernel) or ``"cpu"``; the
-        backward runs the same family (``"auto"``: sm90 on H100/H200).
+        backward runs the same family (``"auto"``: sm90 on H100/H200 for
+        D <= 128, else sm80).
     num_splits: split-KV (flash-decoding) for few query rows and long
         keys. ``None`` or ``0``: a heuristic picks the kernel and how many
         ways to split Sk across the SMs; ``1``: no split; ``n > 1``: run
@@ -411,7 +412,7 @@ at::Tensor rows_usable(const at::Tensor& t) {
 // bwd(dout, q, k, v, out, lse, dlse | None, scale, causal_mode, kernel=0) -> (dq, dk, dv):
 // the backward of a forward call with these q, k, v, scale and causal mode that
 // gave out and lse (flashcore/__init__.py's autograd formula), on the kernel
-// family of id `kernel` (auto: sm90 on H100/H200, else sm80). dq, dk, dv are
+// family of id `kernel` (auto: sm90 on H100/H200 for D <= 128, else sm80). dq, dk, dv are
 // contiguous, in q's dtype.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,

@@ -24,7 +24,7 @@ from conftest import (CAUSAL_MODES, DTYPE_NAMES, GPU_KERNELS, default_scale, dty
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_gpu)]
 # Where the gradients of the main tests run: the C path, and each GPU backward
 # family the device runs (the forward's `kernel` picks it: sm80 everywhere,
-# sm90 on a compute capability 9.0 GPU; "auto" there is sm90).
+# sm90 on a compute capability 9.0 GPU; "auto" there is sm90 up to D = 128).
 TARGETS = [pytest.param("cpu", "auto", id="cpu")] + [
     pytest.param("cuda", k, marks=requires_gpu, id=f"cuda-{k}") for k in GPU_KERNELS]
 LOWP = [torch.float16, torch.bfloat16]
@@ -124,12 +124,25 @@ def shape_id(s):
     return "B{}H{}-{}q{}k{}".format(*s)
 
 
+# Shared memory per block the portable backward needs at D > 128 (attn_bwd_sm80.cuh's tile table:
+# 136.5 KB); sm86/89 GPUs have 99 KB.
+SM80_BWD_SMEM_D256 = 139776
+
+
 def check_or_refused(q, k, v, mode, go, kernel):
-    """check_grads of flashcore's gradients; where the forced family has no backward at q's head dim
-    (the Hopper one above BWD_MAX_SM90_HEAD_DIM), the refusal that names kernel= and the fix instead."""
-    if kernel == "sm90" and q.shape[-1] > _C.BWD_MAX_SM90_HEAD_DIM:
+    """check_grads of flashcore's gradients; where the GPU has no backward at q's head dim (the forced
+    Hopper one above BWD_MAX_SM90_HEAD_DIM; the portable one above 128 on a GPU without the shared
+    memory), the refusal that names the cause and the fix instead."""
+    D = q.shape[-1]
+    if q.is_cuda and kernel == "sm90" and D > _C.BWD_MAX_SM90_HEAD_DIM:
         with pytest.raises(ValueError, match=r"kernel: 'sm90' forces the Hopper backward.*head dims up to 128, "
                                              r"got D=\d+.*kernel='auto'"):
+            fc_grads(q, k, v, mode, go, kernel=kernel)
+        return
+    if (q.is_cuda and D > 128
+            and torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin < SM80_BWD_SMEM_D256):
+        with pytest.raises(RuntimeError, match=rf"device: the backward at head dim {D} needs \d+ bytes of shared "
+                                               r"memory per block, this GPU allows \d+"):
             fc_grads(q, k, v, mode, go, kernel=kernel)
         return
     check_grads(q, k, v, mode, fc_grads(q, k, v, mode, go, kernel=kernel), go)
@@ -458,8 +471,8 @@ def test_gpu_forced_forward_kernel(kernel):
 
 
 @requires_gpu
-@pytest.mark.parametrize("kernel", GPU_KERNELS)
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D,kernel", [(D, k) for D in (64, 128, 256) for k in GPU_KERNELS
+                                      if not (k == "sm90" and D > 128)])
 def test_gpu_reruns(D, kernel):
     """dk and dv are bit-identical across reruns; dq (fp32 atomics across key blocks) within rounding."""
     q, k, v = make_qkv(2, 8, 2, 700, 900, D, torch.float16, "cuda")

@@ -6,9 +6,10 @@
 //     (minus dlse_i) per query row, and the fp32 dQ accumulator zeroed.
 //  2. attn_bwd_sm80_kernel: one CTA owns BC keys of one (batch, KV head) and
 //     keeps their K and V tiles in swizzled shared memory; each of its
-//     KEY_WARPS = 4 warps (per column half at DP = 256, see below) owns 16 of
-//     the keys and their dK, dV accumulators (fp32, in registers). The CTA walks the Hq/Hkv query heads that read the KV head
-//     and, for each, the query blocks of BR rows that see any of its keys
+//     KEY_WARPS = 4 warps (per column half at DP = 256, see below) owns 16
+//     of the keys and their dK, dV accumulators (fp32, in registers). The
+//     CTA walks the Hq/Hkv query heads that read the KV head and, for each,
+//     the query blocks of BR rows that see any of its keys
 //     (causal: from the first block at or past the CTA's first key's diagonal).
 //     Per block, Q_i and dO_i are cp.async'ed into shared memory with the
 //     rows' LSE and Delta, and each warp computes, for its 16 keys x BR rows,
@@ -16,8 +17,9 @@
 //       dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T (dP^T - Delta),  dK += dS^T Q
 //     with mma.sync m16n8k16 (the C fragments of P^T and dS^T are the A
 //     fragments of the next mma). dS^T goes through shared memory; after a
-//     barrier each warp computes 16 rows of dQ_i += dS K over all BC keys and
-//     adds them to the fp32 accumulator with global reductions (unscaled).
+//     barrier each warp computes 16 rows of dQ_i += dS K (its column half at
+//     DP = 256) over all BC keys and adds them to the fp32 accumulator with
+//     global reductions (unscaled).
 //     The epilogue writes dK * scale and dV, staged through the K/V tiles.
 //  3. attn_bwd_post_kernel (bwd_rows.cuh): dQ = scale * accumulator, in dtype.
 // dK and dV are reduced inside one CTA in a fixed order, so they are
@@ -355,7 +357,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                                                                        col0 / 8 + 2 * kk + hf) + (lane % 4) * 2) =
                                 dsa[kk][2 * hf + hr];
         }
-        __syncthreads();  // orders every warp's dS^T stores before the dQ reads below, and (one slot)
+        __syncthreads();  // orders the dS^T stores (the first group's) before the dQ reads below, and (one slot)
                           // every warp's reads of the Q/dO slot and LSE/Delta before the refill below
         if constexpr (STAGES == 1) {
             if (it + 1 < n_iter) load_block(it + 1, 0);

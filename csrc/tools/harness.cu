@@ -345,7 +345,9 @@ static bool check_bwd_case(const Case& c, fc_kernel kernel, std::mt19937& rng) {
         st = fc_attn_bwd_check(&bp, why, sizeof(why));
         if (kernel == FC_KERNEL_SM90 && c.D > FC_BWD_MAX_SM90_HEAD_DIM) {  // must be refused, naming the kernel
             const bool refused = st == FC_ERR_UNSUPPORTED_HEAD_DIM && strncmp(why, "kernel:", 7) == 0;
-            printf("D=%d sm90 %s: %s\n", c.D, refused ? "refused as it must be" : "NOT REFUSED", why);
+            printf("D=%d sm90 %s: %s\n", c.D,
+                   refused ? "refused as it must be" : st == FC_OK ? "NOT REFUSED" : "refused, not for the head dim",
+                   why);
             free_all();
             return refused;
         }
@@ -412,6 +414,7 @@ static int run_check_bwd(fc_kernel kernel, bool small) {
                     cases.end());
     if (const char* only_d = getenv("FC_CHECK_D")) {
         const int d = atoi(only_d);
+        if (d <= 0) { printf("FC_CHECK_D=%s: not a head dim\n", only_d); return 2; }
         cases.erase(std::remove_if(cases.begin(), cases.end(), [d](const Case& c) { return c.D != d; }), cases.end());
     }
     int fails = 0;
