@@ -202,9 +202,11 @@ fc_dtype to_fc_dtype(at::ScalarType t) {
 
 // scale as the kernels take it: an fp32 > 0 (1e-50 would round to 0), at
 // most FC_MAX_SCALE.
+// A softmax scale the kernels take: > 0 in fp32 and at most FC_MAX_SCALE (false for NaN).
+bool scale_ok(double scale) { return scale > 0.0 && scale <= FC_MAX_SCALE && (float)scale > 0.f; }
+
 void check_scale(double scale) {
-    const float s32 = (float)scale;
-    if (!(scale > 0.0 && scale <= FC_MAX_SCALE && s32 > 0.f)) {  // (false for NaN)
+    if (!scale_ok(scale)) {
         char got[64];
         snprintf(got, sizeof got, "%g", scale);
         value_error(std::string("scale: got ") + got + "; it must be > 0 in fp32 (from about 1.4e-45) and at most "
@@ -421,7 +423,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
     at::NoGradGuard no_grad;  // (a create_graph backward: the op itself has no derivative)
     check_inputs(q, k, v);
     check_kernel_id(q, kernel);
-    if (!(scale > 0.0 && scale <= FC_MAX_SCALE && (float)scale > 0.f))
+    if (!scale_ok(scale))
         value_error("scale: got " + std::to_string(scale) + "; the backward needs the forward's scale, > 0 in fp32 "
                     "and at most 2.3e38");
     if (causal < FC_CAUSAL_NONE || causal > FC_CAUSAL_BOTTOM_RIGHT)

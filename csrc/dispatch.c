@@ -553,9 +553,6 @@ static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int
     const char* arch = k == FC_KERNEL_SM90 ? fc_arch_reason(k, c.dev->major, c.dev->minor) : NULL;
     if (arch)
         fail(rp, FC_ERR_ARCH, "kernel: this GPU has compute capability %d.%d; %s", c.dev->major, c.dev->minor, arch);
-    else if (p->D > FC_BWD_MAX_GPU_HEAD_DIM)
-        fail(rp, FC_ERR_UNSUPPORTED_HEAD_DIM, "D: the GPU backward supports head dims up to %d, got %d; use "
-             "scaled_dot_product_attention for training at this head dim", FC_BWD_MAX_GPU_HEAD_DIM, p->D);
     else if (k == FC_KERNEL_SM90 && p->D > FC_BWD_MAX_SM90_HEAD_DIM)
         fail(rp, FC_ERR_UNSUPPORTED_HEAD_DIM, "kernel: the Hopper backward (sm90) supports head dims up to %d, got "
              "%d; use kernel auto or sm80 (the portable backward) at this head dim", FC_BWD_MAX_SM90_HEAD_DIM, p->D);

@@ -180,7 +180,7 @@ size_t fc_attn_fwd_workspace_size(const fc_attn_params* p);
  * one above it); D > 128 needs 136.5 KB of shared memory per block, which
  * sm86/sm89 GPUs do not have. The CPU path takes any D the forward takes.
  */
-#define FC_BWD_MAX_GPU_HEAD_DIM 256
+#define FC_BWD_MAX_GPU_HEAD_DIM FC_MAX_HEAD_DIM /* every head dim the forward takes */
 #define FC_BWD_MAX_SM90_HEAD_DIM 128
 typedef struct {
     const void* q;    /* (B, Hq, Sq, D) the forward's queries */

@@ -507,29 +507,48 @@ struct DeviceCase {
 // is left as is (FLUSH_NONE), zero-filled from a 256 MB buffer, which leaves it
 // full of dirty lines (FLUSH_ZERO, as triton's do_bench does), or filled with
 // clean lines by reading that buffer (FLUSH_READ). -1 if a launch fails.
-static double time_case(const Case& c, fc_kernel kernel, int reps, Flush flush = FLUSH_NONE) {
-    DeviceCase d(c, kernel);
+// Median time in us of `reps` calls of launch() (an fc_status), each between two CUDA events;
+// before() runs ahead of each call, outside the timed span. -1 if a call fails (`what` names it).
+template <typename Launch, typename Before>
+static double median_us(Launch launch, Before before, int reps, const char* what) {
     cudaEvent_t e0, e1;
     CUDA_OK(cudaEventCreate(&e0)); CUDA_OK(cudaEventCreate(&e1));
-    double us = -1;
+    std::vector<float> ts;
+    for (int r = 0; r < reps; ++r) {
+        before();
+        CUDA_OK(cudaEventRecord(e0));
+        if (launch() != FC_OK) { printf("%s launch failed\n", what); ts.clear(); break; }
+        CUDA_OK(cudaEventRecord(e1));
+        CUDA_OK(cudaEventSynchronize(e1));
+        float ms; CUDA_OK(cudaEventElapsedTime(&ms, e0, e1)); ts.push_back(ms);
+    }
+    cudaEventDestroy(e0); cudaEventDestroy(e1);
+    if (ts.empty()) return -1;
+    std::sort(ts.begin(), ts.end());
+    return ts[ts.size() / 2] * 1e3;
+}
+
+// A standard-grid case: 16k tokens (B * S), H * D = 2048, fp16, Sq = Sk, causal top-left or none.
+static Case grid_case(int D, int S, bool causal) {
+    const int H = 2048 / D, B = 16384 / S;
+    return {B, H, H, S, S, D, causal ? FC_CAUSAL_TOP_LEFT : FC_CAUSAL_NONE, FC_DTYPE_FP16, false};
+}
+
+static double time_case(const Case& c, fc_kernel kernel, int reps, Flush flush = FLUSH_NONE) {
+    DeviceCase d(c, kernel);
     void* fbuf = nullptr;
     int* sink = nullptr;
     if (flush != FLUSH_NONE) { CUDA_OK(cudaMalloc(&fbuf, FLUSH_BYTES)); CUDA_OK(cudaMalloc(&sink, 4)); }
     if (flush == FLUSH_READ) CUDA_OK(cudaMemset(fbuf, 0, FLUSH_BYTES));
     for (int i = 0; i < 5; ++i) fc_attn_fwd(&d.p, nullptr);
-    std::vector<float> ts;
-    for (int r = 0; r < reps; ++r) {
-        if (flush == FLUSH_ZERO) CUDA_OK(cudaMemsetAsync(fbuf, 0, FLUSH_BYTES));
-        if (flush == FLUSH_READ) read_flush<<<1024, 256>>>((const int4*)fbuf, FLUSH_BYTES / 16, sink);
-        CUDA_OK(cudaEventRecord(e0));
-        if (fc_attn_fwd(&d.p, nullptr) != FC_OK) { printf("launch failed\n"); ts.clear(); break; }
-        CUDA_OK(cudaEventRecord(e1));
-        CUDA_OK(cudaEventSynchronize(e1));
-        float ms; CUDA_OK(cudaEventElapsedTime(&ms, e0, e1)); ts.push_back(ms);
-    }
-    if (!ts.empty()) { std::sort(ts.begin(), ts.end()); us = ts[ts.size() / 2] * 1e3; }
+    const double us = median_us(
+        [&] { return fc_attn_fwd(&d.p, nullptr); },
+        [&] {
+            if (flush == FLUSH_ZERO) CUDA_OK(cudaMemsetAsync(fbuf, 0, FLUSH_BYTES));
+            if (flush == FLUSH_READ) read_flush<<<1024, 256>>>((const int4*)fbuf, FLUSH_BYTES / 16, sink);
+        },
+        reps, "fwd");
     if (fbuf) { cudaFree(fbuf); cudaFree(sink); }
-    cudaEventDestroy(e0); cudaEventDestroy(e1);
     return us;
 }
 
@@ -630,8 +649,7 @@ static int run_bench(fc_kernel kernel) {
     for (int D : {64, 128, 256})
         for (int S : {512, 1024, 2048, 4096, 8192, 16384})
             for (int causal = 0; causal < 2; ++causal) {
-                const int H = 2048 / D, B = 16384 / S;
-                const Case c = {B, H, H, S, S, D, causal ? FC_CAUSAL_TOP_LEFT : FC_CAUSAL_NONE, FC_DTYPE_FP16, false};
+                const Case c = grid_case(D, S, causal);
                 const double us = time_case(c, kernel, 20);
                 if (us < 0) return 1;
                 print_time(c, us);
@@ -664,19 +682,9 @@ static double time_bwd_case(const Case& c, fc_kernel kernel, int reps) {
         fill_bwd_params(&bp, c, d.dq, d.dk, d.dv, d.dout, ddo, lse, nullptr, gq, gk, gv, c.dtype, kernel);
         bp.workspace_bytes = fc_attn_bwd_workspace_size(&bp);
         if (bp.workspace_bytes) CUDA_OK(cudaMalloc(&bp.workspace, bp.workspace_bytes));
-        cudaEvent_t e0, e1;
-        CUDA_OK(cudaEventCreate(&e0)); CUDA_OK(cudaEventCreate(&e1));
-        std::vector<float> ts;
-        for (int r = -3; r < reps; ++r) {  // 3 warm-up calls
-            CUDA_OK(cudaEventRecord(e0));
-            if (fc_attn_bwd(&bp, nullptr) != FC_OK) { printf("bwd launch failed\n"); ts.clear(); break; }
-            CUDA_OK(cudaEventRecord(e1));
-            CUDA_OK(cudaEventSynchronize(e1));
-            float ms; CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
-            if (r >= 0) ts.push_back(ms);
-        }
-        if (!ts.empty()) { std::sort(ts.begin(), ts.end()); us = ts[ts.size() / 2] * 1e3; }
-        cudaEventDestroy(e0); cudaEventDestroy(e1);
+        const auto launch = [&] { return fc_attn_bwd(&bp, nullptr); };
+        if (median_us(launch, [] {}, 3, "bwd") >= 0)  // 3 warm-up calls
+            us = median_us(launch, [] {}, reps, "bwd");
         if (bp.workspace) cudaFree(bp.workspace);
     } else {
         printf("forward failed\n");
@@ -706,8 +714,7 @@ static int run_bench_bwd(fc_kernel kernel, int argc, char** argv) {
     for (int D : {64, 128})
         for (int S : {1024, 4096})
             for (int causal = 0; causal < 2; ++causal) {
-                const int H = 2048 / D, B = 16384 / S;
-                const Case c = {B, H, H, S, S, D, causal ? FC_CAUSAL_TOP_LEFT : FC_CAUSAL_NONE, FC_DTYPE_FP16, false};
+                const Case c = grid_case(D, S, causal);
                 const double us = time_bwd_case(c, kernel, 20);
                 if (us < 0) return 1;
                 print_bwd_time(c, us);
