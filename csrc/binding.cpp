@@ -66,7 +66,7 @@ with a NaN score, in one column for a NaN value. Sq and Sk go up to 2^30.
 Autograd: gradients for q, k and v (and through ``lse`` when returned)
 come from flashcore's backward, on the CPU and on CUDA for any head dim
 (the Hopper backward, which ``kernel="sm90"`` forces, for D <= 128; at
-D > 128 ``"auto"`` runs the portable one, which needs 136.5 KB of shared
+D > 128 ``"auto"`` runs the portable one, which needs 144.5 KB of shared
 memory per block: A100, H100/H200, not sm86/89 GPUs).
 There is no double backward and no forward-mode AD.
 

@@ -177,7 +177,7 @@ size_t fc_attn_fwd_workspace_size(const fc_attn_params* p);
  * keys no row sees get dK = dV = 0. Same shapes, strides, dtypes and causal
  * modes as the forward. GPU kernels need D <= FC_BWD_MAX_GPU_HEAD_DIM (the
  * Hopper kernel D <= FC_BWD_MAX_SM90_HEAD_DIM: kernel AUTO runs the portable
- * one above it); D > 128 needs 136.5 KB of shared memory per block, which
+ * one above it); D > 128 needs 144.5 KB of shared memory per block, which
  * sm86/sm89 GPUs do not have. The CPU path takes any D the forward takes.
  */
 #define FC_BWD_MAX_GPU_HEAD_DIM FC_MAX_HEAD_DIM /* every head dim the forward takes */

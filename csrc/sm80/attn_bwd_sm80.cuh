@@ -28,10 +28,10 @@
 // each) do not fit its registers, so the columns are split in HALVES = 2
 // and the CTA has two groups of four warps, one per column half: warp w
 // owns keys 16 (w % 4) .. +15 and columns DV (w / 4) .. +DV-1 of dK, dV
-// and of the dQ rows it adds. Both groups compute S^T and dP^T for the
-// same keys over all DP columns (they need every column of Q, K, V and dO),
-// 14 D instead of 10 D FLOPs per (row, key) pair: the price of a D = 256
-// backward that keeps the dK, dV accumulators and P^T in registers.
+// and of the dQ rows it adds. The two warps of a key group split the
+// block's rows for S^T and dP^T (warp w takes rows 32 (w / 4) .. +31, over
+// all DP columns) and pass P^T and dS^T through shared memory, so that each
+// can add all 64 rows into its column half of dV and dK.
 //
 // Limits. D any multiple of 8 up to DP (64, 128 or 256); the padding columns are
 // zero-filled on load and never stored. Any Sq, Sk >= 1: tail rows and keys
@@ -64,10 +64,10 @@
 //      |       |    |    |             | + LSE/Delta 0.5 = 72.5 KB | 32 each; a second Q/dO slot (104.5 KB)
 //      |       |    |    |             |                           | would not fit sm86/89's 99 KB, so block
 //      |       |    |    |             |                           | i+1 loads during i's dQ phase only
-//  256 |   8   | 64 | 64 |      1      | K,V 64 + Q,dO 64 + dS 8   | as DP = 128 per column half (HALVES = 2,
-//      |       |    |    |             | + LSE/Delta 0.5 = 136.5 KB| see above): 8 warps share one copy of
-//      |       |    |    |             |                           | the tiles; one CTA per SM (sm80, sm90;
-//      |       |    |    |             |                           | sm86/89 allow 99 KB: dispatch refuses)
+//  256 |   8   | 64 | 64 |      1      | K,V 64 + Q,dO 64 + dS 8   | dK, dV 128 fp32 regs/thread per column
+//      |       |    |    |             | + LSE/Delta 0.5 + P 8     | half (HALVES = 2, see above); one CTA per
+//      |       |    |    |             | = 144.5 KB                | SM (sm80, sm90; sm86/89 allow 99 KB:
+//      |       |    |    |             |                           | dispatch refuses)
 // 16 keys per warp: one m16 tile of S^T rows; BC = 64 keys is the k extent of dQ = dS K.
 // BR = 64 makes the dS^T tile rows 128 bytes, as the swizzle needs.
 // PARTS (DP >= 128): S^T and dP^T are computed for 32 of the 64 rows at a time
@@ -103,11 +103,13 @@ struct BwdTile {
     static constexpr size_t QDO_BYTES = (size_t)STAGES * 2 * BR * DP * 2;
     static constexpr size_t DS_BYTES = (size_t)BC * BR * 2;
     static constexpr size_t VEC_BYTES = (size_t)STAGES * 2 * BR * 4;  // LSE and Delta of the rows
-    static constexpr size_t SMEM_BYTES = KV_BYTES + QDO_BYTES + DS_BYTES + VEC_BYTES;
+    static constexpr size_t P_BYTES = HALVES == 2 ? (size_t)BC * BR * 2 : 0;  // P^T, passed between the halves
+    static constexpr size_t SMEM_BYTES = KV_BYTES + QDO_BYTES + DS_BYTES + VEC_BYTES + P_BYTES;
     static_assert(KEY_WARPS * 32 == 2 * BR, "one thread of the first group copies each row's LSE or Delta");
     static_assert(BR * 2 == 128, "the dS^T tile's rows must be 8 chunks for swz");
     static_assert(BC == FC_BWD_KEYS_PER_CTA, "dispatch sizes the grid with FC_BWD_KEYS_PER_CTA");
     static_assert(DV % 64 == 0, "a half starts at a multiple of 8 chunks, outside the swizzle");
+    static_assert(HALVES == 1 || PARTS == HALVES, "with two halves, part h of the rows is group h's");
 };
 
 // ---------------------------------------------------------------------------
@@ -153,6 +155,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     T* sdS = sdO + STAGES * BR * DP;         // (BC, BR) swizzled: dS^T, key rows
     float* sLse = reinterpret_cast<float*>(sdS + BC * BR);  // (STAGES, BR)
     float* sDelta = sLse + STAGES * BR;                     // (STAGES, BR)
+    T* sP = reinterpret_cast<T*>(sDelta + STAGES * BR);     // (BC, BR) swizzled: P^T, key rows (HALVES = 2)
 
     const int tid = threadIdx.x, lane = tid % 32;
     // This warp's 16 keys (kw) and the first column of its dK, dV, dQ half (constants with one
@@ -221,6 +224,9 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     const uint32_t q_t = smem_u32(sQ + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16) + c_base);
     const uint32_t k_t = smem_u32(sK + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16) + c_base);
     const uint32_t ds_a = smem_u32(sdS + swz<BR>((lane / 16) * 8 + lane % 8, kw * 2 + (lane / 8) % 2));
+    //  pt_a, dst_a: A = this warp's 16 rows of P^T (dS^T), row-major (HALVES = 2: dV, dK from shared memory).
+    const uint32_t pt_a = smem_u32(sP + swz<BR>(kw * Tile::KEYS_PER_WARP + lane % 16, lane / 16));
+    const uint32_t dst_a = smem_u32(sdS + swz<BR>(kw * Tile::KEYS_PER_WARP + lane % 16, lane / 16));
     constexpr uint32_t QDO_OFF = STAGES * BR * ROW_BYTES;  // sdO - sQ, bytes
     constexpr uint32_t SLOT_BYTES = BR * ROW_BYTES;
     constexpr int PART_ROWS = BR / Tile::PARTS;  // query rows per part
@@ -259,6 +265,21 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
             }
     };
 
+    // Stores packed A fragments (16 keys x PART_ROWS rows from row col0) into a (BC, BR) swizzled
+    // key-row tile: a[kk][2 * hf + hr] holds key row lane/4 + 8*hr, query chunk col0/8 + 2*kk + hf,
+    // columns (lane%4)*2 + 0/1.
+    auto stash = [&](T* tile, const uint32_t (&a)[NP / 2][4], int col0) {
+#pragma unroll
+        for (int kk = 0; kk < NP / 2; ++kk)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr)
+                    *reinterpret_cast<uint32_t*>(tile + swz<BR>(kw * Tile::KEYS_PER_WARP + lane / 4 + hr * 8,
+                                                                col0 / 8 + 2 * kk + hf) + (lane % 4) * 2) =
+                        a[kk][2 * hf + hr];
+    };
+
     for (int it = 0; it < n_iter; ++it) {
         const int slot = STAGES == 2 ? it % 2 : 0;
         cp_async_wait<0>();  // this thread's copies of block it (and K, V) have landed
@@ -272,9 +293,11 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
         const int h = hk * G + it / per_head, row0 = (m_first + it % per_head) * BR;
         const bool need_mask = row0 + BR > p.Sq || k0 + BC > p.Sk || (causal && k0 + BC - 1 > row0 + diag);
 
-        // The block's rows in PARTS parts of PART_ROWS (not unrolled: one part's S^T and dP^T live at a time).
+        // The block's rows in PARTS parts of PART_ROWS (not unrolled: one part's S^T and dP^T live at a
+        // time); with two halves, group h takes part h only.
+        const int part_first = Tile::HALVES == 1 ? 0 : half, part_end = Tile::HALVES == 1 ? Tile::PARTS : half + 1;
 #pragma unroll 1
-        for (int part = 0; part < Tile::PARTS; ++part) {
+        for (int part = part_first; part < part_end; ++part) {
             const int col0 = part * PART_ROWS;  // first row of the part inside the block
             const uint32_t rows_off = slot * SLOT_BYTES + col0 * ROW_BYTES;
             const float* lse_s = sLse + slot * BR + col0 + (lane % 4) * 2;  // this lane's columns nt*8 + 0/1
@@ -317,12 +340,13 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                 }
             }
 
-            // dV += P^T dO.
+            // dV += P^T dO (two halves: P^T into shared memory, for both warps of the key group).
             {
                 uint32_t pa[NP / 2][4];
 #pragma unroll
                 for (int kk = 0; kk < NP / 2; ++kk) pack_a_from_c<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
-                gemm_acc(acc_dv, pa, q_t + QDO_OFF + rows_off);
+                if constexpr (Tile::HALVES == 1) gemm_acc(acc_dv, pa, q_t + QDO_OFF + rows_off);
+                else stash(sP, pa, col0);
             }
 
             // dP^T = V dO^T, then dS^T = P^T (dP^T - Delta) in place.
@@ -338,27 +362,31 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                 }
             }
 
-            // dK += dS^T Q, and dS^T (16-bit) into the shared tile for dQ (by the first group; the
-            // second computed the same values).
+            // dK += dS^T Q (one half), and dS^T (16-bit) into the shared tile for dQ (and dK).
             uint32_t dsa[NP / 2][4];
 #pragma unroll
             for (int kk = 0; kk < NP / 2; ++kk) pack_a_from_c<T>(dsa[kk], dp[2 * kk], dp[2 * kk + 1]);
-            gemm_acc(acc_dk, dsa, q_t + rows_off);
-            // dsa[kk][2 * hf + hr]: key row lane/4 + 8*hr, query chunk col0/8 + 2*kk + hf,
-            // columns (lane%4)*2 + 0/1.
-            if (half == 0)
-#pragma unroll
-                for (int kk = 0; kk < NP / 2; ++kk)
-#pragma unroll
-                    for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-                        for (int hr = 0; hr < 2; ++hr)
-                            *reinterpret_cast<uint32_t*>(sdS + swz<BR>(kw * Tile::KEYS_PER_WARP + lane / 4 + hr * 8,
-                                                                       col0 / 8 + 2 * kk + hf) + (lane % 4) * 2) =
-                                dsa[kk][2 * hf + hr];
+            if constexpr (Tile::HALVES == 1) gemm_acc(acc_dk, dsa, q_t + rows_off);
+            stash(sdS, dsa, col0);
         }
-        __syncthreads();  // orders the dS^T stores (the first group's) before the dQ reads below, and (one slot)
+        __syncthreads();  // orders the P^T and dS^T stores before the reads below, and (one slot, one half)
                           // every warp's reads of the Q/dO slot and LSE/Delta before the refill below
+        if constexpr (Tile::HALVES == 2) {
+            // dV += P^T dO and dK += dS^T Q over all BR rows, this warp's column half, A from shared memory.
+#pragma unroll
+            for (int part = 0; part < Tile::PARTS; ++part) {
+                uint32_t pa[NP / 2][4], dsa[NP / 2][4];
+#pragma unroll
+                for (int kk = 0; kk < NP / 2; ++kk) {
+                    ldmatrix_x4(pa[kk], chunk_step(pt_a, part * (NP / 2) + kk));
+                    ldmatrix_x4(dsa[kk], chunk_step(dst_a, part * (NP / 2) + kk));
+                }
+                const uint32_t rows_off = slot * SLOT_BYTES + part * PART_ROWS * ROW_BYTES;
+                gemm_acc(acc_dv, pa, q_t + QDO_OFF + rows_off);
+                gemm_acc(acc_dk, dsa, q_t + rows_off);
+            }
+            __syncthreads();  // every warp's reads of the Q/dO slot (above) before the refill below
+        }
         if constexpr (STAGES == 1) {
             if (it + 1 < n_iter) load_block(it + 1, 0);
             cp_async_commit();
