@@ -68,7 +68,10 @@ come from flashcore's backward, on the CPU and on CUDA for any head dim
 (the Hopper backward, which ``kernel="sm90"`` forces, for D <= 128; at
 D > 128 ``"auto"`` runs the portable one, which needs 144.5 KB of shared
 memory per block: A100, H100/H200, not sm86/89 GPUs).
-There is no double backward and no forward-mode AD.
+dk and dv are bit-reproducible; dq is too under
+``torch.use_deterministic_algorithms(True)``, which runs the portable
+backward with dQ summed in a fixed order (slower; ``kernel="sm90"`` is
+refused there). There is no double backward and no forward-mode AD.
 
 Returns:
     ``out`` of shape (B, Hq, Sq, D) and q's dtype, or ``(out, lse)``.)";
@@ -419,7 +422,7 @@ at::Tensor rows_usable(const at::Tensor& t) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                                    const c10::optional<at::Tensor>& dlse, double scale, int causal,
-                                                   int kernel) {
+                                                   int kernel, bool deterministic) {
     at::NoGradGuard no_grad;  // (a create_graph backward: the op itself has no derivative)
     check_inputs(q, k, v);
     check_kernel_id(q, kernel);
@@ -477,6 +480,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
     p.scale = (float)scale;
     p.causal = (fc_causal)causal;
     p.kernel = q.is_cpu() ? FC_KERNEL_CPU : (fc_kernel)kernel;
+    p.deterministic = deterministic;
 
     fc_stream_t stream = q.is_cuda() ? (fc_stream_t)c10::cuda::getCurrentCUDAStream().stream() : nullptr;
     at::Tensor workspace;
@@ -741,8 +745,9 @@ PYBIND11_MODULE(_C, m) {
     m.attr("CAUSAL_ALIGNMENTS") = name_dict(ALIGNMENT_IDS);
     m.def("fwd", &fwd, "attention forward with causal mode and kernel ids (see flashcore.attention)");
     m.def("bwd", &bwd, "attention backward: (dout, q, k, v, out, lse, dlse | None, scale, causal_mode, "
-          "kernel id) -> (dq, dk, dv)", py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
-          py::arg("lse"), py::arg("dlse"), py::arg("scale"), py::arg("causal"), py::arg("kernel") = 0);
+          "kernel id, deterministic) -> (dq, dk, dv)", py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"),
+          py::arg("out"), py::arg("lse"), py::arg("dlse"), py::arg("scale"), py::arg("causal"), py::arg("kernel") = 0,
+          py::arg("deterministic") = false);
     m.attr("BWD_MAX_GPU_HEAD_DIM") = FC_BWD_MAX_GPU_HEAD_DIM;
     m.attr("BWD_MAX_SM90_HEAD_DIM") = FC_BWD_MAX_SM90_HEAD_DIM;
     m.def("picked_kernel", &picked_kernel, "kernel that kernel='auto' runs for (q, k)");

@@ -212,7 +212,11 @@ typedef struct {
                          D <= FC_BWD_MAX_SM90_HEAD_DIM, else sm80),
                          FC_KERNEL_SM80 (mma.sync, sm80+),
                          FC_KERNEL_SM90 (wgmma + TMA, compute capability 9.0) or FC_KERNEL_CPU */
-    void* workspace;  /* device scratch, 16-byte aligned: fp32 dQ accumulator and per-row vectors */
+    int deterministic; /* nonzero: dQ's GPU sums taken in a fixed order (key block 0 first), so dq is
+                          bit-reproducible; the portable kernel only (AUTO picks it, SM90 is refused),
+                          slower. dk, dv and the CPU path are reproducible either way */
+    void* workspace;  /* device scratch, 16-byte aligned: fp32 dQ accumulator and per-row vectors
+                         (and, deterministic, one turn counter per query block) */
     size_t workspace_bytes; /* bytes at workspace; must be >= fc_attn_bwd_workspace_size(p) */
 } fc_attn_bwd_params;
 

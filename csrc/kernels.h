@@ -24,13 +24,16 @@ size_t fc_sm80_smem_d256(void);
  * (csrc/sm90/attn_bwd_sm90*.cu, sm_90a only, present with FC_HAVE_SM90). The workspace (fc_attn_bwd_workspace_size)
  * holds the fp32 dQ accumulator, then the per-row vectors, and is sized for the
  * kernel that runs: the portable kernel keeps the accumulator (B, Hq, Sq, D)
- * row-major and Delta (B, Hq, Sq) right after it; the Hopper one keeps
+ * row-major and Delta (B, Hq, Sq) right after it (then, for a deterministic
+ * call, int32 turn counters (B, Hq, ceil(Sq / FC_BWD_ROWS_PER_BLOCK))); the Hopper one keeps
  * (B, Hq, Sq_pad, DP) in 64 x 64 pieces (attn_bwd_sm90.cuh), then Delta and
  * LSE * log2(e) (B, Hq, Sq_pad) each, with Sq_pad = Sq rounded up to
  * FC_BWD_ROW_PAD and DP = D padded to 64 or 128. The launchers fill them (no
  * memset needed). */
 #define FC_BWD_KEYS_PER_CTA 64 /* keys per CTA of the portable main kernel (its grid: key blocks x B x Hkv) */
 #define FC_BWD_ROW_PAD 128     /* rows per head of the padded per-row vectors are a multiple of this */
+#define FC_BWD_ROWS_PER_BLOCK 64 /* query rows per block of the portable main kernel (a deterministic
+                                    call's turn counters: one per (batch, query head, block)) */
 fc_status fc_sm80_bwd_d64(const fc_attn_bwd_params* p, fc_stream_t stream);   /* D <= 64 */
 fc_status fc_sm80_bwd_d128(const fc_attn_bwd_params* p, fc_stream_t stream);  /* 64 < D <= 128 */
 fc_status fc_sm80_bwd_d256(const fc_attn_bwd_params* p, fc_stream_t stream);  /* 128 < D <= 256 */

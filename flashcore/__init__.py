@@ -54,9 +54,10 @@ attention.__doc__ = _C.ATTENTION_DOC
 def _needs_grad(query, key, value, kernel):
     # Whether autograd records this call (an input requires grad). The GPU
     # backward covers every head dim the forward takes (_C.BWD_MAX_GPU_HEAD_DIM),
-    # the Hopper one (which kernel="sm90" forces) up to _C.BWD_MAX_SM90_HEAD_DIM;
-    # a larger one there is refused here, before the forward runs, rather than
-    # in backward().
+    # the Hopper one (which kernel="sm90" forces) up to _C.BWD_MAX_SM90_HEAD_DIM
+    # and never deterministically; a larger one there, or sm90 under
+    # torch.use_deterministic_algorithms, is refused here, before the forward
+    # runs, rather than in backward().
     _refuse_transforms(query, key, value)
     if not torch.is_grad_enabled():
         return False
@@ -68,6 +69,11 @@ def _needs_grad(query, key, value, kernel):
                              f"{_C.BWD_MAX_SM90_HEAD_DIM}, got D={D} with {names[0]} requiring grad; use "
                              f"kernel='auto' (the Hopper forward, then the portable backward) or 'sm80', or "
                              f"call it under torch.no_grad() for inference")
+        if kernel == "sm90" and torch.are_deterministic_algorithms_enabled():
+            raise ValueError(f"kernel: 'sm90' forces the Hopper backward as well, which has no deterministic mode, "
+                             f"and torch.use_deterministic_algorithms is on with {names[0]} requiring grad; use "
+                             f"kernel='auto' (the Hopper forward, then the portable backward with dQ summed in a "
+                             f"fixed order) or 'sm80', or turn deterministic algorithms off")
     return bool(names)
 
 
@@ -251,26 +257,30 @@ def _attention_backward(ctx, grad_out, grad_lse):
         out, lse = _attention_op(query, key, value, *ctx.forward_args)
     dlse = grad_lse if grad_lse is not None and grad_lse.dim() == 3 else None
     dq, dk, dv = _attention_backward_op(grad_out, query, key, value, out, lse, dlse, ctx.scale, ctx.causal_mode,
-                                        ctx.kernel)
+                                        ctx.kernel, torch.are_deterministic_algorithms_enabled())
     return (dq, dk, dv) + (None,) * 9
 
 
 @torch.library.custom_op("flashcore::attention_backward", mutates_args=())
 def _attention_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                            out: torch.Tensor, lse: torch.Tensor, grad_lse: Optional[torch.Tensor], scale: float,
-                           causal_mode: int, family: str = "auto") -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           causal_mode: int, family: str = "auto",
+                           deterministic: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward of flashcore::attention: (dq, dk, dv), contiguous, in q's dtype, on the
     forward's kernel family (``family``: the forward's ``kernel``, as flashcore.attention takes it;
-    not named ``kernel``, which inductor's fallback passes as a keyword of its own)."""
+    not named ``kernel``, which inductor's fallback passes as a keyword of its own).
+    ``deterministic`` (the autograd formula passes torch.are_deterministic_algorithms_enabled()):
+    dq summed in a fixed order on CUDA, by the portable backward."""
     if family not in KERNELS:
         raise ValueError(f"family: expected one of {sorted(KERNELS)}, got {family!r}")
     ts = [t.as_subclass(torch.Tensor) if t is not None and type(t) is not torch.Tensor else t
           for t in (grad_out, query, key, value, out, lse, grad_lse)]
-    return _C.bwd(*ts, scale, causal_mode, KERNELS[family])
+    return _C.bwd(*ts, scale, causal_mode, KERNELS[family], deterministic)
 
 
 @_attention_backward_op.register_fake
-def _attention_backward_fake(grad_out, query, key, value, out, lse, grad_lse, scale, causal_mode, family="auto"):
+def _attention_backward_fake(grad_out, query, key, value, out, lse, grad_lse, scale, causal_mode, family="auto",
+                             deterministic=False):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (query, key, value))
 
 

@@ -494,3 +494,81 @@ def test_gpu_matches_cpu_path(kernel):
     c = fc_grads(q.cpu(), k.cpu(), v.cpu(), "top_left", go.cpu())
     for a, b in zip(g, c):
         torch.testing.assert_close(a.cpu().float(), b.float(), atol=2e-2, rtol=2e-2)
+
+
+# ---- deterministic mode (torch.use_deterministic_algorithms) ----
+
+@pytest.fixture
+def deterministic_algorithms():
+    """torch.use_deterministic_algorithms(True) for the test, restored after it."""
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+
+@pytest.mark.parametrize("on", [False, True], ids=["default", "deterministic"])
+def test_backward_passes_the_deterministic_flag(monkeypatch, on):
+    """The autograd formula hands torch.are_deterministic_algorithms_enabled() to the C backward, and the
+    C path's gradients are the same either way (it sums in one order already)."""
+    seen = []
+    real_bwd = _C.bwd
+
+    def spy(*args):
+        seen.append(args[-1])
+        return real_bwd(*args)
+
+    q, k, v = make_qkv(1, 4, 2, 30, 41, 64, torch.float32, "cpu")
+    go = torch.randn(1, 4, 30, 64)
+    want = fc_grads(q, k, v, "top_left", go)
+    monkeypatch.setattr(_C, "bwd", spy)
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(on)
+    try:
+        got = fc_grads(q, k, v, "top_left", go)
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
+    assert seen == [on]
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+DET_SHAPES = [(2, 8, 2, 700, 900), (1, 4, 1, 1000, 333), (1, 2, 2, 1025, 1025)]
+
+
+@requires_gpu
+@pytest.mark.parametrize("shape", DET_SHAPES, ids=shape_id)
+@pytest.mark.parametrize("mode", CAUSAL_MODES, ids=mode_id)
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("kernel", ["auto", "sm80"])
+def test_gpu_deterministic_reruns(deterministic_algorithms, kernel, D, mode, shape):
+    """Under torch.use_deterministic_algorithms(True) dq is bit-identical across reruns too (the dQ adds of
+    the key blocks take turns), and all three gradients pass the reference rule."""
+    if D > 128 and torch.cuda.get_device_properties(0).shared_memory_per_block_optin < SM80_BWD_SMEM_D256:
+        pytest.skip("the portable backward at D > 128 needs 144.5 KB of shared memory per block")
+    B, Hq, Hkv, Sq, Sk = shape
+    q, k, v = make_qkv(B, Hq, Hkv, Sq, Sk, D, torch.float16, "cuda")
+    go = torch.randn(B, Hq, Sq, D, device="cuda").half()
+    first = fc_grads(q, k, v, mode, go, kernel=kernel)
+    for _ in range(4):
+        again = fc_grads(q, k, v, mode, go, kernel=kernel)
+        for name, a, b in zip(("dq", "dk", "dv"), again, first):
+            assert torch.equal(a, b), f"{name} differs between deterministic reruns"
+    torch.use_deterministic_algorithms(False)  # (the reference's own matmuls and SDPA's backward)
+    check_grads(q, k, v, mode, first, go)
+
+
+@requires_gpu
+def test_gpu_deterministic_sm90_refused(deterministic_algorithms):
+    """The Hopper backward has no deterministic mode: kernel="sm90" with an input that requires grad raises
+    before the forward (naming kernel='auto'), the raw backward names the kernel, inference still runs."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the forced sm90 forward needs a compute capability 9.0 GPU")
+    q, k, v = make_qkv(1, 2, 2, 40, 40, 64, torch.float16, "cuda")
+    with pytest.raises(ValueError, match=r"kernel: 'sm90' forces the Hopper backward.*no deterministic mode.*"
+                                         r"q requiring grad; use kernel='auto'"):
+        flashcore.attention(q.detach().requires_grad_(True), k, v, kernel="sm90")
+    out, lse = flashcore.attention(q, k, v, kernel="sm90", return_lse=True)
+    with pytest.raises(ValueError, match=r"kernel: the Hopper backward \(sm90\) has no deterministic mode; use "
+                                         r"kernel auto or sm80"):
+        _C.bwd(torch.randn_like(out), q, k, v, out, lse, None, 0.125, 0, flashcore.KERNELS["sm90"], True)

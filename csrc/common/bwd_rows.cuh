@@ -10,18 +10,21 @@
 //    the Hopper one, whose padding rows get Delta = 0 and LSE * log2(e) = +inf
 //    (so their P is 0); `hopper` also writes LSE * log2(e) (+inf for rows that
 //    see no key) and zeroes the Hopper kernel's tiled accumulator.
+//    A deterministic call's turn counters (portable) are zeroed there too.
 //  attn_bwd_post_kernel: dQ = scale * accumulator, converted to T, strided,
 //    from either accumulator layout.
 //
 // Workspace layout (kernels.h): the accumulator, (B, Hq, Sq, D) row-major fp32
 // (portable) or (B, Hq, sq_pad, DP) in tiles (Hopper, attn_bwd_sm90.cuh), then
-// Delta (B, Hq, sq_pad), then (Hopper) LSE * log2(e) (B, Hq, sq_pad).
+// Delta (B, Hq, sq_pad), then (Hopper) LSE * log2(e) (B, Hq, sq_pad) or
+// (portable, deterministic) int32 turn counters (B, Hq, ceil(Sq / 64)).
 #pragma once
 
 #include <cuda_runtime.h>
 #include <math.h>
 
 #include "../flashcore.h"
+#include "../kernels.h"
 #include "ptx.cuh"
 
 static constexpr int BWD_ROW_THREADS = 128;
@@ -52,8 +55,8 @@ FC_DEVICE int bwd_piece_offset(int r, int c) {
 }
 
 // The blocks a main-kernel CTA walks. 1-D grid over (key block of bc keys, KV
-// head, batch), key blocks fastest: the CTAs of one KV head run together and
-// share its Q and dO in L2. The CTA walks the G = Hq / Hkv query heads of its
+// head, batch), key blocks fastest (a deterministic call: the last one first):
+// the CTAs of one KV head run together and share its Q and dO in L2. The CTA walks the G = Hq / Hkv query heads of its
 // KV head and, per head, the br-row query blocks that see any of its keys:
 // key j is visible to row i iff j <= i + diag (causal) and j < Sk, so the
 // first row that sees key k0 is k0 - diag and earlier blocks are skipped.
@@ -67,21 +70,71 @@ struct BwdWalk {
     int per_head;  // query blocks per head
     int n_iter;    // (head, query block) pairs, head-major
 };
+// The first query block (of br rows) that sees key k0 (the number of blocks if none does).
+FC_DEVICE int bwd_m_first(const fc_attn_bwd_params& p, int k0, int br) {
+    const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
+    return p.causal == FC_CAUSAL_NONE || k0 - diag <= 0 ? 0 : min((p.Sq + br - 1) / br, (k0 - diag) / br);
+}
 FC_DEVICE BwdWalk bwd_walk(const fc_attn_bwd_params& p, int bc, int br) {
     BwdWalk w;
     const int n_kblocks = (p.Sk + bc - 1) / bc;
-    const int kb = (int)(blockIdx.x % n_kblocks), bhk = (int)(blockIdx.x / n_kblocks);
+    const int kb_i = (int)(blockIdx.x % n_kblocks), bhk = (int)(blockIdx.x / n_kblocks);
+    const int kb = p.deterministic ? n_kblocks - 1 - kb_i : kb_i;  // deterministic: last key block first
     w.hk = bhk % p.Hkv;
     w.b = bhk / p.Hkv;
     w.G = p.Hq / p.Hkv;
     w.k0 = kb * bc;
     w.causal = p.causal != FC_CAUSAL_NONE;
     w.diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
-    const int n_mblocks = (p.Sq + br - 1) / br;
-    w.m_first = !w.causal || w.k0 - w.diag <= 0 ? 0 : min(n_mblocks, (w.k0 - w.diag) / br);
-    w.per_head = n_mblocks - w.m_first;
+    w.m_first = bwd_m_first(p, w.k0, br);
+    w.per_head = (p.Sq + br - 1) / br - w.m_first;
     w.n_iter = w.per_head * w.G;
     return w;
+}
+
+// Deterministic dQ (portable kernel): the CTAs that add into one query block's
+// dQ rows take turns, the last key block first. The block's counter holds how
+// many have added; the CTA of key block kb waits for last - kb, adds, then
+// counts itself. The CTAs that visit block m are those of key blocks 0 .. last
+// (m_first grows with the key block), so every turn comes. Last first: a
+// causal CTA's first block is its diagonal one, where it is the last key block,
+// so no CTA waits on work that comes later in another CTA's walk (first first,
+// the CTA of key block kb would wait for kb blocks of key block 0's walk).
+// A CTA waits only on CTAs of lower index, started no later than itself (a
+// deterministic call's grid runs the key blocks of a KV head last first,
+// bwd_walk), so a full GPU cannot hold a waiter whose turn never comes.
+static constexpr int BWD_TURN_SLEEP_NS = 64;  // back-off between polls of a turn counter
+
+// The counter of query block m of (batch b, query head h), after Delta.
+FC_DEVICE int* bwd_turn(const fc_attn_bwd_params& p, int b, int h, int m) {
+    const int64_t n_rows = (int64_t)p.B * p.Hq * p.Sq;
+    int* turns = reinterpret_cast<int*>(static_cast<float*>(p.workspace) + n_rows * (p.D + 1));
+    const int blocks = (p.Sq + FC_BWD_ROWS_PER_BLOCK - 1) / FC_BWD_ROWS_PER_BLOCK;
+    return turns + ((int64_t)b * p.Hq + h) * blocks + m;
+}
+
+// Waits until the key blocks after this CTA's have added into iteration it's query block.
+FC_DEVICE void bwd_wait_turn(const fc_attn_bwd_params& p, const BwdWalk& w, int it, int bc, int br) {
+    const int m = w.m_first + it % w.per_head;
+    int lo = w.k0 / bc, hi = (p.Sk + bc - 1) / bc - 1;  // the last key block that visits m is in [lo, hi]
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (bwd_m_first(p, mid * bc, br) <= m) lo = mid; else hi = mid - 1;
+    }
+    const int* turn = bwd_turn(p, w.b, w.hk * w.G + it / w.per_head, m);
+    const int mine = lo - w.k0 / bc;
+    for (;;) {
+        int seen;
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(turn) : "memory");
+        if (seen == mine) return;
+        __nanosleep(BWD_TURN_SLEEP_NS);
+    }
+}
+
+// Counts this CTA's adds into iteration it's query block (after a barrier that orders them).
+FC_DEVICE void bwd_pass_turn(const fc_attn_bwd_params& p, const BwdWalk& w, int it) {
+    int* turn = bwd_turn(p, w.b, w.hk * w.G + it / w.per_head, w.m_first + it % w.per_head);
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn) : "memory");
 }
 
 // Two T (one 32-bit word, low half first) as floats.
@@ -142,6 +195,8 @@ attn_bwd_prep_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_pad, b
             const float lse = real ? p.lse[row] : -INFINITY;
             delta[vrow] = !real ? 0.f : p.dlse && lse != -INFINITY ? sum - p.dlse[row] : sum;
             if (hopper) lse2[vrow] = lse == -INFINITY ? INFINITY : lse * FC_LOG2E;
+            if (!hopper && p.deterministic && real && i % FC_BWD_ROWS_PER_BLOCK == 0)
+                *bwd_turn(p, (int)(bh / p.Hq), (int)(bh % p.Hq), i / FC_BWD_ROWS_PER_BLOCK) = 0;  // none added yet
         }
     }
 }

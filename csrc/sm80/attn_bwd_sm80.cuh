@@ -23,7 +23,10 @@
 //     The epilogue writes dK * scale and dV, staged through the K/V tiles.
 //  3. attn_bwd_post_kernel (bwd_rows.cuh): dQ = scale * accumulator, in dtype.
 // dK and dV are reduced inside one CTA in a fixed order, so they are
-// bit-reproducible; dQ's atomic adds are not (their order varies).
+// bit-reproducible; dQ's atomic adds are not (their order varies), unless
+// the call is deterministic: then the CTAs adding into one query block take
+// turns, the last key block first (bwd_wait_turn, csrc/common/bwd_rows.cuh),
+// each waiting before its dQ phase for the CTAs of the key blocks after it.
 // At DP = 256 a warp's dK and dV for all 256 columns (128 fp32 registers
 // each) do not fit its registers, so the columns are split in HALVES = 2
 // and the CTA has two groups of four warps, one per column half: warp w
@@ -59,7 +62,7 @@
 //  DP  | WARPS | BC | BR | Q/dO stages | smem                      | why
 //  64  |   4   | 64 | 64 |      2      | K,V 16 + Q,dO 32 + dS 8   | dK, dV 64 fp32 regs/thread; two Q/dO
 //      |       |    |    |             | + LSE/Delta 1 = 57 KB     | slots: block i+1 loads during all of i;
-//      |       |    |    |             |                           | three CTAs per SM on sm90 (MIN_CTAS)
+//      |       |    |    |             |                           | two CTAs per SM (241 registers)
 //  128 |   4   | 64 | 64 |      1      | K,V 32 + Q,dO 32 + dS 8   | dK, dV 128 fp32 regs/thread + S^T, dP^T
 //      |       |    |    |             | + LSE/Delta 0.5 = 72.5 KB | 32 each; a second Q/dO slot (104.5 KB)
 //      |       |    |    |             |                           | would not fit sm86/89's 99 KB, so block
@@ -75,15 +78,10 @@
 // 12 bytes (sm_80) and 60 bytes (sm_90a) at 255 registers. At DP = 256 the
 // k loop of S^T and dP^T (16 steps) is unrolled 8 deep (K_UNROLL): unrolled
 // fully it spilled 4 bytes on sm_90a; 16-row parts instead cost 5 %.
-// MIN_CTAS (DP = 64): on the sm_90a target the registers are capped at 168 so
-// that three CTAs share an SM (57 KB each); measured on an H200, fp16, 16k
-// tokens: +3-7 % over 241 registers and two CTAs. On the sm_80 target the cap
-// spills 24 bytes (and an A100's 164 KB hold two CTAs anyway), so it is off.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define FC_BWD_MIN_CTAS_D64 1
-#else
-#define FC_BWD_MIN_CTAS_D64 3
-#endif
+// DP = 64 on the sm_90a target: registers capped at 168 (three CTAs per SM)
+// were 3-7 % faster on an H200, but with the deterministic turns the cap
+// spills 20-36 bytes; on Hopper this kernel runs at DP = 64 only when forced
+// or deterministic (perf notes, session 59), so the cap is gone.
 template <int DP>
 struct BwdTile {
     static constexpr int HALVES = DP <= 128 ? 1 : 2;  // column halves of dK, dV, dQ: a warp group each
@@ -98,7 +96,6 @@ struct BwdTile {
     static constexpr int DV = DP / HALVES;            // columns of dK, dV, dQ a warp computes
     static constexpr int CHUNKS = DP / 8;             // 16-byte chunks per row
     static constexpr int K_UNROLL = 8;                // k steps of S^T, dP^T unrolled (all of them up to DP = 128)
-    static constexpr int MIN_CTAS = DP <= 64 ? FC_BWD_MIN_CTAS_D64 : 1;  // CTAs per SM the registers must allow
     static constexpr size_t KV_BYTES = (size_t)2 * BC * DP * 2;
     static constexpr size_t QDO_BYTES = (size_t)STAGES * 2 * BR * DP * 2;
     static constexpr size_t DS_BYTES = (size_t)BC * BR * 2;
@@ -108,6 +105,7 @@ struct BwdTile {
     static_assert(KEY_WARPS * 32 == 2 * BR, "one thread of the first group copies each row's LSE or Delta");
     static_assert(BR * 2 == 128, "the dS^T tile's rows must be 8 chunks for swz");
     static_assert(BC == FC_BWD_KEYS_PER_CTA, "dispatch sizes the grid with FC_BWD_KEYS_PER_CTA");
+    static_assert(BR == FC_BWD_ROWS_PER_BLOCK, "dispatch sizes the turn counters with FC_BWD_ROWS_PER_BLOCK");
     static_assert(DV % 64 == 0, "a half starts at a multiple of 8 chunks, outside the swizzle");
     static_assert(HALVES == 1 || PARTS == HALVES, "with two halves, part h of the rows is group h's");
 };
@@ -138,7 +136,7 @@ FC_DEVICE void bwd_red_add2(float* addr, float x, float y) {
 // Kernel 2: dK, dV and the dQ accumulator.
 
 template <int DP, typename T>
-__global__ void __launch_bounds__(BwdTile<DP>::THREADS, BwdTile<DP>::MIN_CTAS)
+__global__ void __launch_bounds__(BwdTile<DP>::THREADS)
 attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     using Tile = BwdTile<DP>;
     constexpr int BR = Tile::BR, BC = Tile::BC, THREADS = Tile::THREADS, STAGES = Tile::STAGES;
@@ -285,7 +283,9 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
         cp_async_wait<0>();  // this thread's copies of block it (and K, V) have landed
         __syncthreads();     // orders every thread's block-it copies before any warp reads them, every
                              // warp's dQ-phase reads of sdS (block it-1) before the dS^T stores below,
-                             // and (two slots) the reads of slot it+1 in block it-1 before its refill
+                             // (two slots) the reads of slot it+1 in block it-1 before its refill, and
+                             // (deterministic) every warp's dQ adds of block it-1 before they are counted
+        if (p.deterministic && it > 0 && tid == 0) bwd_pass_turn(p, w, it - 1);
         if constexpr (STAGES == 2) {
             if (it + 1 < n_iter) load_block(it + 1, slot ^ 1);
             cp_async_commit();
@@ -369,8 +369,10 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
             if constexpr (Tile::HALVES == 1) gemm_acc(acc_dk, dsa, q_t + rows_off);
             stash(sdS, dsa, col0);
         }
-        __syncthreads();  // orders the P^T and dS^T stores before the reads below, and (one slot, one half)
-                          // every warp's reads of the Q/dO slot and LSE/Delta before the refill below
+        if (p.deterministic && tid == 0) bwd_wait_turn(p, w, it, BC, BR);  // this CTA's dQ turn
+        __syncthreads();  // orders the P^T and dS^T stores before the reads below, (one slot, one half)
+                          // every warp's reads of the Q/dO slot and LSE/Delta before the refill below, and
+                          // (deterministic) the turn's wait before every warp's dQ adds
         if constexpr (Tile::HALVES == 2) {
             // dV += P^T dO and dK += dS^T Q over all BR rows, this warp's column half, A from shared memory.
 #pragma unroll
@@ -393,7 +395,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
         }
 
         // dQ rows row0 + kw*16 .. +15, this warp's column half, += dS K (all BC keys), unscaled,
-        // into the accumulator.
+        // into the accumulator (deterministic: in this CTA's turn, waited for above).
         {
             constexpr int DQ_ROWS = BR / Tile::KEY_WARPS;  // query rows per warp: one m16 tile
             static_assert(DQ_ROWS == 16, "the dQ phase gives each warp one m16 tile of rows");
@@ -431,7 +433,9 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
         }
     }
     cp_async_wait<0>();  // drain the (empty) trailing group; with no block, K and V have landed
-    __syncthreads();     // every warp is done reading sK and sV (dQ reads all keys) before they are restaged
+    __syncthreads();     // every warp is done reading sK and sV (dQ reads all keys) before they are restaged,
+                         // and (deterministic) every warp's dQ adds of the last block before they are counted
+    if (p.deterministic && n_iter > 0 && tid == 0) bwd_pass_turn(p, w, n_iter - 1);
 
     // Epilogue: dK * scale and dV through this warp's own K and V rows (the
     // half's columns), then 16-byte coalesced stores of keys < Sk.

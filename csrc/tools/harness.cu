@@ -6,7 +6,9 @@
 //   build/harness check-bwd [kernel] [small]
 //                                     backward: GPU forward for O and LSE, then fc_attn_bwd on the
 //                                     kernel against the CPU path (same values in fp32), twice;
-//                                     FC_CHECK_D=256 keeps the cases of one head dim (compute-sanitizer)
+//                                     FC_CHECK_D=256 keeps the cases of one head dim (compute-sanitizer);
+//                                     FC_DETERMINISTIC=1 makes the calls deterministic (dq must rerun
+//                                     bit-identical; bench-bwd times them so too)
 //   build/harness bench-bwd [kernel] [B Hq Hkv Sq Sk D causal reps]
 //                                     backward TFLOP/s (2.5x the forward's FLOPs), fp16, CUDA events
 //   build/harness shape kernel B Hq Hkv Sq Sk D causal reps [flush]
@@ -242,6 +244,13 @@ static int run_check(fc_kernel kernel, bool small) {
 // Backward check: the GPU forward gives O and LSE, then fc_attn_bwd runs on the
 // GPU (sm80 kernel) and on the CPU path with the same values in fp32.
 
+// FC_DETERMINISTIC=1: backward calls are deterministic (dq must rerun bit-identical;
+// a forced sm90 must be refused).
+static bool bwd_deterministic() {
+    const char* e = getenv("FC_DETERMINISTIC");
+    return e && atoi(e) != 0;
+}
+
 // Strides of the backward's tensors: q, k, v, dout, dq, dk, dv in the case's
 // layout, o contiguous (B, Hq, Sq, D) as fill_params makes the forward write it.
 static void fill_bwd_params(fc_attn_bwd_params* p, const Case& c, const void* q, const void* k, const void* v,
@@ -263,6 +272,7 @@ static void fill_bwd_params(fc_attn_bwd_params* p, const Case& c, const void* q,
     strides(oc, c.Hq, c.Sq, s); p->o_batch_stride = s[0]; p->o_head_stride = s[1]; p->o_row_stride = s[2];
     p->B = c.B; p->Hq = c.Hq; p->Hkv = c.Hkv; p->Sq = c.Sq; p->Sk = c.Sk; p->D = c.D;
     p->dtype = dt; p->scale = 1.f / sqrtf((float)c.D); p->causal = c.causal; p->kernel = kernel;
+    p->deterministic = bwd_deterministic();
 }
 
 // Absolute floor of the backward's error bound (times the dtype tolerance),
@@ -343,10 +353,11 @@ static bool check_bwd_case(const Case& c, fc_kernel kernel, std::mt19937& rng) {
         if (bp.workspace) CUDA_OK(cudaMemset(bp.workspace, 0xff, bp.workspace_bytes));
         char why[512];
         st = fc_attn_bwd_check(&bp, why, sizeof(why));
-        if (kernel == FC_KERNEL_SM90 && c.D > FC_BWD_MAX_SM90_HEAD_DIM) {  // must be refused, naming the kernel
-            const bool refused = st == FC_ERR_UNSUPPORTED_HEAD_DIM && strncmp(why, "kernel:", 7) == 0;
+        if (kernel == FC_KERNEL_SM90 && (c.D > FC_BWD_MAX_SM90_HEAD_DIM || bp.deterministic)) {  // must be refused
+            const fc_status want = bp.deterministic ? FC_ERR_INVALID_ARGUMENT : FC_ERR_UNSUPPORTED_HEAD_DIM;
+            const bool refused = st == want && strncmp(why, "kernel:", 7) == 0;
             printf("D=%d sm90 %s: %s\n", c.D,
-                   refused ? "refused as it must be" : st == FC_OK ? "NOT REFUSED" : "refused, not for the head dim",
+                   refused ? "refused as it must be" : st == FC_OK ? "NOT REFUSED" : "refused, for another cause",
                    why);
             free_all();
             return refused;
@@ -375,7 +386,7 @@ static bool check_bwd_case(const Case& c, fc_kernel kernel, std::mt19937& rng) {
                   ev = grad_err(ov[0], rv, c.dtype);
     auto within = [&](const GradErr& e) { return e.nan == 0 && e.max_err <= tol * (e.max_ref + BWD_ATOL_SCALE); };
     const bool kv_same = ok_[0] == ok_[1] && ov[0] == ov[1], q_same = oq[0] == oq[1];
-    const bool pass = within(eq) && within(ek) && within(ev) && kv_same;
+    const bool pass = within(eq) && within(ek) && within(ev) && kv_same && (q_same || !bp.deterministic);
     printf("%s B=%d Hq=%d Hkv=%d Sq=%d Sk=%d D=%d causal=%d %s%s%s  err/max dq %.1e (max %.2e) dk %.1e (max %.2e) "
            "dv %.1e (max %.2e) nan=%zu/%zu/%zu rerun dk,dv=%s dq=%s\n",
            pass ? "PASS" : "FAIL", c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, (int)c.causal,
