@@ -9,6 +9,7 @@ It also works under ``torch.compile`` (``fullgraph=True`` included): there it
 runs as the custom op ``torch.ops.flashcore.attention``.
 """
 import math
+import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -70,10 +71,13 @@ def _needs_grad(query, key, value, kernel):
                              f"kernel='auto' (the Hopper forward, then the portable backward) or 'sm80', or "
                              f"call it under torch.no_grad() for inference")
         if kernel == "sm90" and torch.are_deterministic_algorithms_enabled():
-            raise ValueError(f"kernel: 'sm90' forces the Hopper backward as well, which has no deterministic mode, "
-                             f"and torch.use_deterministic_algorithms is on with {names[0]} requiring grad; use "
-                             f"kernel='auto' (the Hopper forward, then the portable backward with dQ summed in a "
-                             f"fixed order) or 'sm80', or turn deterministic algorithms off")
+            msg = (f"kernel: 'sm90' forces the Hopper backward as well, which has no deterministic mode, and "
+                   f"torch.use_deterministic_algorithms is on with {names[0]} requiring grad; use kernel='auto' "
+                   f"(the Hopper forward, then the portable backward with dQ summed in a fixed order) or 'sm80', "
+                   f"or turn deterministic algorithms off")
+            if not torch.is_deterministic_algorithms_warn_only_enabled():
+                raise ValueError(msg)
+            warnings.warn(msg + " (warn_only: its dq is not bit-reproducible)", UserWarning, stacklevel=3)
     return bool(names)
 
 
@@ -256,8 +260,12 @@ def _attention_backward(ctx, grad_out, grad_lse):
     if lse.dim() != 3:
         out, lse = _attention_op(query, key, value, *ctx.forward_args)
     dlse = grad_lse if grad_lse is not None and grad_lse.dim() == 3 else None
+    # Deterministic algorithms on: dQ in a fixed order, but for a forced sm90 under warn_only
+    # (warned at the forward: that kernel has no such mode).
+    det = torch.are_deterministic_algorithms_enabled() and not (
+        ctx.kernel == "sm90" and torch.is_deterministic_algorithms_warn_only_enabled())
     dq, dk, dv = _attention_backward_op(grad_out, query, key, value, out, lse, dlse, ctx.scale, ctx.causal_mode,
-                                        ctx.kernel, torch.are_deterministic_algorithms_enabled())
+                                        ctx.kernel, det)
     return (dq, dk, dv) + (None,) * 9
 
 
