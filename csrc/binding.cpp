@@ -71,7 +71,8 @@ memory per block: A100, H100/H200, not sm86/89 GPUs).
 dk and dv are bit-reproducible; dq is too under
 ``torch.use_deterministic_algorithms(True)``, which runs the portable
 backward with dQ summed in a fixed order (slower; ``kernel="sm90"`` is
-refused there). There is no double backward and no forward-mode AD.
+refused there, or with ``warn_only=True`` warned about and run as is).
+There is no double backward and no forward-mode AD.
 
 Returns:
     ``out`` of shape (B, Hq, Sq, D) and q's dtype, or ``(out, lse)``.)";
