@@ -204,9 +204,8 @@ fc_dtype to_fc_dtype(at::ScalarType t) {
     return t == at::kHalf ? FC_DTYPE_FP16 : t == at::kBFloat16 ? FC_DTYPE_BF16 : FC_DTYPE_FP32;
 }
 
-// scale as the kernels take it: an fp32 > 0 (1e-50 would round to 0), at
-// most FC_MAX_SCALE.
-// A softmax scale the kernels take: > 0 in fp32 and at most FC_MAX_SCALE (false for NaN).
+// A softmax scale the kernels take: > 0 in fp32 (1e-50 would round to 0) and at most
+// FC_MAX_SCALE (false for NaN).
 bool scale_ok(double scale) { return scale > 0.0 && scale <= FC_MAX_SCALE && (float)scale > 0.f; }
 
 void check_scale(double scale) {

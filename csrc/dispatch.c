@@ -495,8 +495,9 @@ static fc_attn_params bwd_forward_view(const fc_attn_bwd_params* p) {
 #define FC_WORKSPACE_ALIGN 16 /* bytes: every workspace pointer and size is a multiple of this */
 
 /* Workspace of GPU kernel k (kernels.h): the portable kernel's row-major dQ
- * accumulator and Delta (and a deterministic call's turn counters), or the Hopper kernel's accumulator of padded rows and
- * head dim in pieces, then Delta and LSE * log2(e) of padded rows. */
+ * accumulator and Delta (and a deterministic call's turn counters), or the
+ * Hopper kernel's accumulator of padded rows and head dim in pieces, then Delta
+ * and LSE * log2(e) of padded rows. */
 static size_t bwd_workspace_bytes(const fc_attn_bwd_params* p, fc_kernel k) {
     const size_t rows = (size_t)p->B * p->Hq * p->Sq;
     const size_t vec = (size_t)p->B * p->Hq * (((size_t)p->Sq + FC_BWD_ROW_PAD - 1) / FC_BWD_ROW_PAD * FC_BWD_ROW_PAD);
@@ -510,7 +511,8 @@ static size_t bwd_workspace_bytes(const fc_attn_bwd_params* p, fc_kernel k) {
 /* The GPU backward kernel for p on dev: the forced one, or AUTO's choice. */
 static fc_kernel bwd_pick(const fc_attn_bwd_params* p, const fc_device_info* dev) {
     if (p->kernel != FC_KERNEL_AUTO) return p->kernel;
-    return dev && !p->deterministic && p->D <= FC_BWD_MAX_SM90_HEAD_DIM && fc_arch_reason(FC_KERNEL_SM90, dev->major, dev->minor) == NULL
+    return dev && !p->deterministic && p->D <= FC_BWD_MAX_SM90_HEAD_DIM &&
+                   fc_arch_reason(FC_KERNEL_SM90, dev->major, dev->minor) == NULL
                ? FC_KERNEL_SM90 : FC_KERNEL_SM80;
 }
 

@@ -231,7 +231,8 @@ fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream);
 /* Bytes of workspace fc_attn_bwd needs for p: 0 for the CPU path, for calls
  * with B, Hq, Sq or Sk = 0 (the gradients are zeros) and for params the
  * check rejects, else, rounded up to 16: for the sm80 kernel B*Hq*Sq*(D + 1)*4
- * (an fp32 dQ accumulator and Delta), for the sm90 kernel B*Hq*Sq_pad*(DP + 2)*4
+ * (an fp32 dQ accumulator and Delta), plus B*Hq*ceil(Sq / 64)*4 for a
+ * deterministic call (the turn counters), for the sm90 kernel B*Hq*Sq_pad*(DP + 2)*4
  * with Sq_pad = Sq rounded up to 128 and DP = 64 for D <= 64, else 128 (the
  * accumulator in tiles, Delta and the LSE in base 2, padded rows). */
 size_t fc_attn_bwd_workspace_size(const fc_attn_bwd_params* p);

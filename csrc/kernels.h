@@ -21,11 +21,12 @@ size_t fc_sm80_smem_d256(void);
 
 /* Backward kernels, one per padded head dim: portable mma.sync up to 256
  * (csrc/sm80/attn_bwd_sm80*.cu) and Hopper wgmma + TMA up to 128
- * (csrc/sm90/attn_bwd_sm90*.cu, sm_90a only, present with FC_HAVE_SM90). The workspace (fc_attn_bwd_workspace_size)
- * holds the fp32 dQ accumulator, then the per-row vectors, and is sized for the
- * kernel that runs: the portable kernel keeps the accumulator (B, Hq, Sq, D)
- * row-major and Delta (B, Hq, Sq) right after it (then, for a deterministic
- * call, int32 turn counters (B, Hq, ceil(Sq / FC_BWD_ROWS_PER_BLOCK))); the Hopper one keeps
+ * (csrc/sm90/attn_bwd_sm90*.cu, sm_90a only, present with FC_HAVE_SM90). The
+ * workspace (fc_attn_bwd_workspace_size) holds the fp32 dQ accumulator, then
+ * the per-row vectors, and is sized for the kernel that runs: the portable
+ * kernel keeps the accumulator (B, Hq, Sq, D) row-major and Delta (B, Hq, Sq)
+ * right after it (then, for a deterministic call, int32 turn counters
+ * (B, Hq, ceil(Sq / FC_BWD_ROWS_PER_BLOCK))); the Hopper one keeps
  * (B, Hq, Sq_pad, DP) in 64 x 64 pieces (attn_bwd_sm90.cuh), then Delta and
  * LSE * log2(e) (B, Hq, Sq_pad) each, with Sq_pad = Sq rounded up to
  * FC_BWD_ROW_PAD and DP = D padded to 64 or 128. The launchers fill them (no

@@ -56,8 +56,9 @@ FC_DEVICE int bwd_piece_offset(int r, int c) {
 
 // The blocks a main-kernel CTA walks. 1-D grid over (key block of bc keys, KV
 // head, batch), key blocks fastest (a deterministic call: the last one first):
-// the CTAs of one KV head run together and share its Q and dO in L2. The CTA walks the G = Hq / Hkv query heads of its
-// KV head and, per head, the br-row query blocks that see any of its keys:
+// the CTAs of one KV head run together and share its Q and dO in L2. The CTA
+// walks the G = Hq / Hkv query heads of its KV head and, per head, the br-row
+// query blocks that see any of its keys:
 // key j is visible to row i iff j <= i + diag (causal) and j < Sk, so the
 // first row that sees key k0 is k0 - diag and earlier blocks are skipped.
 struct BwdWalk {
@@ -70,9 +71,11 @@ struct BwdWalk {
     int per_head;  // query blocks per head
     int n_iter;    // (head, query block) pairs, head-major
 };
+// Key j is visible to row i iff j <= i + diag (causal modes).
+FC_DEVICE int bwd_diag(const fc_attn_bwd_params& p) { return p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0; }
 // The first query block (of br rows) that sees key k0 (the number of blocks if none does).
 FC_DEVICE int bwd_m_first(const fc_attn_bwd_params& p, int k0, int br) {
-    const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
+    const int diag = bwd_diag(p);
     return p.causal == FC_CAUSAL_NONE || k0 - diag <= 0 ? 0 : min((p.Sq + br - 1) / br, (k0 - diag) / br);
 }
 FC_DEVICE BwdWalk bwd_walk(const fc_attn_bwd_params& p, int bc, int br) {
@@ -85,7 +88,7 @@ FC_DEVICE BwdWalk bwd_walk(const fc_attn_bwd_params& p, int bc, int br) {
     w.G = p.Hq / p.Hkv;
     w.k0 = kb * bc;
     w.causal = p.causal != FC_CAUSAL_NONE;
-    w.diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
+    w.diag = bwd_diag(p);
     w.m_first = bwd_m_first(p, w.k0, br);
     w.per_head = (p.Sq + br - 1) / br - w.m_first;
     w.n_iter = w.per_head * w.G;

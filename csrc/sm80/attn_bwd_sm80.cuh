@@ -156,8 +156,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     T* sP = reinterpret_cast<T*>(sDelta + STAGES * BR);     // (BC, BR) swizzled: P^T, key rows (HALVES = 2)
 
     const int tid = threadIdx.x, lane = tid % 32;
-    // This warp's 16 keys (kw) and the first column of its dK, dV, dQ half (constants with one
-    // half: D = 64's 168-register build spilled a register more without them).
+    // This warp's 16 keys (kw) and the first column of its dK, dV, dQ half (constants with one half).
     const int kw = Tile::HALVES == 1 ? tid / 32 : (tid / 32) % Tile::KEY_WARPS;
     const int half = Tile::HALVES == 1 ? 0 : tid / 32 / Tile::KEY_WARPS;
     const int c_base = half * Tile::DV;
