@@ -69,9 +69,8 @@ come from flashcore's backward, on the CPU and on CUDA for any head dim
 D > 128 ``"auto"`` runs the portable one, which needs 144.5 KB of shared
 memory per block: A100, H100/H200, not sm86/89 GPUs).
 dk and dv are bit-reproducible; dq is too under
-``torch.use_deterministic_algorithms(True)``, which runs the portable
-backward with dQ summed in a fixed order (slower; ``kernel="sm90"`` is
-refused there, or with ``warn_only=True`` warned about and run as is).
+``torch.use_deterministic_algorithms(True)``, where the backward sums dQ
+in a fixed order (slower).
 There is no double backward and no forward-mode AD.
 
 Returns:

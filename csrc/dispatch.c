@@ -473,8 +473,7 @@ fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
  * own: dout, dq, dk, dv and lse pointers and alignment, the GPU kernel's head
  * dim and shared memory, and the workspace. On the GPU, kernel AUTO picks the
  * Hopper backward on a compute capability 9.0 device when the build has sm_90a
- * code and D <= FC_BWD_MAX_SM90_HEAD_DIM (and the call is not deterministic),
- * else the portable one (every sm80+ device; at D > 128 those with 144.5 KB of
+ * code and D <= FC_BWD_MAX_SM90_HEAD_DIM, else the portable one (every sm80+ device; at D > 128 those with 144.5 KB of
  * shared memory per block); SM80 and SM90 force one.
  */
 static fc_attn_params bwd_forward_view(const fc_attn_bwd_params* p) {
@@ -495,23 +494,25 @@ static fc_attn_params bwd_forward_view(const fc_attn_bwd_params* p) {
 #define FC_WORKSPACE_ALIGN 16 /* bytes: every workspace pointer and size is a multiple of this */
 
 /* Workspace of GPU kernel k (kernels.h): the portable kernel's row-major dQ
- * accumulator and Delta (and a deterministic call's turn counters), or the
- * Hopper kernel's accumulator of padded rows and head dim in pieces, then Delta
- * and LSE * log2(e) of padded rows. */
+ * accumulator and Delta, or the Hopper kernel's accumulator of padded rows and
+ * head dim in pieces, then Delta and LSE * log2(e) of padded rows; then a
+ * deterministic call's turn counters (per 64-row block, or per Hopper piece). */
 static size_t bwd_workspace_bytes(const fc_attn_bwd_params* p, fc_kernel k) {
     const size_t rows = (size_t)p->B * p->Hq * p->Sq;
     const size_t vec = (size_t)p->B * p->Hq * (((size_t)p->Sq + FC_BWD_ROW_PAD - 1) / FC_BWD_ROW_PAD * FC_BWD_ROW_PAD);
     const size_t dp = p->D <= 64 ? 64 : 128;  /* the Hopper kernel's padded head dim (D <= FC_BWD_MAX_SM90_HEAD_DIM) */
-    const size_t turns = p->deterministic ? (size_t)p->B * p->Hq * (((size_t)p->Sq + FC_BWD_ROWS_PER_BLOCK - 1) /
-                                                                   FC_BWD_ROWS_PER_BLOCK) : 0;  /* int32 each */
-    const size_t floats = k == FC_KERNEL_SM90 ? vec * dp + 2 * vec : rows * ((size_t)p->D + 1) + turns;
+    const size_t blocks = k == FC_KERNEL_SM90 ? vec / FC_BWD_PIECE_DIM * (dp / FC_BWD_PIECE_DIM)
+                                              : (size_t)p->B * p->Hq * (((size_t)p->Sq + FC_BWD_ROWS_PER_BLOCK - 1) /
+                                                                         FC_BWD_ROWS_PER_BLOCK);
+    const size_t turns = p->deterministic ? blocks : 0; /* int32 each: per 64-row block, or per 64 x 64 piece */
+    const size_t floats = (k == FC_KERNEL_SM90 ? vec * dp + 2 * vec : rows * ((size_t)p->D + 1)) + turns;
     return (floats * sizeof(float) + FC_WORKSPACE_ALIGN - 1) / FC_WORKSPACE_ALIGN * FC_WORKSPACE_ALIGN;
 }
 
 /* The GPU backward kernel for p on dev: the forced one, or AUTO's choice. */
 static fc_kernel bwd_pick(const fc_attn_bwd_params* p, const fc_device_info* dev) {
     if (p->kernel != FC_KERNEL_AUTO) return p->kernel;
-    return dev && !p->deterministic && p->D <= FC_BWD_MAX_SM90_HEAD_DIM &&
+    return dev && p->D <= FC_BWD_MAX_SM90_HEAD_DIM &&
                    fc_arch_reason(FC_KERNEL_SM90, dev->major, dev->minor) == NULL
                ? FC_KERNEL_SM90 : FC_KERNEL_SM80;
 }
@@ -557,9 +558,6 @@ static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int
     const char* arch = k == FC_KERNEL_SM90 ? fc_arch_reason(k, c.dev->major, c.dev->minor) : NULL;
     if (arch)
         fail(rp, FC_ERR_ARCH, "kernel: this GPU has compute capability %d.%d; %s", c.dev->major, c.dev->minor, arch);
-    else if (k == FC_KERNEL_SM90 && p->deterministic)
-        fail(rp, FC_ERR_INVALID_ARGUMENT, "kernel: the Hopper backward (sm90) has no deterministic mode; use kernel "
-             "auto or sm80 (the portable backward, whose deterministic mode sums dQ in a fixed order)");
     else if (k == FC_KERNEL_SM90 && p->D > FC_BWD_MAX_SM90_HEAD_DIM)
         fail(rp, FC_ERR_UNSUPPORTED_HEAD_DIM, "kernel: the Hopper backward (sm90) supports head dims up to %d, got "
              "%d; use kernel auto or sm80 (the portable backward) at this head dim", FC_BWD_MAX_SM90_HEAD_DIM, p->D);

@@ -9,7 +9,6 @@ It also works under ``torch.compile`` (``fullgraph=True`` included): there it
 runs as the custom op ``torch.ops.flashcore.attention``.
 """
 import math
-import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -55,10 +54,9 @@ attention.__doc__ = _C.ATTENTION_DOC
 def _needs_grad(query, key, value, kernel):
     # Whether autograd records this call (an input requires grad). The GPU
     # backward covers every head dim the forward takes (_C.BWD_MAX_GPU_HEAD_DIM),
-    # the Hopper one (which kernel="sm90" forces) up to _C.BWD_MAX_SM90_HEAD_DIM
-    # and never deterministically; a larger one there, or sm90 under
-    # torch.use_deterministic_algorithms, is refused here, before the forward
-    # runs, rather than in backward().
+    # the Hopper one (which kernel="sm90" forces) up to _C.BWD_MAX_SM90_HEAD_DIM;
+    # a larger one there is refused here, before the forward runs, rather than
+    # in backward().
     _refuse_transforms(query, key, value)
     if not torch.is_grad_enabled():
         return False
@@ -70,14 +68,6 @@ def _needs_grad(query, key, value, kernel):
                              f"{_C.BWD_MAX_SM90_HEAD_DIM}, got D={D} with {names[0]} requiring grad; use "
                              f"kernel='auto' (the Hopper forward, then the portable backward) or 'sm80', or "
                              f"call it under torch.no_grad() for inference")
-        if kernel == "sm90" and torch.are_deterministic_algorithms_enabled():
-            msg = (f"kernel: 'sm90' forces the Hopper backward as well, which has no deterministic mode, and "
-                   f"torch.use_deterministic_algorithms is on with {names[0]} requiring grad; use kernel='auto' "
-                   f"(the Hopper forward, then the portable backward with dQ summed in a fixed order) or 'sm80', "
-                   f"or turn deterministic algorithms off")
-            if not torch.is_deterministic_algorithms_warn_only_enabled():
-                raise ValueError(msg)
-            warnings.warn(msg + " (warn_only: its dq is not bit-reproducible)", UserWarning, stacklevel=3)
     return bool(names)
 
 
@@ -260,10 +250,7 @@ def _attention_backward(ctx, grad_out, grad_lse):
     if lse.dim() != 3:
         out, lse = _attention_op(query, key, value, *ctx.forward_args)
     dlse = grad_lse if grad_lse is not None and grad_lse.dim() == 3 else None
-    # Deterministic algorithms on: dQ in a fixed order, but for a forced sm90 under warn_only
-    # (warned at the forward: that kernel has no such mode).
-    det = torch.are_deterministic_algorithms_enabled() and not (
-        ctx.kernel == "sm90" and torch.is_deterministic_algorithms_warn_only_enabled())
+    det = torch.are_deterministic_algorithms_enabled()  # on: dQ summed in a fixed order
     dq, dk, dv = _attention_backward_op(grad_out, query, key, value, out, lse, dlse, ctx.scale, ctx.causal_mode,
                                         ctx.kernel, det)
     return (dq, dk, dv) + (None,) * 9
@@ -278,7 +265,7 @@ def _attention_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: tor
     forward's kernel family (``family``: the forward's ``kernel``, as flashcore.attention takes it;
     not named ``kernel``, which inductor's fallback passes as a keyword of its own).
     ``deterministic`` (the autograd formula passes torch.are_deterministic_algorithms_enabled()):
-    dq summed in a fixed order on CUDA, by the portable backward."""
+    dq summed in a fixed order on CUDA (both GPU backward kernels)."""
     if family not in KERNELS:
         raise ValueError(f"family: expected one of {sorted(KERNELS)}, got {family!r}")
     ts = [t.as_subclass(torch.Tensor) if t is not None and type(t) is not torch.Tensor else t

@@ -538,10 +538,12 @@ DET_SHAPES = [(2, 8, 2, 700, 900), (1, 4, 1, 1000, 333), (1, 2, 2, 1025, 1025), 
 @pytest.mark.parametrize("shape", DET_SHAPES, ids=shape_id)
 @pytest.mark.parametrize("mode", CAUSAL_MODES, ids=mode_id)
 @pytest.mark.parametrize("D", [64, 128, 256])
-@pytest.mark.parametrize("kernel", ["auto", "sm80"])
+@pytest.mark.parametrize("kernel", ["auto", "sm80", "sm90"])
 def test_gpu_deterministic_reruns(deterministic_algorithms, kernel, D, mode, shape):
     """Under torch.use_deterministic_algorithms(True) dq is bit-identical across reruns too (the dQ adds of
-    the key blocks take turns), and all three gradients pass the reference rule."""
+    the key blocks take turns, in both GPU backward kernels), and all three gradients pass the reference rule."""
+    if kernel == "sm90" and (torch.cuda.get_device_capability() != (9, 0) or D > 128):
+        pytest.skip("the Hopper backward needs a compute capability 9.0 GPU and D <= 128")
     if D > 128 and torch.cuda.get_device_properties(0).shared_memory_per_block_optin < SM80_BWD_SMEM_D256:
         pytest.skip("the portable backward at D > 128 needs 144.5 KB of shared memory per block")
     B, Hq, Hkv, Sq, Sk = shape
@@ -554,26 +556,3 @@ def test_gpu_deterministic_reruns(deterministic_algorithms, kernel, D, mode, sha
             assert torch.equal(a, b), f"{name} differs between deterministic reruns"
     torch.use_deterministic_algorithms(False)  # (the reference's own matmuls and SDPA's backward)
     check_grads(q, k, v, mode, first, go)
-
-
-@requires_gpu
-def test_gpu_deterministic_sm90_refused(deterministic_algorithms):
-    """The Hopper backward has no deterministic mode: kernel="sm90" with an input that requires grad raises
-    before the forward (naming kernel='auto'), the raw backward names the kernel, inference still runs."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the forced sm90 forward needs a compute capability 9.0 GPU")
-    q, k, v = make_qkv(1, 2, 2, 40, 40, 64, torch.float16, "cuda")
-    with pytest.raises(ValueError, match=r"kernel: 'sm90' forces the Hopper backward.*no deterministic mode.*"
-                                         r"q requiring grad; use kernel='auto'"):
-        flashcore.attention(q.detach().requires_grad_(True), k, v, kernel="sm90")
-    out, lse = flashcore.attention(q, k, v, kernel="sm90", return_lse=True)
-    with pytest.raises(ValueError, match=r"kernel: the Hopper backward \(sm90\) has no deterministic mode; use "
-                                         r"kernel auto or sm80"):
-        _C.bwd(torch.randn_like(out), q, k, v, out, lse, None, 0.125, 0, flashcore.KERNELS["sm90"], True)
-    # warn_only: a warning at the forward, then the Hopper backward's gradients
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    go = torch.randn(1, 2, 40, 64, device="cuda").half()
-    with pytest.warns(UserWarning, match=r"no deterministic mode.*warn_only: its dq is not bit-reproducible"):
-        got = fc_grads(q, k, v, None, go, kernel="sm90")
-    torch.use_deterministic_algorithms(False)
-    check_grads(q, k, v, None, got, go)

@@ -10,14 +10,15 @@
 //    the Hopper one, whose padding rows get Delta = 0 and LSE * log2(e) = +inf
 //    (so their P is 0); `hopper` also writes LSE * log2(e) (+inf for rows that
 //    see no key) and zeroes the Hopper kernel's tiled accumulator.
-//    A deterministic call's turn counters (portable) are zeroed there too.
+//    A deterministic call's turn counters are zeroed there too.
 //  attn_bwd_post_kernel: dQ = scale * accumulator, converted to T, strided,
 //    from either accumulator layout.
 //
 // Workspace layout (kernels.h): the accumulator, (B, Hq, Sq, D) row-major fp32
 // (portable) or (B, Hq, sq_pad, DP) in tiles (Hopper, attn_bwd_sm90.cuh), then
-// Delta (B, Hq, sq_pad), then (Hopper) LSE * log2(e) (B, Hq, sq_pad) or
-// (portable, deterministic) int32 turn counters (B, Hq, ceil(Sq / 64)).
+// Delta (B, Hq, sq_pad), then (Hopper) LSE * log2(e) (B, Hq, sq_pad), then
+// a deterministic call's int32 turn counters: (B, Hq, ceil(Sq / 64)) for the
+// portable kernel, one per piece (B, Hq, sq_pad / 64, DP / 64) for the Hopper one.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -33,8 +34,8 @@ static constexpr int BWD_ROW_MAX_GRID = 1 << 20;  // CTAs of the row kernels; mo
 // The Hopper kernel's dQ accumulator, (B, Hq, sq_pad, DP) fp32, is kept in
 // pieces of BWD_PIECE_ROWS x BWD_PIECE_COLS (a warpgroup's 64 x 64 wgmma
 // accumulator), each contiguous in the fragment order the warpgroup stages it.
-static constexpr int BWD_PIECE_ROWS = 64;
-static constexpr int BWD_PIECE_COLS = 64;
+static constexpr int BWD_PIECE_ROWS = FC_BWD_PIECE_DIM;
+static constexpr int BWD_PIECE_COLS = FC_BWD_PIECE_DIM;
 static constexpr int BWD_PIECE = BWD_PIECE_ROWS * BWD_PIECE_COLS;  // floats of a piece
 static constexpr int BWD_PIECE_THREADS = 128;                      // the warpgroup that stages a piece
 
@@ -95,8 +96,9 @@ FC_DEVICE BwdWalk bwd_walk(const fc_attn_bwd_params& p, int bc, int br) {
     return w;
 }
 
-// Deterministic dQ (portable kernel): the CTAs that add into one query block's
-// dQ rows take turns, the last key block first. The block's counter holds how
+// Deterministic dQ: the CTAs that add into one query block's dQ rows take
+// turns, the last key block first (one counter per 64-row block in the portable
+// kernel, per 64 x 64 piece in the Hopper one). A counter holds how
 // many have added; the CTA of key block kb waits for last - kb, adds, then
 // counts itself. The CTAs that visit block m are those of key blocks 0 .. last
 // (m_first grows with the key block), so every turn comes. Last first: a
@@ -108,7 +110,7 @@ FC_DEVICE BwdWalk bwd_walk(const fc_attn_bwd_params& p, int bc, int br) {
 // bwd_walk), so a full GPU cannot hold a waiter whose turn never comes.
 static constexpr int BWD_TURN_SLEEP_NS = 64;  // back-off between polls of a turn counter
 
-// The counter of query block m of (batch b, query head h), after Delta.
+// The portable kernel's counter of query block m of (batch b, query head h), after Delta.
 FC_DEVICE int* bwd_turn(const fc_attn_bwd_params& p, int b, int h, int m) {
     const int64_t n_rows = (int64_t)p.B * p.Hq * p.Sq;
     int* turns = reinterpret_cast<int*>(static_cast<float*>(p.workspace) + n_rows * (p.D + 1));
@@ -116,16 +118,20 @@ FC_DEVICE int* bwd_turn(const fc_attn_bwd_params& p, int b, int h, int m) {
     return turns + ((int64_t)b * p.Hq + h) * blocks + m;
 }
 
-// Waits until the key blocks after this CTA's have added into iteration it's query block.
-FC_DEVICE void bwd_wait_turn(const fc_attn_bwd_params& p, const BwdWalk& w, int it, int bc, int br) {
+// How many key blocks add into iteration it's query block (of br rows) before
+// this CTA (of bc keys): those after it, up to the last one that visits the block.
+FC_DEVICE int bwd_turn_rank(const fc_attn_bwd_params& p, const BwdWalk& w, int it, int bc, int br) {
     const int m = w.m_first + it % w.per_head;
     int lo = w.k0 / bc, hi = (p.Sk + bc - 1) / bc - 1;  // the last key block that visits m is in [lo, hi]
     while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
         if (bwd_m_first(p, mid * bc, br) <= m) lo = mid; else hi = mid - 1;
     }
-    const int* turn = bwd_turn(p, w.b, w.hk * w.G + it / w.per_head, m);
-    const int mine = lo - w.k0 / bc;
+    return lo - w.k0 / bc;
+}
+
+// Waits until *turn (a turn counter) reads mine; acquire: the counted adds are visible after it.
+FC_DEVICE void bwd_poll_turn(const int* turn, int mine) {
     for (;;) {
         int seen;
         asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(turn) : "memory");
@@ -134,10 +140,27 @@ FC_DEVICE void bwd_wait_turn(const fc_attn_bwd_params& p, const BwdWalk& w, int 
     }
 }
 
+// Adds 1 to a turn counter; release: this thread's earlier writes (and those it has observed) come first.
+FC_DEVICE void bwd_count_turn(int* turn) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn) : "memory");
+}
+
+// Waits until the key blocks after this CTA's have added into iteration it's query block.
+FC_DEVICE void bwd_wait_turn(const fc_attn_bwd_params& p, const BwdWalk& w, int it, int bc, int br) {
+    const int mine = bwd_turn_rank(p, w, it, bc, br);
+    bwd_poll_turn(bwd_turn(p, w.b, w.hk * w.G + it / w.per_head, w.m_first + it % w.per_head), mine);
+}
+
 // Counts this CTA's adds into iteration it's query block (after a barrier that orders them).
 FC_DEVICE void bwd_pass_turn(const fc_attn_bwd_params& p, const BwdWalk& w, int it) {
-    int* turn = bwd_turn(p, w.b, w.hk * w.G + it / w.per_head, w.m_first + it % w.per_head);
-    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn) : "memory");
+    bwd_count_turn(bwd_turn(p, w.b, w.hk * w.G + it / w.per_head, w.m_first + it % w.per_head));
+}
+
+// The Hopper kernel's turn counters, one per piece (bwd_piece's index / BWD_PIECE), after LSE * log2(e).
+template <int DP>
+FC_DEVICE int* bwd_piece_turns(const fc_attn_bwd_params& p, int sq_pad) {
+    const int64_t n_vec = (int64_t)p.B * p.Hq * sq_pad;
+    return reinterpret_cast<int*>(static_cast<float*>(p.workspace) + n_vec * (DP + 2));
 }
 
 // Two T (one 32-bit word, low half first) as floats.
@@ -201,6 +224,8 @@ attn_bwd_prep_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_pad, b
             if (!hopper && p.deterministic && real && i % FC_BWD_ROWS_PER_BLOCK == 0)
                 *bwd_turn(p, (int)(bh / p.Hq), (int)(bh % p.Hq), i / FC_BWD_ROWS_PER_BLOCK) = 0;  // none added yet
         }
+        if (hopper && p.deterministic && vrow < n_vec && i % BWD_PIECE_ROWS == 0 && c < DP / BWD_PIECE_COLS)
+            bwd_piece_turns<DP>(p, sq_pad)[vrow / BWD_PIECE_ROWS * (DP / BWD_PIECE_COLS) + c] = 0;  // none added yet
     }
 }
 

@@ -30,7 +30,11 @@
 //     The epilogue writes dK * scale and dV from the registers.
 //  3. attn_bwd_post_kernel (bwd_rows.cuh): dQ = scale * accumulator (pieces), in dtype.
 // dK and dV are bit-reproducible (a fixed order inside one CTA); dQ's
-// reductions across key blocks are not.
+// reductions across key blocks are too when the call is deterministic: then
+// the CTAs that reduce into one piece take turns, the last key block first
+// (csrc/common/bwd_rows.cuh). The warpgroup's thread that issues a piece's
+// reduction waits for its turn just before it, and counts it at the next
+// block's CTA barrier (or after the loop), once the reduction has completed.
 //
 // Limits. sm_90a only. D any multiple of 8 up to DP (64 or 128): TMA
 // zero-fills the padding columns, which are never stored. Any Sq, Sk >= 1:
@@ -38,7 +42,8 @@
 // LSE +inf. Rows with LSE = -inf get P = 0. Tensor strides as the forward's
 // Hopper kernel (TMA: 16-byte aligned). Workspace (kernels.h): the dQ
 // accumulator (B, Hq, Sq_pad, DP) in pieces, then Delta and LSE * log2(e),
-// (B, Hq, Sq_pad) each.
+// (B, Hq, Sq_pad) each, then a deterministic call's turn counters (one int32
+// per piece).
 #pragma once
 
 #include <cuda.h>
@@ -156,7 +161,9 @@ FC_DEVICE void bwd_issue_acc(float (&acc)[DP / 2], const uint32_t (&a)[BR / 16][
 // acc[4 * nt + 2 * hr + e] of a warpgroup: row warp * 16 + lane / 4 + 8 * hr,
 // column nt * 8 + (lane % 4) * 2 + e.
 
-template <int DP, typename T>
+// DET: the call is deterministic (its own instantiation, so that the default
+// one carries none of the turns' code or registers).
+template <int DP, typename T, bool DET>
 __global__ void __launch_bounds__(BwdSm90Tile<DP>::THREADS, 1)
 attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
 #ifdef FC_SM90_BWD_BODY
@@ -228,11 +235,18 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     const uint32_t k_rows = sK + wg * Tile::WG_KEYS * ROWB, v_rows = sV + wg * Tile::WG_KEYS * ROWB;
     // dQ tile of this warpgroup: dS^T's column slab (query rows) and K's column slab (head-dim columns).
     const int dq_row_slab = BR == 128 ? wg : 0, dq_col_slab = DP == 128 ? wg : 0;
+    // First float of this warpgroup's dQ piece of iteration j, and (deterministic) its turn counter.
+    auto piece_at = [&](int j) {
+        const int h = hk * G + j / per_head, row0 = (m_first + j % per_head) * BR;
+        return bwd_piece<DP>(((int64_t)b * p.Hq + h) * (args.sq_pad / Tile::DQ_ROWS) + row0 / Tile::DQ_ROWS + dq_row_slab,
+                             dq_col_slab);
+    };
+    auto piece_turn = [&](int j) { return bwd_piece_turns<DP>(p, args.sq_pad) + piece_at(j) / BWD_PIECE; };
     if (n_iter > 0) mbar_wait(kv_bar, 0);  // K and V have landed (the loop's wgmmas read them)
 
     for (int it = 0; it < n_iter; ++it) {
         const int slot = it % STAGES;
-        const int h = hk * G + it / per_head, row0 = (m_first + it % per_head) * BR;
+        const int row0 = (m_first + it % per_head) * BR;
         const uint32_t q_s = sQ + slot * Tile::QDO_TILE, do_s = sdO + slot * Tile::QDO_TILE;
         mbar_wait(full_bar(slot), (it / STAGES) & 1);  // block it's Q, dO, LSE and Delta have landed
 
@@ -312,7 +326,13 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                 }
         }
         fence_proxy_async();  // this thread's dS^T stores before the wgmma (async proxy) reads below
-        if (t == 0) bulk_wait_read<0>();  // this warpgroup's last dQ reduction has read its staging
+        if constexpr (!DET) {
+            if (t == 0) bulk_wait_read<0>();  // this warpgroup's last dQ reduction has read its staging
+        } else if (t == 0 && it > 0) {
+            bulk_wait<0>();              // the last reduction has read its staging and added into the accumulator;
+            fence_proxy_async_global();  // its adds (async proxy) before the count below
+            bwd_count_turn(piece_turn(it - 1));
+        }
         named_barrier_sync(BWD_BAR_CTA, Tile::THREADS);  // orders both warpgroups' dS^T stores before either's dQ
                                                // wgmma, and both warpgroups' block it-1 reads (all retired)
                                                // before the refill of its slot below, and the staging
@@ -345,14 +365,21 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         fence_proxy_async();  // this thread's staging stores before the bulk reduction (async proxy) reads them
         named_barrier_sync(BWD_BAR_WG0 + wg, FC_WG_THREADS);  // orders the warpgroup's staging stores before the reduction below
         if (t == 0) {
-            const int64_t m = ((int64_t)b * p.Hq + h) * (args.sq_pad / Tile::DQ_ROWS) + row0 / Tile::DQ_ROWS + dq_row_slab;
-            const int64_t piece = bwd_piece<DP>(m, dq_col_slab);
+            const int64_t piece = piece_at(it);
+            if constexpr (DET) {
+                bwd_poll_turn(piece_turn(it), bwd_turn_rank(p, w, it, BC, BR));  // the key blocks after this one have added
+                fence_proxy_async_global();  // the acquire above before the reduction (async proxy) below
+            }
             bulk_reduce_add_f32(dq_acc + piece, stage, Tile::DQ_STAGE);
             bulk_commit();
         }
     }
 
     if (t == 0) bulk_wait<0>();  // the dQ reductions are done (their staging is read) before the CTA exits
+    if (DET && t == 0 && n_iter > 0) {
+        fence_proxy_async_global();  // the last reduction's adds (async proxy) before its count
+        bwd_count_turn(piece_turn(n_iter - 1));
+    }
 
     // Epilogue: dK * scale and dV of keys < Sk, columns < D, from the registers.
 #pragma unroll
@@ -402,8 +429,15 @@ static fc_status attn_bwd_sm90_launch(const fc_attn_bwd_params* p, cudaStream_t 
         *p, a.sq_pad, true);
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
-    if (fc_smem_limit_once<attn_bwd_sm90_kernel<DP, T>>((int)Tile::SMEM_BYTES) != cudaSuccess) return FC_ERR_CUDA;
-    attn_bwd_sm90_kernel<DP, T><<<main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(a);
+    if (p->deterministic) {
+        if (fc_smem_limit_once<attn_bwd_sm90_kernel<DP, T, true>>((int)Tile::SMEM_BYTES) != cudaSuccess)
+            return FC_ERR_CUDA;
+        attn_bwd_sm90_kernel<DP, T, true><<<main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(a);
+    } else {
+        if (fc_smem_limit_once<attn_bwd_sm90_kernel<DP, T, false>>((int)Tile::SMEM_BYTES) != cudaSuccess)
+            return FC_ERR_CUDA;
+        attn_bwd_sm90_kernel<DP, T, false><<<main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(a);
+    }
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
     attn_bwd_post_kernel<DP, T><<<bwd_row_grid<DP>((long long)p->B * p->Hq * p->Sq), BWD_ROW_THREADS, 0, stream>>>(

@@ -128,6 +128,8 @@ FC_DEVICE void tma_prefetch_map(const void* tensor_map) {
 // Orders this thread's generic-proxy shared-memory accesses before later
 // async-proxy (TMA, wgmma) accesses of the same bytes.
 FC_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Orders this thread's generic-proxy global-memory accesses with its async-proxy ones (both ways).
+FC_DEVICE void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
 // ---------------------------------------------------------------------------
 // wgmma shared-memory descriptors, 128-byte swizzle.

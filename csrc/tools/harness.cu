@@ -244,8 +244,7 @@ static int run_check(fc_kernel kernel, bool small) {
 // Backward check: the GPU forward gives O and LSE, then fc_attn_bwd runs on the
 // GPU (sm80 kernel) and on the CPU path with the same values in fp32.
 
-// FC_DETERMINISTIC=1: backward calls are deterministic (dq must rerun bit-identical;
-// a forced sm90 must be refused).
+// FC_DETERMINISTIC=1: backward calls are deterministic (dq must rerun bit-identical).
 static bool bwd_deterministic() {
     const char* e = getenv("FC_DETERMINISTIC");
     return e && atoi(e) != 0;
@@ -353,9 +352,8 @@ static bool check_bwd_case(const Case& c, fc_kernel kernel, std::mt19937& rng) {
         if (bp.workspace) CUDA_OK(cudaMemset(bp.workspace, 0xff, bp.workspace_bytes));
         char why[512];
         st = fc_attn_bwd_check(&bp, why, sizeof(why));
-        if (kernel == FC_KERNEL_SM90 && (c.D > FC_BWD_MAX_SM90_HEAD_DIM || bp.deterministic)) {  // must be refused
-            const fc_status want = bp.deterministic ? FC_ERR_INVALID_ARGUMENT : FC_ERR_UNSUPPORTED_HEAD_DIM;
-            const bool refused = st == want && strncmp(why, "kernel:", 7) == 0;
+        if (kernel == FC_KERNEL_SM90 && c.D > FC_BWD_MAX_SM90_HEAD_DIM) {  // must be refused
+            const bool refused = st == FC_ERR_UNSUPPORTED_HEAD_DIM && strncmp(why, "kernel:", 7) == 0;
             printf("D=%d sm90 %s: %s\n", c.D,
                    refused ? "refused as it must be" : st == FC_OK ? "NOT REFUSED" : "refused, for another cause",
                    why);
