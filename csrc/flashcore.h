@@ -209,16 +209,15 @@ typedef struct {
     float scale;      /* the forward's softmax scale */
     fc_causal causal; /* the forward's mask mode */
     fc_kernel kernel; /* FC_KERNEL_AUTO (sm90 on H100/H200 in a build with sm_90a code for
-                         D <= FC_BWD_MAX_SM90_HEAD_DIM and a call that is not deterministic,
-                         else sm80), FC_KERNEL_SM80 (mma.sync, sm80+),
+                         D <= FC_BWD_MAX_SM90_HEAD_DIM, else sm80), FC_KERNEL_SM80 (mma.sync, sm80+),
                          FC_KERNEL_SM90 (wgmma + TMA, compute capability 9.0) or FC_KERNEL_CPU */
     void* workspace;  /* device scratch, 16-byte aligned: fp32 dQ accumulator and per-row vectors
-                         (and, deterministic, one turn counter per query block) */
+                         (and, deterministic, the turn counters) */
     size_t workspace_bytes; /* bytes at workspace; must be >= fc_attn_bwd_workspace_size(p) */
-    int deterministic; /* nonzero: dQ's GPU sums taken in a fixed order (per query block the last key
-                          block first), so dq is bit-reproducible; the portable kernel only (AUTO picks
-                          it, SM90 is refused), slower. dk, dv and the CPU path are reproducible either
-                          way. Zero-initialize the struct: 0 is the default */
+    int deterministic; /* nonzero: dQ's GPU sums taken in a fixed order (per block of dQ the last key
+                          block first), so dq is bit-reproducible; both GPU kernels, slower. dk, dv
+                          and the CPU path are reproducible either way. Zero-initialize the struct:
+                          0 is the default */
 } fc_attn_bwd_params;
 
 /* Says whether fc_attn_bwd would accept p; reasons as in fc_attn_fwd_check. */
@@ -234,7 +233,8 @@ fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream);
  * (an fp32 dQ accumulator and Delta), plus B*Hq*ceil(Sq / 64)*4 for a
  * deterministic call (the turn counters), for the sm90 kernel B*Hq*Sq_pad*(DP + 2)*4
  * with Sq_pad = Sq rounded up to 128 and DP = 64 for D <= 64, else 128 (the
- * accumulator in tiles, Delta and the LSE in base 2, padded rows). */
+ * accumulator in tiles, Delta and the LSE in base 2, padded rows), plus
+ * B*Hq*(Sq_pad / 64)*(DP / 64)*4 for a deterministic call. */
 size_t fc_attn_bwd_workspace_size(const fc_attn_bwd_params* p);
 
 #ifdef __cplusplus
