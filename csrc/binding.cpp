@@ -67,7 +67,9 @@ Autograd: gradients for q, k and v (and through ``lse`` when returned)
 come from flashcore's backward, on the CPU and on CUDA for any head dim
 (the Hopper backward, which ``kernel="sm90"`` forces, for D <= 128; at
 D > 128 ``"auto"`` runs the portable one, which needs 144.5 KB of shared
-memory per block: A100, H100/H200, not sm86/89 GPUs).
+memory per block: A100, H100/H200, not sm86/89 GPUs; where the GPU
+cannot run the backward, an input that requires grad raises ValueError
+before the forward).
 dk and dv are bit-reproducible; dq is too under
 ``torch.use_deterministic_algorithms(True)``, where the backward sums dQ
 in a fixed order (slower).
@@ -715,6 +717,14 @@ std::string picked_kernel(const at::Tensor& q, const at::Tensor& k) {
     }
 }
 
+// Why the GPU backward cannot run at head dim D with kernel id `kernel` on CUDA
+// device `device` (fc_attn_bwd_device_check); empty if it can.
+std::string bwd_device_check(int D, int kernel, int device) {
+    c10::cuda::CUDAGuard guard((c10::DeviceIndex)device);
+    char why[512];
+    return fc_attn_bwd_device_check(D, (fc_kernel)kernel, why, sizeof why) == FC_OK ? std::string() : std::string(why);
+}
+
 #ifdef FC_HAVE_SM90
 // The sm90 instantiation a call of this shape runs on num_sms SMs (kernels.h's
 // fc_sm90_route_d*; host logic, no GPU needed). For tests.
@@ -750,6 +760,8 @@ PYBIND11_MODULE(_C, m) {
     m.attr("BWD_MAX_GPU_HEAD_DIM") = FC_BWD_MAX_GPU_HEAD_DIM;
     m.attr("BWD_MAX_SM90_HEAD_DIM") = FC_BWD_MAX_SM90_HEAD_DIM;
     m.def("picked_kernel", &picked_kernel, "kernel that kernel='auto' runs for (q, k)");
+    m.def("bwd_device_check", &bwd_device_check, "why the GPU backward cannot run at head dim D with this kernel "
+          "id on this CUDA device; empty if it can", py::arg("D"), py::arg("kernel"), py::arg("device"));
     m.def("num_splits", &num_splits_for, "split-KV plan for (q, k, v, causal_mode, kernel, num_splits): "
           "0 = tile kernel, n >= 1 = split-KV kernel with n splits");
 #ifdef FC_HAVE_SM90

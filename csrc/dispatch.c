@@ -531,6 +531,21 @@ static int bwd_needs_workspace(const fc_attn_bwd_params* p) {
     return p->B > 0 && p->Hq > 0 && p->Sq > 0 && p->Sk > 0;
 }
 
+/* What GPU backward kernel k cannot do at head dim D on dev: the Hopper
+ * kernel's architecture and head dims, and the shared memory per block. */
+static void bwd_device_reasons(fc_reasons* rp, fc_kernel k, int D, const fc_device_info* dev) {
+    const char* arch = k == FC_KERNEL_SM90 ? fc_arch_reason(k, dev->major, dev->minor) : NULL;
+    if (arch)
+        fail(rp, FC_ERR_ARCH, "kernel: this GPU has compute capability %d.%d; %s", dev->major, dev->minor, arch);
+    else if (k == FC_KERNEL_SM90 && D > FC_BWD_MAX_SM90_HEAD_DIM)
+        fail(rp, FC_ERR_UNSUPPORTED_HEAD_DIM, "kernel: the Hopper backward (sm90) supports head dims up to %d, got "
+             "%d; use kernel auto or sm80 (the portable backward) at this head dim", FC_BWD_MAX_SM90_HEAD_DIM, D);
+    else if (bwd_smem(k, D) > (size_t)dev->smem_optin)
+        fail(rp, FC_ERR_ARCH, "device: the backward at head dim %d needs %zu bytes of shared memory per block, "
+             "this GPU allows %d; use scaled_dot_product_attention for training at this head dim on this GPU",
+             D, bwd_smem(k, D), dev->smem_optin);
+}
+
 /* Checks p; *kernel (when not NULL) gets the GPU kernel that would run. */
 static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int check_workspace, fc_kernel* kernel) {
     if (!p) { fail(rp, FC_ERR_NULL_POINTER, "params: NULL"); return rp->first; }
@@ -555,16 +570,7 @@ static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int
     check_aligned(rp, "dv", p->dv, p->dv_batch_stride, p->dv_head_stride, p->dv_row_stride);
     const fc_kernel k = bwd_pick(p, c.dev);
     if (kernel) *kernel = k;
-    const char* arch = k == FC_KERNEL_SM90 ? fc_arch_reason(k, c.dev->major, c.dev->minor) : NULL;
-    if (arch)
-        fail(rp, FC_ERR_ARCH, "kernel: this GPU has compute capability %d.%d; %s", c.dev->major, c.dev->minor, arch);
-    else if (k == FC_KERNEL_SM90 && p->D > FC_BWD_MAX_SM90_HEAD_DIM)
-        fail(rp, FC_ERR_UNSUPPORTED_HEAD_DIM, "kernel: the Hopper backward (sm90) supports head dims up to %d, got "
-             "%d; use kernel auto or sm80 (the portable backward) at this head dim", FC_BWD_MAX_SM90_HEAD_DIM, p->D);
-    else if (bwd_smem(k, p->D) > (size_t)c.dev->smem_optin)
-        fail(rp, FC_ERR_ARCH, "device: the backward at head dim %d needs %zu bytes of shared memory per block, "
-             "this GPU allows %d; use scaled_dot_product_attention for training at this head dim on this GPU",
-             p->D, bwd_smem(k, p->D), c.dev->smem_optin);
+    bwd_device_reasons(rp, k, p->D, c.dev);
     if ((int64_t)p->B * p->Hkv * ((p->Sk + FC_BWD_KEYS_PER_CTA - 1) / FC_BWD_KEYS_PER_CTA) > FC_GRID_X_MAX)
         fail(rp, FC_ERR_INVALID_SHAPE, "shape: B=%d x Hkv=%d x Sk=%d needs more than 2^31-1 thread blocks; "
              "split the batch", p->B, p->Hkv, p->Sk);
@@ -587,6 +593,37 @@ fc_status fc_attn_bwd_check(const fc_attn_bwd_params* p, char* why, size_t why_l
     fc_reasons r = {FC_OK, why, why_len, 0};
     if (why && why_len) why[0] = '\0';
     return bwd_check_impl(p, &r, 1, NULL);
+}
+
+fc_status fc_attn_bwd_device_check(int D, fc_kernel kernel, char* why, size_t why_len) {
+    fc_reasons r = {FC_OK, why, why_len, 0};
+    if (why && why_len) why[0] = '\0';
+    if (kernel != FC_KERNEL_AUTO && kernel != FC_KERNEL_SM80 && kernel != FC_KERNEL_SM90) {
+        fail(&r, FC_ERR_INVALID_ARGUMENT, "kernel: expected auto, sm80 or sm90 (a GPU backward kernel), got %d",
+             (int)kernel);
+        return r.first;
+    }
+    if (D < 1 || D > FC_BWD_MAX_GPU_HEAD_DIM) {
+        fail(&r, FC_ERR_UNSUPPORTED_HEAD_DIM, "D: the GPU backward supports head dims 1 to %d, got %d",
+             FC_BWD_MAX_GPU_HEAD_DIM, D);
+        return r.first;
+    }
+    const fc_device_info* dev = current_device();
+    if (!dev) {
+        fail(&r, FC_ERR_CUDA, "device: the current CUDA device could not be queried");
+        return r.first;
+    }
+    const char* arch = fc_arch_reason(FC_KERNEL_SM80, dev->major, dev->minor);
+    if (arch) {
+        fail(&r, FC_ERR_ARCH, "kernel: this GPU has compute capability %d.%d; %s", dev->major, dev->minor, arch);
+        return r.first;
+    }
+    fc_attn_bwd_params p;
+    memset(&p, 0, sizeof p);
+    p.D = D;
+    p.kernel = kernel;
+    bwd_device_reasons(&r, bwd_pick(&p, dev), D, dev);
+    return r.first;
 }
 
 size_t fc_attn_bwd_workspace_size(const fc_attn_bwd_params* p) {

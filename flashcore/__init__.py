@@ -54,9 +54,11 @@ attention.__doc__ = _C.ATTENTION_DOC
 def _needs_grad(query, key, value, kernel):
     # Whether autograd records this call (an input requires grad). The GPU
     # backward covers every head dim the forward takes (_C.BWD_MAX_GPU_HEAD_DIM),
-    # the Hopper one (which kernel="sm90" forces) up to _C.BWD_MAX_SM90_HEAD_DIM;
-    # a larger one there is refused here, before the forward runs, rather than
-    # in backward().
+    # the Hopper one (which kernel="sm90" forces) up to _C.BWD_MAX_SM90_HEAD_DIM,
+    # the portable one above 128 only on GPUs with its shared memory per block;
+    # what the GPU cannot run is refused here, before the forward runs, rather
+    # than in backward() (not while torch.compile traces: the backward refuses
+    # it there).
     _refuse_transforms(query, key, value)
     if not torch.is_grad_enabled():
         return False
@@ -68,6 +70,12 @@ def _needs_grad(query, key, value, kernel):
                              f"{_C.BWD_MAX_SM90_HEAD_DIM}, got D={D} with {names[0]} requiring grad; use "
                              f"kernel='auto' (the Hopper forward, then the portable backward) or 'sm80', or "
                              f"call it under torch.no_grad() for inference")
+        if kernel in ("auto", "sm80", "sm90") and 0 < D <= _C.BWD_MAX_GPU_HEAD_DIM and \
+                not torch.compiler.is_compiling():
+            why = _C.bwd_device_check(D, KERNELS[kernel], query.device.index)
+            if why:
+                raise ValueError(f"{why} ({names[0]} requires grad: the backward could not run; call it under "
+                                 f"torch.no_grad() for inference)")
     return bool(names)
 
 

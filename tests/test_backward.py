@@ -11,6 +11,8 @@ own error there may have rounded luckily). Every backward call poisons dq, dk an
 before the launch (conftest), so an element the kernel does not write shows
 up as NaN. The CPU cases run in CI; the GPU cases need a GPU.
 """
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -141,8 +143,8 @@ def check_or_refused(q, k, v, mode, go, kernel):
         return
     if (q.is_cuda and D > 128
             and torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin < SM80_BWD_SMEM_D256):
-        with pytest.raises(RuntimeError, match=rf"device: the backward at head dim {D} needs \d+ bytes of shared "
-                                               r"memory per block, this GPU allows \d+"):
+        with pytest.raises(ValueError, match=rf"device: the backward at head dim {D} needs \d+ bytes of shared "
+                                             r"memory per block, this GPU allows \d+.*q requires grad"):
             fc_grads(q, k, v, mode, go, kernel=kernel)
         return
     check_grads(q, k, v, mode, fc_grads(q, k, v, mode, go, kernel=kernel), go)
@@ -425,6 +427,49 @@ def test_autocast_grads():
     want = fc_grads(q.detach().bfloat16(), k.detach().bfloat16(), v.detach().bfloat16(), None,
                     torch.ones(1, 2, 20, 64).bfloat16())
     assert torch.equal(q.grad, want[0].float())
+
+
+@requires_gpu
+def test_gpu_bwd_device_check():
+    """fc_attn_bwd_device_check answers for this GPU what a backward call at that head dim would be told."""
+    K = flashcore.KERNELS
+    small_smem = torch.cuda.get_device_properties(0).shared_memory_per_block_optin < SM80_BWD_SMEM_D256
+    for D in (1, 40, 64, 128):
+        assert _C.bwd_device_check(D, K["auto"], 0) == ""
+        assert _C.bwd_device_check(D, K["sm80"], 0) == ""
+    for D in (136, 256):
+        for kernel in ("auto", "sm80"):
+            why = _C.bwd_device_check(D, K[kernel], 0)
+            if small_smem:
+                assert re.match(rf"device: the backward at head dim {D} needs \d+ bytes of shared memory", why), why
+            else:
+                assert why == ""
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    assert (_C.bwd_device_check(64, K["sm90"], 0) == "") == hopper
+    if hopper:
+        assert _C.bwd_device_check(256, K["sm90"], 0).startswith(
+            "kernel: the Hopper backward (sm90) supports head dims up to 128, got 256")
+    assert _C.bwd_device_check(0, K["auto"], 0).startswith("D: the GPU backward supports head dims 1 to 256, got 0")
+    assert _C.bwd_device_check(257, K["auto"], 0).startswith("D: the GPU backward supports head dims 1 to 256")
+    assert _C.bwd_device_check(64, K["cpu"], 0).startswith("kernel: expected auto, sm80 or sm90")
+
+
+@requires_gpu
+def test_gpu_training_refused_before_the_forward(monkeypatch):
+    """Where the GPU cannot run the backward (here a stand-in reason), an input that requires grad is refused
+    before the forward runs, naming the input; inference on the same inputs runs."""
+    calls = []
+    monkeypatch.setattr(_C, "bwd_device_check", lambda D, kernel, device: calls.append((D, kernel, device)) or
+                        "device: no backward here")
+    q, k, v = make_qkv(1, 2, 2, 16, 16, 64, torch.float16, "cuda")
+    with pytest.raises(ValueError, match=r"^device: no backward here \(k requires grad: the backward could not "
+                                         r"run; call it under torch.no_grad\(\) for inference\)$"):
+        flashcore.attention(q, k.detach().requires_grad_(True), v)
+    assert calls == [(64, flashcore.KERNELS["auto"], q.device.index)]
+    with torch.no_grad():
+        flashcore.attention(q, k.detach().requires_grad_(True), v)
+    flashcore.attention(q, k, v)  # (nothing requires grad)
+    assert len(calls) == 1
 
 
 @requires_gpu
