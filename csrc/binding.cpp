@@ -722,7 +722,10 @@ std::string picked_kernel(const at::Tensor& q, const at::Tensor& k) {
 std::string bwd_device_check(int D, int kernel, int device) {
     c10::cuda::CUDAGuard guard((c10::DeviceIndex)device);
     char why[512];
-    return fc_attn_bwd_device_check(D, (fc_kernel)kernel, why, sizeof why) == FC_OK ? std::string() : std::string(why);
+    if (fc_attn_bwd_device_check(D, (fc_kernel)kernel, why, sizeof why) == FC_OK) return std::string();
+    std::string s(why);
+    while (!s.empty() && s.back() == '\n') s.pop_back();  // (the C reasons end in a newline each)
+    return s;
 }
 
 #ifdef FC_HAVE_SM90

@@ -604,8 +604,7 @@ fc_status fc_attn_bwd_device_check(int D, fc_kernel kernel, char* why, size_t wh
         return r.first;
     }
     if (D < 1 || D > FC_BWD_MAX_GPU_HEAD_DIM) {
-        fail(&r, FC_ERR_UNSUPPORTED_HEAD_DIM, "D: the GPU backward supports head dims 1 to %d, got %d",
-             FC_BWD_MAX_GPU_HEAD_DIM, D);
+        fail(&r, FC_ERR_UNSUPPORTED_HEAD_DIM, "D: expected a head dim from 1 to %d, got %d", FC_BWD_MAX_GPU_HEAD_DIM, D);
         return r.first;
     }
     const fc_device_info* dev = current_device();
@@ -613,16 +612,15 @@ fc_status fc_attn_bwd_device_check(int D, fc_kernel kernel, char* why, size_t wh
         fail(&r, FC_ERR_CUDA, "device: the current CUDA device could not be queried");
         return r.first;
     }
-    const char* arch = fc_arch_reason(FC_KERNEL_SM80, dev->major, dev->minor);
-    if (arch) {
-        fail(&r, FC_ERR_ARCH, "kernel: this GPU has compute capability %d.%d; %s", dev->major, dev->minor, arch);
-        return r.first;
-    }
     fc_attn_bwd_params p;
     memset(&p, 0, sizeof p);
     p.D = D;
     p.kernel = kernel;
-    bwd_device_reasons(&r, bwd_pick(&p, dev), D, dev);
+    const fc_kernel k = bwd_pick(&p, dev);
+    /* a device or kernel the forward refuses is the forward check's to report */
+    if (fc_arch_reason(FC_KERNEL_SM80, dev->major, dev->minor) || fc_arch_reason(k, dev->major, dev->minor))
+        return FC_OK;
+    bwd_device_reasons(&r, k, D, dev);
     return r.first;
 }
 

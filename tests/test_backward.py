@@ -444,13 +444,21 @@ def test_gpu_bwd_device_check():
                 assert re.match(rf"device: the backward at head dim {D} needs \d+ bytes of shared memory", why), why
             else:
                 assert why == ""
-    hopper = torch.cuda.get_device_capability() == (9, 0)
-    assert (_C.bwd_device_check(64, K["sm90"], 0) == "") == hopper
-    if hopper:
-        assert _C.bwd_device_check(256, K["sm90"], 0).startswith(
-            "kernel: the Hopper backward (sm90) supports head dims up to 128, got 256")
-    assert _C.bwd_device_check(0, K["auto"], 0).startswith("D: the GPU backward supports head dims 1 to 256, got 0")
-    assert _C.bwd_device_check(257, K["auto"], 0).startswith("D: the GPU backward supports head dims 1 to 256")
+    # a forced sm90 off Hopper is the forward's to refuse (empty here); on Hopper its head dims are the backward's
+    assert _C.bwd_device_check(64, K["sm90"], 0) == ""
+    if torch.cuda.get_device_capability() == (9, 0):
+        q, k, v = make_qkv(1, 2, 2, 16, 16, 256, torch.float16, "cuda")
+        with torch.no_grad():
+            out, lse = flashcore.attention(q, k, v, kernel="sm90", return_lse=True)
+        with pytest.raises(ValueError) as raw:  # the backward call's own refusal, for the same wording
+            _C.bwd(torch.randn_like(out), q, k, v, out, lse, None, 0.0625, 0, K["sm90"])
+        why = _C.bwd_device_check(256, K["sm90"], 0)
+        assert why.startswith("kernel: the Hopper backward (sm90) supports head dims up to 128, got 256"), why
+        assert why in str(raw.value) and "\n" not in why
+    else:
+        assert _C.bwd_device_check(256, K["sm90"], 0) == ""
+    assert _C.bwd_device_check(0, K["auto"], 0) == "D: expected a head dim from 1 to 256, got 0"
+    assert _C.bwd_device_check(257, K["auto"], 0) == "D: expected a head dim from 1 to 256, got 257"
     assert _C.bwd_device_check(64, K["cpu"], 0).startswith("kernel: expected auto, sm80 or sm90")
 
 
@@ -461,6 +469,11 @@ def test_gpu_training_refused_before_the_forward(monkeypatch):
     calls = []
     monkeypatch.setattr(_C, "bwd_device_check", lambda D, kernel, device: calls.append((D, kernel, device)) or
                         "device: no backward here")
+
+    def forward_must_not_run(*args):
+        raise AssertionError("the forward ran")
+
+    monkeypatch.setattr(flashcore, "_attention_op", forward_must_not_run)
     q, k, v = make_qkv(1, 2, 2, 16, 16, 64, torch.float16, "cuda")
     with pytest.raises(ValueError, match=r"^device: no backward here \(k requires grad: the backward could not "
                                          r"run; call it under torch.no_grad\(\) for inference\)$"):

@@ -81,7 +81,7 @@
 // DP = 64 on the sm_90a target: registers capped at 168 (three CTAs per SM)
 // were 3-7 % faster on an H200, but with the deterministic turns the cap
 // spills 20-36 bytes; on Hopper this kernel runs at DP = 64 only when forced
-// or deterministic (perf notes, session 59), so the cap is gone.
+// (perf notes, sessions 59-60), so the cap is gone.
 template <int DP>
 struct BwdTile {
     static constexpr int HALVES = DP <= 128 ? 1 : 2;  // column halves of dK, dV, dQ: a warp group each

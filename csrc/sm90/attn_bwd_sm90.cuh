@@ -373,6 +373,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
             bulk_reduce_add_f32(dq_acc + piece, stage, Tile::DQ_STAGE);
             bulk_commit();
         }
+        if constexpr (DET) __syncwarp();  // warp 0 reconverged after the poll before the next block's wgmma
     }
 
     if (t == 0) bulk_wait<0>();  // the dQ reductions are done (their staging is read) before the CTA exits
