@@ -366,14 +366,14 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         named_barrier_sync(BWD_BAR_WG0 + wg, FC_WG_THREADS);  // orders the warpgroup's staging stores before the reduction below
         if (t == 0) {
             const int64_t piece = piece_at(it);
-            if constexpr (DET) {
+            if constexpr (DET) {  // (no __syncwarp after the poll: the next wgmma.fence's .sync waits for the
+                                  // warp's threads, and one here cost 5-10 %, perf notes session 60)
                 bwd_poll_turn(piece_turn(it), bwd_turn_rank(p, w, it, BC, BR));  // the key blocks after this one have added
                 fence_proxy_async_global();  // the acquire above before the reduction (async proxy) below
             }
             bulk_reduce_add_f32(dq_acc + piece, stage, Tile::DQ_STAGE);
             bulk_commit();
         }
-        if constexpr (DET) __syncwarp();  // warp 0 reconverged after the poll before the next block's wgmma
     }
 
     if (t == 0) bulk_wait<0>();  // the dQ reductions are done (their staging is read) before the CTA exits
