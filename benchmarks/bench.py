@@ -28,6 +28,13 @@ q, k and v for a fixed random dout) and counts 2.5x the forward's FLOPs. The chu
 (a chunk of Sq queries against a KV cache of Sk keys, causal aligned
 bottom-right: query i sees keys j <= i + Sk - Sq; SDPA through
 torch.nn.attention.bias.causal_lower_right) counts the visible pairs exactly.
+The bwd suite also takes "<impl>:det" impls (not in the default list): the impl
+under torch.use_deterministic_algorithms(True), where flashcore sums dq in a
+fixed order and SDPA's backends run their deterministic backward or refuse
+(a refusal is a skipped row with its reason):
+
+    python benchmarks/bench.py --suite bwd --impls flashcore,flashcore:det,sdpa-cudnn,sdpa-default:det,\
+        sdpa-cudnn:det,sdpa-flash:det,sdpa-efficient:det --out benchmarks/results/bwd-det-h100.json
 
 Results are merged into benchmarks/results/<gpu-slug>.json (rows with the same
 key are replaced, the meta is this run's), with a markdown table (.md) and a
@@ -94,7 +101,7 @@ FLEX_DTYPE = "fp16"
 FLEX_BUDGET_S = 180.0
 
 SDPA_IMPLS = ("sdpa-default", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient")
-ALL_IMPLS = ("flashcore", "flashcore:sm80", "flashcore:sm90") + SDPA_IMPLS + ("flex",)
+DEFAULT_IMPLS = ("flashcore", "flashcore:sm80", "flashcore:sm90") + SDPA_IMPLS + ("flex",)
 KEY_FIELDS = ("suite", "impl", "B", "Hq", "Hkv", "Sq", "Sk", "D", "causal", "dtype")
 SHAPE_FIELDS = ("suite", "B", "Hq", "Hkv", "Sq", "Sk", "D", "causal", "dtype")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -109,7 +116,12 @@ MISMATCH_TOL = {"fp16": 1e-2, "bf16": 5e-2}
 MISMATCH_REL_BWD = {"fp16": 1e-2, "bf16": 5e-2}
 # Impls the bwd suite times: flashcore (auto, and each forced family: kernel=
 # picks the forward's and the backward's) and SDPA's backends.
-BWD_IMPLS = ("flashcore", "flashcore:sm80", "flashcore:sm90") + SDPA_IMPLS
+# "<impl>:det": the impl's backward under torch.use_deterministic_algorithms(True) (bwd suite
+# only, opt-in: not in the default list).
+DET_SUFFIX = ":det"
+DET_IMPLS = tuple(n + DET_SUFFIX for n in ("flashcore",) + SDPA_IMPLS)
+BWD_IMPLS = ("flashcore", "flashcore:sm80", "flashcore:sm90") + SDPA_IMPLS + DET_IMPLS
+ALL_IMPLS = DEFAULT_IMPLS + DET_IMPLS
 
 
 # ----------------------------------------------------------------------------
@@ -221,9 +233,25 @@ class FlexRunner:
         return lambda: fn_c(q, k, v, block_mask=block_mask, enable_gqa=gqa)
 
 
+@contextlib.contextmanager
+def deterministic_algorithms(inner):
+    """torch.use_deterministic_algorithms(True) (warn_only off) around inner(), restored after."""
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with inner():
+            yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+
 def make_impl(name, q, k, v, causal, fc, flex, lower_right=False):
     """Returns (ctx, fn): run fn() inside ctx() to call the implementation.
-    lower_right: the causal mask aligned bottom-right (flex is not offered it)."""
+    lower_right: the causal mask aligned bottom-right (flex is not offered it).
+    "<impl>:det": the impl inside deterministic_algorithms."""
+    if name.endswith(DET_SUFFIX):
+        ctx, fn = make_impl(name[:-len(DET_SUFFIX)], q, k, v, causal, fc, flex, lower_right)
+        return (lambda: deterministic_algorithms(ctx)), fn
     gqa = q.shape[1] != k.shape[1]
     if name.startswith("flashcore"):
         kernel = name.split(":", 1)[1] if ":" in name else "auto"
@@ -683,6 +711,24 @@ def ratio_table(rows, markdown=False):
     return "\n".join(out)
 
 
+def det_table(rows):
+    """Markdown, one line per bwd shape with deterministic rows: TFLOP/s of fc:det, of each SDPA
+    backend under deterministic algorithms, and fc:det against the best of them and against fc."""
+    names = [n + DET_SUFFIX for n in SDPA_IMPLS]
+    out = ["| shape | fc | fc:det | " + " | ".join(n.replace("sdpa-", "") for n in names)
+           + " | fc:det/best det SDPA | fc:det/fc |", "|---|" + "---:|" * (len(names) + 4)]
+    for key, by in _group_by_shape(rows).items():
+        if not any(n in by for n in DET_IMPLS):
+            continue
+        fc, det = _tf(by.get("flashcore")), _tf(by.get("flashcore" + DET_SUFFIX))
+        sdpa = [_tf(by.get(n)) for n in names]
+        best = max((x for x in sdpa if x is not None), default=None)
+        cells = [_fmt(x, 0).strip() for x in [fc, det] + sdpa] + [_fmt(_ratio(det, best), 0, 2).strip(),
+                                                                  _fmt(_ratio(det, fc), 0, 2).strip()]
+        out.append(f"| {shape_label(dict(zip(SHAPE_FIELDS, key)))} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def seed_table(rows):
     seed = [r for r in rows if r["suite"] == "seed"]
     if not seed:
@@ -747,6 +793,10 @@ def write_markdown(path, meta, rows):
                                        else "") + ". Columns fc = flashcore (auto), "
              "fc:smXX = forced kernel, best SDPA = fastest of default/cudnn/flash/efficient.", ""]
     lines.append(ratio_table(rows, markdown=True))
+    if any(r["impl"] in DET_IMPLS for r in rows):
+        lines += ["", "Under torch.use_deterministic_algorithms(True) (bwd): fc:det = flashcore, SDPA's "
+                  "backends with :det (a dash: the backend refused, or was not run).", "",
+                  det_table(rows)]
     seed = [r for r in rows if r["suite"] == "seed"]
     if seed:
         lines += ["", "Seed shapes, per-call time in us (do_bench / eager host loop / CUDA-graph replay):",
@@ -863,7 +913,8 @@ def parse_args(argv):
                    help="results JSON (default benchmarks/results/<gpu-slug>.json); "
                         ".md and .png are written beside it")
     p.add_argument("--impls", default=None,
-                   help=f"comma list from {','.join(ALL_IMPLS)} (default all)")
+                   help=f"comma list from {','.join(ALL_IMPLS)} (default all but the :det ones, which only "
+                        f"the bwd suite runs)")
     p.add_argument("--rounds", type=int, default=ROUNDS,
                    help=f"timing rounds per shape, in pairs (an order, then reversed); a row is the mean of "
                         f"the even and the odd rounds' medians (default {ROUNDS}; even counts weigh both alike)")
@@ -892,7 +943,7 @@ def main(argv=None):
     if bad:
         print(f"--suite: unknown suite(s) {bad}; choose from grid, seed, decode, chunk, bwd", file=sys.stderr)
         return 2
-    impls = list(ALL_IMPLS)
+    impls = list(DEFAULT_IMPLS)
     if args.impls:
         impls = [x.strip() for x in args.impls.split(",") if x.strip()]
         bad = [x for x in impls if x not in ALL_IMPLS]
@@ -998,6 +1049,8 @@ def main(argv=None):
         shape_impls = [n for n in impls if n != "flex" or args.flex_all
                        or (s["suite"] == "grid" and s["D"] == FLEX_HEAD_DIM
                            and s["dtype"] == FLEX_DTYPE)]
+        if s["suite"] != "bwd":  # (the forward is deterministic as it is)
+            shape_impls = [n for n in shape_impls if not n.endswith(DET_SUFFIX)]
         if s["suite"] == "bwd":
             # (flashcore:sm90 above the Hopper backward's head dims is refused by design: not run)
             shape_impls = [n for n in shape_impls if n in BWD_IMPLS

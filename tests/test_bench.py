@@ -106,3 +106,37 @@ def test_merge_lists_every_call_on_one_commit(tmp_path):
 def test_grid_dims_refuses_unknown_head_dims(arg, capsys):
     assert bench.main(["--grid-dims", arg, "--suite", "grid"]) == 2
     assert "--grid-dims" in capsys.readouterr().err
+
+
+def test_det_impls_run_under_deterministic_algorithms_and_restore():
+    """A ":det" impl runs inside torch.use_deterministic_algorithms(True) (warn_only off), and the
+    setting is restored afterwards; the plain impl runs without it."""
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    was = torch.are_deterministic_algorithms_enabled()
+    seen = []
+    for name in ("sdpa-default", "sdpa-default:det"):
+        ctx, fn = bench.make_impl(name, q, k, v, False, None, None)
+        with ctx():
+            seen.append((torch.are_deterministic_algorithms_enabled(),
+                         torch.is_deterministic_algorithms_warn_only_enabled()))
+            fn()
+        assert torch.are_deterministic_algorithms_enabled() == was
+    assert seen == [(was, torch.is_deterministic_algorithms_warn_only_enabled()), (True, False)]
+
+
+def test_det_impls_are_opt_in_and_bwd_only():
+    assert not any(n.endswith(":det") for n in bench.DEFAULT_IMPLS)
+    assert set(bench.DET_IMPLS) <= set(bench.ALL_IMPLS) and set(bench.DET_IMPLS) <= set(bench.BWD_IMPLS)
+    assert "flashcore:det" in bench.DET_IMPLS and "sdpa-cudnn:det" in bench.DET_IMPLS
+
+
+def test_det_table_ratios():
+    shape = dict(suite="bwd", B=4, Hq=32, Hkv=32, Sq=4096, Sk=4096, D=64, causal=False, dtype="fp16")
+    rows = [dict(shape, impl=i, tflops=t) for i, t in
+            [("flashcore", 450.0), ("flashcore:det", 300.0), ("sdpa-efficient:det", 100.0),
+             ("sdpa-flash:det", 150.0), ("sdpa-cudnn", 420.0)]]
+    table = bench.det_table(rows).splitlines()
+    assert len(table) == 3
+    cells = [c.strip() for c in table[2].strip("|").split("|")]
+    # shape, fc, fc:det, default:det, cudnn:det, flash:det, efficient:det, det/best det SDPA, det/fc
+    assert cells[1:] == ["450", "300", "-", "-", "150", "100", "2.00", "0.67"]
