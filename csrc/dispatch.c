@@ -604,7 +604,8 @@ fc_status fc_attn_bwd_device_check(int D, fc_kernel kernel, char* why, size_t wh
         return r.first;
     }
     if (D < 1 || D > FC_BWD_MAX_GPU_HEAD_DIM) {
-        fail(&r, FC_ERR_UNSUPPORTED_HEAD_DIM, "D: expected a head dim from 1 to %d, got %d", FC_BWD_MAX_GPU_HEAD_DIM, D);
+        fail(&r, FC_ERR_UNSUPPORTED_HEAD_DIM, "D: expected a head dim from 1 to %d, got %d",
+             FC_BWD_MAX_GPU_HEAD_DIM, D);
         return r.first;
     }
     const fc_device_info* dev = current_device();

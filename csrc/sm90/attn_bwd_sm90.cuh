@@ -238,8 +238,8 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     // First float of this warpgroup's dQ piece of iteration j, and (deterministic) its turn counter.
     auto piece_at = [&](int j) {
         const int h = hk * G + j / per_head, row0 = (m_first + j % per_head) * BR;
-        return bwd_piece<DP>(((int64_t)b * p.Hq + h) * (args.sq_pad / Tile::DQ_ROWS) + row0 / Tile::DQ_ROWS + dq_row_slab,
-                             dq_col_slab);
+        const int64_t m = ((int64_t)b * p.Hq + h) * (args.sq_pad / Tile::DQ_ROWS) + row0 / Tile::DQ_ROWS + dq_row_slab;
+        return bwd_piece<DP>(m, dq_col_slab);
     };
     auto piece_turn = [&](int j) { return bwd_piece_turns<DP>(p, args.sq_pad) + piece_at(j) / BWD_PIECE; };
     if (n_iter > 0) mbar_wait(kv_bar, 0);  // K and V have landed (the loop's wgmmas read them)
@@ -366,9 +366,11 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         named_barrier_sync(BWD_BAR_WG0 + wg, FC_WG_THREADS);  // orders the warpgroup's staging stores before the reduction below
         if (t == 0) {
             const int64_t piece = piece_at(it);
-            if constexpr (DET) {  // (no __syncwarp after the poll: the next wgmma.fence's .sync waits for the
-                                  // warp's threads, and one here cost 5-10 %, perf notes session 60)
-                bwd_poll_turn(piece_turn(it), bwd_turn_rank(p, w, it, BC, BR));  // the key blocks after this one have added
+            if constexpr (DET) {
+                // Wait until the key blocks after this one have added into the piece. (No __syncwarp
+                // after it: the next wgmma.fence's .sync waits for the warp's threads, and one cost
+                // 5-10 %, perf notes session 60.)
+                bwd_poll_turn(piece_turn(it), bwd_turn_rank(p, w, it, BC, BR));
                 fence_proxy_async_global();  // the acquire above before the reduction (async proxy) below
             }
             bulk_reduce_add_f32(dq_acc + piece, stage, Tile::DQ_STAGE);
