@@ -473,8 +473,9 @@ fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
  * own: dout, dq, dk, dv and lse pointers and alignment, the GPU kernel's head
  * dim and shared memory, and the workspace. On the GPU, kernel AUTO picks the
  * Hopper backward on a compute capability 9.0 device when the build has sm_90a
- * code and D <= FC_BWD_MAX_SM90_HEAD_DIM, else the portable one (every sm80+ device; at D > 128 those with 144.5 KB of
- * shared memory per block); SM80 and SM90 force one.
+ * code and D <= FC_BWD_MAX_SM90_HEAD_DIM, else the portable one (every sm80+
+ * device; at D > 128 those with 144.5 KB of shared memory per block); SM80 and
+ * SM90 force one.
  */
 static fc_attn_params bwd_forward_view(const fc_attn_bwd_params* p) {
     fc_attn_params f;

@@ -39,10 +39,16 @@ static constexpr int BWD_PIECE_COLS = FC_BWD_PIECE_DIM;
 static constexpr int BWD_PIECE = BWD_PIECE_ROWS * BWD_PIECE_COLS;  // floats of a piece
 static constexpr int BWD_PIECE_THREADS = 128;                      // the warpgroup that stages a piece
 
-// First float of piece (64-row block m, counted over all (batch, head) pairs; 64-column slab).
+// Index of piece (64-row block m, counted over all (batch, head) pairs; 64-column slab): its
+// first float is at index * BWD_PIECE (bwd_piece), its turn counter at index (bwd_piece_turns).
+template <int DP>
+FC_DEVICE int64_t bwd_piece_index(int64_t m, int slab) {
+    return m * (DP / BWD_PIECE_COLS) + slab;
+}
+// First float of piece (m, slab).
 template <int DP>
 FC_DEVICE int64_t bwd_piece(int64_t m, int slab) {
-    return (m * (DP / BWD_PIECE_COLS) + slab) * BWD_PIECE;
+    return bwd_piece_index<DP>(m, slab) * BWD_PIECE;
 }
 
 // Float offset of row r, column c inside a piece: thread t = 32 (r / 16) +
@@ -145,18 +151,23 @@ FC_DEVICE void bwd_count_turn(int* turn) {
     asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn) : "memory");
 }
 
+// The portable kernel's counter of iteration it's query block.
+FC_DEVICE int* bwd_turn_at(const fc_attn_bwd_params& p, const BwdWalk& w, int it) {
+    return bwd_turn(p, w.b, w.hk * w.G + it / w.per_head, w.m_first + it % w.per_head);
+}
+
 // Waits until the key blocks after this CTA's have added into iteration it's query block.
 FC_DEVICE void bwd_wait_turn(const fc_attn_bwd_params& p, const BwdWalk& w, int it, int bc, int br) {
     const int mine = bwd_turn_rank(p, w, it, bc, br);
-    bwd_poll_turn(bwd_turn(p, w.b, w.hk * w.G + it / w.per_head, w.m_first + it % w.per_head), mine);
+    bwd_poll_turn(bwd_turn_at(p, w, it), mine);
 }
 
 // Counts this CTA's adds into iteration it's query block (after a barrier that orders them).
 FC_DEVICE void bwd_pass_turn(const fc_attn_bwd_params& p, const BwdWalk& w, int it) {
-    bwd_count_turn(bwd_turn(p, w.b, w.hk * w.G + it / w.per_head, w.m_first + it % w.per_head));
+    bwd_count_turn(bwd_turn_at(p, w, it));
 }
 
-// The Hopper kernel's turn counters, one per piece (bwd_piece's index / BWD_PIECE), after LSE * log2(e).
+// The Hopper kernel's turn counters, one per piece (bwd_piece_index), after LSE * log2(e).
 template <int DP>
 FC_DEVICE int* bwd_piece_turns(const fc_attn_bwd_params& p, int sq_pad) {
     const int64_t n_vec = (int64_t)p.B * p.Hq * sq_pad;
@@ -225,7 +236,7 @@ attn_bwd_prep_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_pad, b
                 *bwd_turn(p, (int)(bh / p.Hq), (int)(bh % p.Hq), i / FC_BWD_ROWS_PER_BLOCK) = 0;  // none added yet
         }
         if (hopper && p.deterministic && vrow < n_vec && i % BWD_PIECE_ROWS == 0 && c < DP / BWD_PIECE_COLS)
-            bwd_piece_turns<DP>(p, sq_pad)[vrow / BWD_PIECE_ROWS * (DP / BWD_PIECE_COLS) + c] = 0;  // none added yet
+            bwd_piece_turns<DP>(p, sq_pad)[bwd_piece_index<DP>(vrow / BWD_PIECE_ROWS, c)] = 0;  // none added yet
     }
 }
 

@@ -235,13 +235,13 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     const uint32_t k_rows = sK + wg * Tile::WG_KEYS * ROWB, v_rows = sV + wg * Tile::WG_KEYS * ROWB;
     // dQ tile of this warpgroup: dS^T's column slab (query rows) and K's column slab (head-dim columns).
     const int dq_row_slab = BR == 128 ? wg : 0, dq_col_slab = DP == 128 ? wg : 0;
-    // First float of this warpgroup's dQ piece of iteration j, and (deterministic) its turn counter.
-    auto piece_at = [&](int j) {
+    // Index of this warpgroup's dQ piece of iteration j (bwd_piece_index), and (deterministic) its turn counter.
+    auto piece_index = [&](int j) {
         const int h = hk * G + j / per_head, row0 = (m_first + j % per_head) * BR;
         const int64_t m = ((int64_t)b * p.Hq + h) * (args.sq_pad / Tile::DQ_ROWS) + row0 / Tile::DQ_ROWS + dq_row_slab;
-        return bwd_piece<DP>(m, dq_col_slab);
+        return bwd_piece_index<DP>(m, dq_col_slab);
     };
-    auto piece_turn = [&](int j) { return bwd_piece_turns<DP>(p, args.sq_pad) + piece_at(j) / BWD_PIECE; };
+    auto piece_turn = [&](int j) { return bwd_piece_turns<DP>(p, args.sq_pad) + piece_index(j); };
     if (n_iter > 0) mbar_wait(kv_bar, 0);  // K and V have landed (the loop's wgmmas read them)
 
     for (int it = 0; it < n_iter; ++it) {
@@ -365,7 +365,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         fence_proxy_async();  // this thread's staging stores before the bulk reduction (async proxy) reads them
         named_barrier_sync(BWD_BAR_WG0 + wg, FC_WG_THREADS);  // orders the warpgroup's staging stores before the reduction below
         if (t == 0) {
-            const int64_t piece = piece_at(it);
+            const int64_t piece = piece_index(it);
             if constexpr (DET) {
                 // Wait until the key blocks after this one have added into the piece. (No __syncwarp
                 // after it: the next wgmma.fence's .sync waits for the warp's threads, and one cost
@@ -373,7 +373,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                 bwd_poll_turn(piece_turn(it), bwd_turn_rank(p, w, it, BC, BR));
                 fence_proxy_async_global();  // the acquire above before the reduction (async proxy) below
             }
-            bulk_reduce_add_f32(dq_acc + piece, stage, Tile::DQ_STAGE);
+            bulk_reduce_add_f32(dq_acc + piece * BWD_PIECE, stage, Tile::DQ_STAGE);
             bulk_commit();
         }
     }
