@@ -501,7 +501,7 @@ static fc_attn_params bwd_forward_view(const fc_attn_bwd_params* p) {
 static size_t bwd_workspace_bytes(const fc_attn_bwd_params* p, fc_kernel k) {
     const size_t rows = (size_t)p->B * p->Hq * p->Sq;
     const size_t vec = (size_t)p->B * p->Hq * (((size_t)p->Sq + FC_BWD_ROW_PAD - 1) / FC_BWD_ROW_PAD * FC_BWD_ROW_PAD);
-    const size_t dp = p->D <= 64 ? 64 : 128;  /* the Hopper kernel's padded head dim (D <= FC_BWD_MAX_SM90_HEAD_DIM) */
+    const size_t dp = p->D <= 64 ? 64 : p->D <= 128 ? 128 : 256;  /* the Hopper kernel's padded head dim */
     const size_t blocks = k == FC_KERNEL_SM90 ? vec / FC_BWD_PIECE_DIM * (dp / FC_BWD_PIECE_DIM)
                                               : (size_t)p->B * p->Hq * (((size_t)p->Sq + FC_BWD_ROWS_PER_BLOCK - 1) /
                                                                          FC_BWD_ROWS_PER_BLOCK);
@@ -520,7 +520,8 @@ static fc_kernel bwd_pick(const fc_attn_bwd_params* p, const fc_device_info* dev
 
 static size_t bwd_smem(fc_kernel k, int D) {
 #ifdef FC_HAVE_SM90
-    if (k == FC_KERNEL_SM90) return D <= 64 ? fc_sm90_bwd_smem_d64() : fc_sm90_bwd_smem_d128();
+    if (k == FC_KERNEL_SM90)
+        return D <= 64 ? fc_sm90_bwd_smem_d64() : D <= 128 ? fc_sm90_bwd_smem_d128() : fc_sm90_bwd_smem_d256();
 #endif
     (void)k;
     return D <= 64 ? fc_sm80_bwd_smem_d64() : D <= 128 ? fc_sm80_bwd_smem_d128() : fc_sm80_bwd_smem_d256();
@@ -666,7 +667,8 @@ fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream) {
     }
 #ifdef FC_HAVE_SM90
     if (k == FC_KERNEL_SM90)
-        return p->D <= 64 ? fc_sm90_bwd_d64(p, stream) : fc_sm90_bwd_d128(p, stream);
+        return p->D <= 64 ? fc_sm90_bwd_d64(p, stream)
+             : p->D <= 128 ? fc_sm90_bwd_d128(p, stream) : fc_sm90_bwd_d256(p, stream);
 #endif
     return p->D <= 64 ? fc_sm80_bwd_d64(p, stream)
          : p->D <= 128 ? fc_sm80_bwd_d128(p, stream) : fc_sm80_bwd_d256(p, stream);

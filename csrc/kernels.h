@@ -20,7 +20,7 @@ size_t fc_sm80_smem_d128(void);
 size_t fc_sm80_smem_d256(void);
 
 /* Backward kernels, one per padded head dim: portable mma.sync up to 256
- * (csrc/sm80/attn_bwd_sm80*.cu) and Hopper wgmma + TMA up to 128
+ * (csrc/sm80/attn_bwd_sm80*.cu) and Hopper wgmma + TMA up to 256
  * (csrc/sm90/attn_bwd_sm90*.cu, sm_90a only, present with FC_HAVE_SM90). The
  * workspace (fc_attn_bwd_workspace_size) holds the fp32 dQ accumulator, then
  * the per-row vectors, and is sized for the kernel that runs: the portable
@@ -30,7 +30,7 @@ size_t fc_sm80_smem_d256(void);
  * (B, Hq, Sq_pad, DP) in 64 x 64 pieces (attn_bwd_sm90.cuh), then Delta and
  * LSE * log2(e) (B, Hq, Sq_pad) each (then, for a deterministic call, one int32
  * turn counter per piece), with Sq_pad = Sq rounded up to FC_BWD_ROW_PAD and
- * DP = D padded to 64 or 128. The launchers fill them (no memset needed). */
+ * DP = D padded to 64, 128 or 256. The launchers fill them (no memset needed). */
 #define FC_BWD_KEYS_PER_CTA 64 /* keys per CTA of the portable main kernel (its grid: key blocks x B x Hkv) */
 #define FC_BWD_ROW_PAD 128     /* rows per head of the padded per-row vectors are a multiple of this */
 #define FC_BWD_PIECE_DIM 64    /* rows and columns of a piece of the Hopper kernel's dQ accumulator */
@@ -44,8 +44,10 @@ size_t fc_sm80_bwd_smem_d128(void);
 size_t fc_sm80_bwd_smem_d256(void);
 fc_status fc_sm90_bwd_d64(const fc_attn_bwd_params* p, fc_stream_t stream);   /* D <= 64 */
 fc_status fc_sm90_bwd_d128(const fc_attn_bwd_params* p, fc_stream_t stream);  /* 64 < D <= 128 */
+fc_status fc_sm90_bwd_d256(const fc_attn_bwd_params* p, fc_stream_t stream);  /* 128 < D <= 256 */
 size_t fc_sm90_bwd_smem_d64(void);
 size_t fc_sm90_bwd_smem_d128(void);
+size_t fc_sm90_bwd_smem_d256(void);
 
 /* Hopper wgmma + TMA kernels, sm_90a only (csrc/sm90/); num_sms sizes the
  * persistent grid. Present when the build defines FC_HAVE_SM90. */

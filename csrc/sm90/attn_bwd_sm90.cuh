@@ -6,9 +6,11 @@
 //     (minus dlse_i) and LSE_i * log2(e) per query row, padded to
 //     FC_BWD_ROW_PAD rows per head (padding rows: Delta 0, LSE +inf, so P = 0),
 //     and the fp32 dQ accumulator zeroed.
-//  2. attn_bwd_sm90_kernel: one CTA owns BC = 128 keys of one (batch, KV
-//     head); K and V arrive once by TMA. Two warpgroups own 64 keys each and
-//     keep their dK, dV accumulators (fp32) in registers. The CTA walks the
+//  2. attn_bwd_sm90_kernel: one CTA owns BC keys of one (batch, KV head); K
+//     and V arrive once by TMA. Up to DP = 128, BC = 128 and two warpgroups
+//     own 64 keys each with all DP columns of their dK, dV accumulators (fp32)
+//     in registers; at DP = 256, BC = 64 and both warpgroups work on the same
+//     64 keys, each owning 128 of the columns of dK and dV (below). The CTA walks the
 //     Hq / Hkv query heads of the KV head and, per head, the query blocks of BR
 //     rows that see any of its keys (causal: from the block of the first key's
 //     diagonal on). Thread 0 loads each block's Q, dO (TMA, 128-byte swizzle)
@@ -28,6 +30,18 @@
 //     the accumulator is kept in that tiled order (pieces of 64 x 64 floats,
 //     bwd_rows.cuh), where per-row reductions from registers cost 30 % of the time.
 //     The epilogue writes dK * scale and dV from the registers.
+//     DP = 256 (SPLIT_D): 256 columns of dK and dV for 64 keys are 256 fp32
+//     registers per thread of a warpgroup, so each warpgroup keeps 128 of them
+//     and computes S^T and dP^T over all 256 columns itself (the same values
+//     in both: 7 units of tensor work where 5 are needed, the price of P^T and
+//     dS^T staying in registers). A warpgroup stores half of dS^T's rows, and
+//     its dQ is two 64 x 64 pieces (its 128 columns), staged in the block's
+//     own Q / dO slot: there Q's and dO's 64-column slabs alternate, and the
+//     slabs a piece overwrites (one of Q, one of dO: 16 KB) are read only by
+//     this warpgroup's dK, dV wgmmas, retired by then, and by both warpgroups'
+//     S^T and dP^T, retired before the CTA barrier. The ring then needs the
+//     reductions' reads done before a slot is refilled, which the staging of
+//     DP <= 128 needs before its own reuse: the same wait.
 //  3. attn_bwd_post_kernel (bwd_rows.cuh): dQ = scale * accumulator (pieces), in dtype.
 // dK and dV are bit-reproducible (a fixed order inside one CTA); dQ's
 // reductions across key blocks are too when the call is deterministic: then
@@ -36,7 +50,7 @@
 // reduction waits for its turn just before it, and counts it at the next
 // block's CTA barrier (or after the loop), once the reduction has completed.
 //
-// Limits. sm_90a only. D any multiple of 8 up to DP (64 or 128): TMA
+// Limits. sm_90a only. D any multiple of 8 up to DP (64, 128 or 256): TMA
 // zero-fills the padding columns, which are never stored. Any Sq, Sk >= 1:
 // TMA zero-fills tail rows and keys; tail keys are masked and tail rows have
 // LSE +inf. Rows with LSE = -inf get P = 0. Tensor strides as the forward's
@@ -65,44 +79,58 @@
 //      |     |        |                                                     | + dK, dV 32 each; dQ 32 once S^T is done
 //  128 |  64 |   2    | 64 + 64 + 32 + 32 + 1 = 193 KB                      | S^T 32 + dP^T 32 + P^T 16 + dS^T 16
 //      |     |        |                                                     | + dK, dV 64 each; dQ 32 once S^T is done
+//  256 |  64 |   2    | 64 + 128 + 16 + 0 (staged in the slot) + 1 = 209 KB | as DP = 128 (BC = 64 keys; dK, dV: 128
+//      |     |        |                                                     | of the 256 columns per warpgroup)
 // BR: the dQ phase gives each warpgroup one 64 x 64 wgmma tile of the
 // block's dQ (BR x DP = 128 x 64 or 64 x 128): rows 64 * wg at DP = 64,
-// columns 64 * wg at DP = 128, so each reads whole 128-byte swizzle slabs.
+// columns 64 * wg at DP = 128, so each reads whole 128-byte swizzle slabs;
+// at DP = 256 two (columns 128 * wg + 64 c).
 // Two dS^T buffers: a warpgroup may store block i+1's dS^T while the other
 // still reads block i's. STAGES: the ring loads one block ahead; at DP = 64 a
 // third slot and the dQ staging would pass the 227 KB a CTA may have.
 template <int DP>
 struct BwdSm90Tile {
-    static constexpr int WGS = 2;                     // warpgroups, one per 64 keys
+    static constexpr int WGS = 2;                     // warpgroups
     static constexpr int THREADS = WGS * FC_WG_THREADS;
+    static constexpr bool SPLIT_D = DP > 128;         // the warpgroups share the keys and split dK, dV's columns
     static constexpr int WG_KEYS = 64;                // keys (wgmma M rows) per warpgroup
-    static constexpr int BC = WGS * WG_KEYS;          // keys per CTA
+    static constexpr int BC = SPLIT_D ? WG_KEYS : WGS * WG_KEYS;  // keys per CTA
+    static constexpr int DH = SPLIT_D ? DP / WGS : DP;  // columns of dK, dV per warpgroup
     static constexpr int BR = DP <= 64 ? 128 : 64;    // query rows per block
     static constexpr int STAGES = 2;                  // Q / dO / LSE / Delta slots
     static constexpr int SLABS = DP / FC_SLAB_COLS;   // 64-column swizzle slabs of a K, V, Q or dO row
     static constexpr uint32_t ROWB = FC_SWZ_ROW_BYTES;
     static constexpr uint32_t KV_TILE = BC * DP * 2;  // bytes of K (or V)
     static constexpr uint32_t QDO_TILE = BR * DP * 2; // bytes of one slot's Q (or dO)
+    static constexpr uint32_t SLAB = BR * ROWB;       // bytes of one 64-column slab of Q (or dO)
+    // Q's next slab (SPLIT_D: Q's and dO's slabs alternate in a slot), Q's next slot, dO's first slab from Q's.
+    static constexpr uint32_t QDO_SLAB_STEP = SPLIT_D ? 2 * SLAB : SLAB;
+    static constexpr uint32_t SLOT_STEP = SPLIT_D ? 2 * QDO_TILE : QDO_TILE;
+    static constexpr uint32_t DO_FROM_Q = SPLIT_D ? SLAB : STAGES * QDO_TILE;
     static constexpr uint32_t DS_TILE = BC * BR * 2;  // bytes of one dS^T buffer (BC key rows, BR columns)
     static constexpr uint32_t VEC = BR * 4;           // bytes of one slot's LSE (or Delta)
     static constexpr int DS_BUFS = 2;                 // dS^T buffers (see above)
-    static constexpr int DQ_ROWS = BWD_PIECE_ROWS;    // dQ rows per warpgroup (one wgmma M)
-    static constexpr int DQ_COLS = BWD_PIECE_COLS;    // dQ columns per warpgroup (one wgmma N)
-    static constexpr uint32_t DQ_STAGE = BWD_PIECE * 4;  // bytes of one warpgroup's dQ staging (one piece)
+    static constexpr int DQ_ROWS = BWD_PIECE_ROWS;    // rows of a dQ piece (one wgmma M)
+    static constexpr int DQ_COLS = BWD_PIECE_COLS;    // columns of a dQ piece (one wgmma N)
+    static constexpr int DQ_PIECES = BR * DP / (WGS * BWD_PIECE);  // dQ pieces per warpgroup and block
+    static constexpr uint32_t DQ_STAGE = BWD_PIECE * 4;  // bytes of one piece's staging
     static constexpr uint32_t OFF_K = 0;
     static constexpr uint32_t OFF_V = OFF_K + KV_TILE;
     static constexpr uint32_t OFF_Q = OFF_V + KV_TILE;
-    static constexpr uint32_t OFF_DO = OFF_Q + STAGES * QDO_TILE;
-    static constexpr uint32_t OFF_DS = OFF_DO + STAGES * QDO_TILE;
+    static constexpr uint32_t OFF_DO = OFF_Q + DO_FROM_Q;
+    static constexpr uint32_t OFF_DS = OFF_Q + 2 * STAGES * QDO_TILE;
     static constexpr uint32_t OFF_DQ = OFF_DS + DS_BUFS * DS_TILE;
-    static constexpr uint32_t OFF_LSE = OFF_DQ + WGS * DQ_STAGE;
+    static constexpr uint32_t OFF_LSE = OFF_DQ + (SPLIT_D ? 0 : WGS * DQ_STAGE);
     static constexpr uint32_t OFF_DELTA = OFF_LSE + STAGES * VEC;
     static constexpr uint32_t OFF_BAR = OFF_DELTA + STAGES * VEC;  // K/V barrier, then one per slot
     static constexpr uint32_t SMEM_BYTES = OFF_BAR + FC_MBAR_BYTES * (1 + STAGES) + FC_SWZ_GROUP_BYTES;  // + alignment slack
-    static_assert(BR * DP == WGS * DQ_ROWS * DQ_COLS, "the dQ phase splits the block's dQ into one piece per warpgroup");
+    static_assert(SPLIT_D ? DQ_PIECES == DH / DQ_COLS && BR == DQ_ROWS : DQ_PIECES == 1,
+                  "the dQ phase splits the block's dQ into pieces, one per warpgroup or (SPLIT_D) its columns'");
+    static_assert(!SPLIT_D || (SLAB == DQ_STAGE / 2 && WG_KEYS == 4 * 16),
+                  "SPLIT_D: a piece is staged in one slab of Q and the next of dO; dS^T's rows split by warp pairs");
     static_assert(DQ_ROWS == FC_SLAB_COLS && DQ_COLS == FC_SLAB_COLS, "a piece is one slab of dS^T's columns and of K's");
     static_assert(BWD_PIECE_THREADS == FC_WG_THREADS, "a warpgroup stages a piece in its fragment order");
-    static_assert(BC == 2 * FC_BWD_KEYS_PER_CTA, "dispatch sizes the grid check with the portable kernel's keys per CTA");
+    static_assert(BC % FC_BWD_KEYS_PER_CTA == 0, "dispatch's grid check (FC_BWD_KEYS_PER_CTA keys per CTA) bounds this grid");
     static_assert(FC_BWD_ROW_PAD % BR == 0, "the padded LSE and Delta must cover every block's rows");
 };
 
@@ -120,16 +148,16 @@ struct BwdSm90Args {
 };
 
 // Issues acc = A B^T over DP as one wgmma group: A = 64 rows at a_rows of a
-// tile with A_ROWS rows per slab, B = N rows at b_rows of a tile with N rows
-// per slab, both K-major (a k16 step moves 32 bytes inside a slab).
-template <int DP, int A_ROWS, int N, typename T>
+// tile with A_ROWS rows per slab, B = N rows at b_rows of a tile whose slabs
+// are B_SLAB bytes apart, both K-major (a k16 step moves 32 bytes inside a slab).
+template <int DP, int A_ROWS, int N, uint32_t B_SLAB, typename T>
 FC_DEVICE void bwd_issue_kmajor(float (&acc)[N / 2], uint32_t a_rows, uint32_t b_rows) {
     wgmma_fence();  // orders earlier register use of acc before the async writes
     const uint64_t ad = wgmma_desc(a_rows, 16, FC_SWZ_GROUP_BYTES), bd = wgmma_desc(b_rows, 16, FC_SWZ_GROUP_BYTES);
 #pragma unroll
     for (int kk = 0; kk < DP / 16; ++kk) {
         const uint64_t a = wgmma_desc_add(ad, (kk / 4) * A_ROWS * FC_SWZ_ROW_BYTES + (kk % 4) * 32);
-        const uint64_t b = wgmma_desc_add(bd, (kk / 4) * N * FC_SWZ_ROW_BYTES + (kk % 4) * 32);
+        const uint64_t b = wgmma_desc_add(bd, (kk / 4) * B_SLAB + (kk % 4) * 32);
         if constexpr (N == 64) wgmma_ss_n64<T>(acc, a, b, kk > 0);
         else wgmma_ss_n128<T>(acc, a, b, kk > 0);
     }
@@ -138,11 +166,11 @@ FC_DEVICE void bwd_issue_kmajor(float (&acc)[N / 2], uint32_t a_rows, uint32_t b
 
 // Issues acc (64 x DP) += A B as one wgmma group: A = 64 x BR in registers
 // (BR / 16 k16 fragments), B = BR rows x DP columns at b_tile, N-major (BR
-// rows per slab; a k16 step moves 16 rows).
-template <int DP, int BR, typename T>
+// rows per slab, slabs B_SLAB bytes apart; a k16 step moves 16 rows).
+template <int DP, int BR, uint32_t B_SLAB, typename T>
 FC_DEVICE void bwd_issue_acc(float (&acc)[DP / 2], const uint32_t (&a)[BR / 16][4], uint32_t b_tile) {
     wgmma_fence();  // orders the register writes of a (and acc) before the async reads
-    const uint64_t bd = wgmma_desc(b_tile, BR * FC_SWZ_ROW_BYTES, FC_SWZ_GROUP_BYTES);
+    const uint64_t bd = wgmma_desc(b_tile, B_SLAB, FC_SWZ_GROUP_BYTES);
 #pragma unroll
     for (int kk = 0; kk < BR / 16; ++kk) {
         const uint64_t b = wgmma_desc_add(bd, kk * 16 * FC_SWZ_ROW_BYTES);
@@ -168,17 +196,18 @@ __global__ void __launch_bounds__(BwdSm90Tile<DP>::THREADS, 1)
 attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
 #ifdef FC_SM90_BWD_BODY
     using Tile = BwdSm90Tile<DP>;
-    constexpr int BR = Tile::BR, BC = Tile::BC, STAGES = Tile::STAGES, SLABS = Tile::SLABS;
-    constexpr uint32_t ROWB = Tile::ROWB;
+    constexpr int BR = Tile::BR, BC = Tile::BC, STAGES = Tile::STAGES, SLABS = Tile::SLABS, DH = Tile::DH;
+    constexpr bool SPLIT_D = Tile::SPLIT_D;
+    constexpr uint32_t ROWB = Tile::ROWB, QDO_SLAB_STEP = Tile::QDO_SLAB_STEP;
     const fc_attn_bwd_params& p = args.p;
 
     extern __shared__ unsigned char smem_raw[];
     const uint32_t raw = smem_u32(smem_raw);
     const uint32_t base = (raw + FC_SWZ_GROUP_BYTES - 1) & ~(FC_SWZ_GROUP_BYTES - 1);  // swizzle atoms: 1 KB aligned
     const uint32_t sK = base + Tile::OFF_K, sV = base + Tile::OFF_V;   // (BC, DP) each, slabs of BC rows
-    const uint32_t sQ = base + Tile::OFF_Q, sdO = base + Tile::OFF_DO;  // (STAGES, BR, DP), slabs of BR rows
+    const uint32_t sQ = base + Tile::OFF_Q, sdO = base + Tile::OFF_DO;  // STAGES slots of (BR, DP), slabs of BR rows
     const uint32_t sdS = base + Tile::OFF_DS;                           // (2, BC, BR) dS^T, slabs of BC rows
-    const uint32_t sDQ = base + Tile::OFF_DQ;                           // (WGS, BWD_PIECE) fp32, fragment order
+    const uint32_t sDQ = base + Tile::OFF_DQ;  // (WGS, BWD_PIECE) fp32, fragment order (SPLIT_D: in the slot)
     const uint32_t sLse = base + Tile::OFF_LSE, sDelta = base + Tile::OFF_DELTA;  // (STAGES, BR) fp32
     const float* lse_s = reinterpret_cast<const float*>(smem_raw + (sLse - raw));
     const float* delta_s = reinterpret_cast<const float*>(smem_raw + (sDelta - raw));
@@ -209,8 +238,9 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         mbar_expect_tx(bar, 2 * Tile::QDO_TILE + 2 * Tile::VEC);
 #pragma unroll
         for (int s = 0; s < SLABS; ++s) {
-            tma_load_4d(sQ + slot * Tile::QDO_TILE + s * BR * ROWB, &args.q_map, bar, s * FC_SLAB_COLS, row0, h, b);
-            tma_load_4d(sdO + slot * Tile::QDO_TILE + s * BR * ROWB, &args.do_map, bar, s * FC_SLAB_COLS, row0, h, b);
+            tma_load_4d(sQ + slot * Tile::SLOT_STEP + s * QDO_SLAB_STEP, &args.q_map, bar, s * FC_SLAB_COLS, row0, h, b);
+            tma_load_4d(sdO + slot * Tile::SLOT_STEP + s * QDO_SLAB_STEP, &args.do_map, bar, s * FC_SLAB_COLS, row0,
+                        h, b);
         }
         const int64_t vec0 = ((int64_t)b * p.Hq + h) * args.sq_pad + row0;
         bulk_load(sLse + slot * Tile::VEC, lse2_g + vec0, Tile::VEC, bar);
@@ -226,33 +256,36 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         for (int j = 0; j < STAGES - 1 && j < n_iter; ++j) load_block(j);
     }
 
-    float dk[DP / 2], dv[DP / 2];  // this warpgroup's 64 keys x DP (dK unscaled)
+    float dk[DH / 2], dv[DH / 2];  // this warpgroup's 64 keys x DH columns (dK unscaled)
 #pragma unroll
-    for (int i = 0; i < DP / 2; ++i) dk[i] = dv[i] = 0.f;
+    for (int i = 0; i < DH / 2; ++i) dk[i] = dv[i] = 0.f;
 
     const float scale_log2 = p.scale * FC_LOG2E;
-    const int key_w0 = k0 + wg * Tile::WG_KEYS;  // this warpgroup's first key
-    const uint32_t k_rows = sK + wg * Tile::WG_KEYS * ROWB, v_rows = sV + wg * Tile::WG_KEYS * ROWB;
-    // dQ tile of this warpgroup: dS^T's column slab (query rows) and K's column slab (head-dim columns).
-    const int dq_row_slab = BR == 128 ? wg : 0, dq_col_slab = DP == 128 ? wg : 0;
-    // Index of this warpgroup's dQ piece of iteration j (bwd_piece_index), and (deterministic) its turn counter.
-    auto piece_index = [&](int j) {
+    const int wg_key = SPLIT_D ? 0 : wg * Tile::WG_KEYS;  // this warpgroup's first key in the CTA's
+    const int key_w0 = k0 + wg_key;
+    const uint32_t k_rows = sK + wg_key * ROWB, v_rows = sV + wg_key * ROWB;
+    const int dh_slab = SPLIT_D ? wg * (DH / FC_SLAB_COLS) : 0;  // first slab of this warpgroup's dK, dV columns
+    // dQ piece c of this warpgroup: dS^T's column slab (query rows) and K's column slab (head-dim columns).
+    const int dq_row_slab = BR == 128 ? wg : 0;
+    auto dq_col_slab = [&](int c) { return SPLIT_D ? wg * Tile::DQ_PIECES + c : DP == 128 ? wg : 0; };
+    // Index of this warpgroup's dQ piece c of iteration j (bwd_piece_index), and (deterministic) its turn counter.
+    auto piece_index = [&](int j, int c) {
         const int h = hk * G + j / per_head, row0 = (m_first + j % per_head) * BR;
         const int64_t m = ((int64_t)b * p.Hq + h) * (args.sq_pad / Tile::DQ_ROWS) + row0 / Tile::DQ_ROWS + dq_row_slab;
-        return bwd_piece_index<DP>(m, dq_col_slab);
+        return bwd_piece_index<DP>(m, dq_col_slab(c));
     };
-    auto piece_turn = [&](int j) { return bwd_piece_turns<DP>(p, args.sq_pad) + piece_index(j); };
+    auto piece_turn = [&](int j, int c) { return bwd_piece_turns<DP>(p, args.sq_pad) + piece_index(j, c); };
     if (n_iter > 0) mbar_wait(kv_bar, 0);  // K and V have landed (the loop's wgmmas read them)
 
     for (int it = 0; it < n_iter; ++it) {
         const int slot = it % STAGES;
         const int row0 = (m_first + it % per_head) * BR;
-        const uint32_t q_s = sQ + slot * Tile::QDO_TILE, do_s = sdO + slot * Tile::QDO_TILE;
+        const uint32_t q_s = sQ + slot * Tile::SLOT_STEP, do_s = sdO + slot * Tile::SLOT_STEP;
         mbar_wait(full_bar(slot), (it / STAGES) & 1);  // block it's Q, dO, LSE and Delta have landed
 
         float s[BR / 2], dp[BR / 2];
-        bwd_issue_kmajor<DP, BC, BR, T>(s, k_rows, q_s);    // S^T = K Q^T
-        bwd_issue_kmajor<DP, BC, BR, T>(dp, v_rows, do_s);  // dP^T = V dO^T
+        bwd_issue_kmajor<DP, BC, BR, QDO_SLAB_STEP, T>(s, k_rows, q_s);    // S^T = K Q^T
+        bwd_issue_kmajor<DP, BC, BR, QDO_SLAB_STEP, T>(dp, v_rows, do_s);  // dP^T = V dO^T
         wgmma_wait<1>();  // S^T has landed (dP^T may still run)
         fence_regs(s);
 
@@ -287,7 +320,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         for (int kk = 0; kk < BR / 16; ++kk)
             pack_a_from_c<T>(pa[kk], *reinterpret_cast<const float(*)[4]>(&s[8 * kk]),
                              *reinterpret_cast<const float(*)[4]>(&s[8 * kk + 4]));
-        bwd_issue_acc<DP, BR, T>(dv, pa, do_s);  // dV += P^T dO
+        bwd_issue_acc<DH, BR, QDO_SLAB_STEP, T>(dv, pa, do_s + dh_slab * QDO_SLAB_STEP);  // dV += P^T dO
         wgmma_wait<1>();                          // dP^T has landed (dV may still run)
         fence_regs(dp);
 
@@ -306,14 +339,16 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         for (int kk = 0; kk < BR / 16; ++kk)
             pack_a_from_c<T>(dsa[kk], *reinterpret_cast<const float(*)[4]>(&dp[8 * kk]),
                              *reinterpret_cast<const float(*)[4]>(&dp[8 * kk + 4]));
-        bwd_issue_acc<DP, BR, T>(dk, dsa, q_s);  // dK += dS^T Q
+        bwd_issue_acc<DH, BR, QDO_SLAB_STEP, T>(dk, dsa, q_s + dh_slab * QDO_SLAB_STEP);  // dK += dS^T Q
 
         // dS^T into buffer it % 2: key row r, query column c at slab c / 64, chunk (c % 64) / 8 ^ r % 8.
         // dsa[kk][2 * half + hr] holds row lane/4 + 8*hr, columns 16 kk + 8 half + (lane % 4) * 2 + 0/1.
+        // SPLIT_D: both warpgroups hold all 64 rows; warps 2 wg and 2 wg + 1 store theirs.
         const uint32_t ds_buf = sdS + (it % Tile::DS_BUFS) * Tile::DS_TILE;
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-            const int r = wg * Tile::WG_KEYS + warp * 16 + lane / 4 + 8 * hr;
+            if (SPLIT_D && warp / 2 != wg) break;
+            const int r = wg_key + warp * 16 + lane / 4 + 8 * hr;
 #pragma unroll
             for (int kk = 0; kk < BR / 16; ++kk)
 #pragma unroll
@@ -327,61 +362,70 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         }
         fence_proxy_async();  // this thread's dS^T stores before the wgmma (async proxy) reads below
         if constexpr (!DET) {
-            if (t == 0) bulk_wait_read<0>();  // this warpgroup's last dQ reduction has read its staging
+            if (t == 0) bulk_wait_read<0>();  // this warpgroup's last dQ reductions have read their staging
         } else if (t == 0 && it > 0) {
-            bulk_wait<0>();              // the last reduction has read its staging and added into the accumulator;
-            fence_proxy_async_global();  // its adds (async proxy) before the count below
-            bwd_count_turn(piece_turn(it - 1));
+            bulk_wait<0>();              // the last reductions have read their staging and added into the accumulator;
+            fence_proxy_async_global();  // their adds (async proxy) before the counts below
+#pragma unroll
+            for (int c = 0; c < Tile::DQ_PIECES; ++c) bwd_count_turn(piece_turn(it - 1, c));
         }
         named_barrier_sync(BWD_BAR_CTA, Tile::THREADS);  // orders both warpgroups' dS^T stores before either's dQ
                                                // wgmma, and both warpgroups' block it-1 reads (all retired)
                                                // before the refill of its slot below, and the staging
-                                               // reads before the stores to it below
+                                               // reads (SPLIT_D: from that slot) before the stores to it
         if (tid == 0 && it + STAGES - 1 < n_iter) load_block(it + STAGES - 1);
         __syncwarp();  // warp 0 reconverged before the warpgroup-wide wgmma instructions below
 
-        // dQ tile (64 x 64) = dS[rows of the slab, all BC keys] K[all keys, columns of the slab].
-        float dq[Tile::DQ_COLS / 2];
-        {
-            wgmma_fence();  // orders earlier register use of dq before the async writes
-            const uint64_t ad = wgmma_desc(ds_buf + dq_row_slab * BC * ROWB, BC * ROWB, FC_SWZ_GROUP_BYTES);
-            const uint64_t bd = wgmma_desc(sK + dq_col_slab * BC * ROWB, BC * ROWB, FC_SWZ_GROUP_BYTES);
+        // dQ pieces (64 x 64) = dS[rows of the slab, all BC keys] K[all keys, columns of the slab].
 #pragma unroll
-            for (int kk = 0; kk < BC / 16; ++kk)
-                wgmma_ss_tt_n64<T>(dq, wgmma_desc_add(ad, kk * 16 * ROWB), wgmma_desc_add(bd, kk * 16 * ROWB), kk > 0);
-            wgmma_commit();
-        }
-        wgmma_wait<0>();  // dQ, and this block's dV and dK (their A registers and the slot are free)
-        fence_regs(dq);
-        fence_regs(dk);
-        fence_regs(dv);
-        // dq[2 j + e] (j = 2 nt + hr) at float 2 (128 j + t) + e of the piece (bwd_piece_offset).
-        const uint32_t stage = sDQ + wg * Tile::DQ_STAGE;
+        for (int c = 0; c < Tile::DQ_PIECES; ++c) {
+            if (SPLIT_D && c > 0) __syncwarp();  // thread 0's reduction below reconverged before the next wgmma
+            float dq[Tile::DQ_COLS / 2];
+            {
+                wgmma_fence();  // orders earlier register use of dq before the async writes
+                const uint64_t ad = wgmma_desc(ds_buf + dq_row_slab * BC * ROWB, BC * ROWB, FC_SWZ_GROUP_BYTES);
+                const uint64_t bd = wgmma_desc(sK + dq_col_slab(c) * BC * ROWB, BC * ROWB, FC_SWZ_GROUP_BYTES);
 #pragma unroll
-        for (int j = 0; j < Tile::DQ_COLS / 4; ++j)
-            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(stage + (j * FC_WG_THREADS + t) * 8), "f"(dq[2 * j]),
-                         "f"(dq[2 * j + 1])
-                         : "memory");
-        fence_proxy_async();  // this thread's staging stores before the bulk reduction (async proxy) reads them
-        named_barrier_sync(BWD_BAR_WG0 + wg, FC_WG_THREADS);  // orders the warpgroup's staging stores before the reduction below
-        if (t == 0) {
-            const int64_t piece = piece_index(it);
-            if constexpr (DET) {
-                // Wait until the key blocks after this one have added into the piece. (No __syncwarp
-                // after it: the next wgmma.fence's .sync waits for the warp's threads, and one cost
-                // 5-10 %, perf notes session 60.)
-                bwd_poll_turn(piece_turn(it), bwd_turn_rank(p, w, it, BC, BR));
-                fence_proxy_async_global();  // the acquire above before the reduction (async proxy) below
+                for (int kk = 0; kk < BC / 16; ++kk)
+                    wgmma_ss_tt_n64<T>(dq, wgmma_desc_add(ad, kk * 16 * ROWB), wgmma_desc_add(bd, kk * 16 * ROWB),
+                                       kk > 0);
+                wgmma_commit();
             }
-            bulk_reduce_add_f32(dq_acc + piece * BWD_PIECE, stage, Tile::DQ_STAGE);
-            bulk_commit();
+            wgmma_wait<0>();  // dQ, and this block's dV and dK (their A registers and the slot are free)
+            fence_regs(dq);
+            fence_regs(dk);
+            fence_regs(dv);
+            // dq[2 j + e] (j = 2 nt + hr) at float 2 (128 j + t) + e of the piece (bwd_piece_offset).
+            // SPLIT_D: in the slot, over Q's slab of the piece's columns and the dO slab after it.
+            const uint32_t stage = SPLIT_D ? q_s + dq_col_slab(c) * QDO_SLAB_STEP : sDQ + wg * Tile::DQ_STAGE;
+#pragma unroll
+            for (int j = 0; j < Tile::DQ_COLS / 4; ++j)
+                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(stage + (j * FC_WG_THREADS + t) * 8),
+                             "f"(dq[2 * j]), "f"(dq[2 * j + 1])
+                             : "memory");
+            fence_proxy_async();  // this thread's staging stores before the bulk reduction (async proxy) reads them
+            named_barrier_sync(BWD_BAR_WG0 + wg, FC_WG_THREADS);  // orders the warpgroup's staging stores before
+                                                                   // the reduction below
+            if (t == 0) {
+                const int64_t piece = piece_index(it, c);
+                if constexpr (DET) {
+                    // Wait until the key blocks after this one have added into the piece. (No __syncwarp
+                    // after it: the next wgmma.fence's .sync waits for the warp's threads, and one cost
+                    // 5-10 %, perf notes session 60.)
+                    bwd_poll_turn(piece_turn(it, c), bwd_turn_rank(p, w, it, BC, BR));
+                    fence_proxy_async_global();  // the acquire above before the reduction (async proxy) below
+                }
+                bulk_reduce_add_f32(dq_acc + piece * BWD_PIECE, stage, Tile::DQ_STAGE);
+                bulk_commit();
+            }
         }
     }
 
     if (t == 0) bulk_wait<0>();  // the dQ reductions are done (their staging is read) before the CTA exits
     if (DET && t == 0 && n_iter > 0) {
-        fence_proxy_async_global();  // the last reduction's adds (async proxy) before its count
-        bwd_count_turn(piece_turn(n_iter - 1));
+        fence_proxy_async_global();  // the last reductions' adds (async proxy) before their counts
+#pragma unroll
+        for (int c = 0; c < Tile::DQ_PIECES; ++c) bwd_count_turn(piece_turn(n_iter - 1, c));
     }
 
     // Epilogue: dK * scale and dV of keys < Sk, columns < D, from the registers.
@@ -392,8 +436,8 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         T* dk_row = static_cast<T*>(p.dk) + b * p.dk_batch_stride + hk * p.dk_head_stride + (int64_t)key * p.dk_row_stride;
         T* dv_row = static_cast<T*>(p.dv) + b * p.dv_batch_stride + hk * p.dv_head_stride + (int64_t)key * p.dv_row_stride;
 #pragma unroll
-        for (int nt = 0; nt < DP / 8; ++nt) {
-            const int col = nt * 8 + (lane % 4) * 2;
+        for (int nt = 0; nt < DH / 8; ++nt) {
+            const int col = dh_slab * FC_SLAB_COLS + nt * 8 + (lane % 4) * 2;
             if (col >= p.D) continue;
             *reinterpret_cast<uint32_t*>(dk_row + col) = pack2<T>(dk[4 * nt + 2 * hr] * p.scale, dk[4 * nt + 2 * hr + 1] * p.scale);
             *reinterpret_cast<uint32_t*>(dv_row + col) = pack2<T>(dv[4 * nt + 2 * hr], dv[4 * nt + 2 * hr + 1]);
@@ -425,7 +469,7 @@ static fc_status attn_bwd_sm90_launch(const fc_attn_bwd_params* p, cudaStream_t 
         s = fc_sm90_tensor_map(&a.v_map, p->dtype, p->v, p->D, p->Sk, p->Hkv, p->B, p->v_row_stride,
                                p->v_head_stride, p->v_batch_stride, Tile::BC);
     if (s != FC_OK) return s;
-    // dispatch keeps the portable kernel's key blocks x B x Hkv (twice these) <= 2^31 - 1
+    // dispatch keeps the portable kernel's key blocks x B x Hkv (at least these) <= 2^31 - 1
     const unsigned main_ctas = (unsigned)((p->Sk + Tile::BC - 1) / Tile::BC) * (unsigned)(p->B * p->Hkv);
 
     attn_bwd_prep_kernel<DP, T><<<bwd_row_grid<DP>((long long)p->B * p->Hq * a.sq_pad), BWD_ROW_THREADS, 0, stream>>>(

@@ -1,0 +1,4 @@
+// Hopper backward kernels instantiated for head dims up to 256 (fp16 and bf16); see attn_bwd_sm90.cuh.
+#include "attn_bwd_sm90.cuh"
+
+FC_SM90_BWD_DEFINE(256)
