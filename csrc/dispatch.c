@@ -534,14 +534,11 @@ static int bwd_needs_workspace(const fc_attn_bwd_params* p) {
 }
 
 /* What GPU backward kernel k cannot do at head dim D on dev: the Hopper
- * kernel's architecture and head dims, and the shared memory per block. */
+ * kernel's architecture, and the shared memory per block. */
 static void bwd_device_reasons(fc_reasons* rp, fc_kernel k, int D, const fc_device_info* dev) {
     const char* arch = k == FC_KERNEL_SM90 ? fc_arch_reason(k, dev->major, dev->minor) : NULL;
     if (arch)
         fail(rp, FC_ERR_ARCH, "kernel: this GPU has compute capability %d.%d; %s", dev->major, dev->minor, arch);
-    else if (k == FC_KERNEL_SM90 && D > FC_BWD_MAX_SM90_HEAD_DIM)
-        fail(rp, FC_ERR_UNSUPPORTED_HEAD_DIM, "kernel: the Hopper backward (sm90) supports head dims up to %d, got "
-             "%d; use kernel auto or sm80 (the portable backward) at this head dim", FC_BWD_MAX_SM90_HEAD_DIM, D);
     else if (bwd_smem(k, D) > (size_t)dev->smem_optin)
         fail(rp, FC_ERR_ARCH, "device: the backward at head dim %d needs %zu bytes of shared memory per block, "
              "this GPU allows %d; use scaled_dot_product_attention for training at this head dim on this GPU",

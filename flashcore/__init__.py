@@ -54,7 +54,6 @@ attention.__doc__ = _C.ATTENTION_DOC
 def _needs_grad(query, key, value, kernel):
     # Whether autograd records this call (an input requires grad). The GPU
     # backward covers every head dim the forward takes (_C.BWD_MAX_GPU_HEAD_DIM),
-    # the Hopper one (which kernel="sm90" forces) up to _C.BWD_MAX_SM90_HEAD_DIM,
     # the portable one above 128 only on GPUs with its shared memory per block;
     # what the GPU cannot run is refused here, before the forward runs, rather
     # than in backward() (not while torch.compile traces: the backward refuses
@@ -65,11 +64,6 @@ def _needs_grad(query, key, value, kernel):
     names = [n for n, t in (("q", query), ("k", key), ("v", value)) if isinstance(t, torch.Tensor) and t.requires_grad]
     if names and isinstance(query, torch.Tensor) and query.is_cuda and query.dim() == 4:
         D = query.shape[-1]
-        if kernel == "sm90" and _C.BWD_MAX_SM90_HEAD_DIM < D <= _C.BWD_MAX_GPU_HEAD_DIM:
-            raise ValueError(f"kernel: 'sm90' forces the Hopper backward as well, which supports head dims up to "
-                             f"{_C.BWD_MAX_SM90_HEAD_DIM}, got D={D} with {names[0]} requiring grad; use "
-                             f"kernel='auto' (the Hopper forward, then the portable backward) or 'sm80', or "
-                             f"call it under torch.no_grad() for inference")
         if kernel in ("auto", "sm80", "sm90") and 0 < D <= _C.BWD_MAX_GPU_HEAD_DIM and \
                 not torch.compiler.is_compiling():
             why = _C.bwd_device_check(D, KERNELS[kernel], query.device.index)

@@ -26,7 +26,7 @@ from conftest import (CAUSAL_MODES, DTYPE_NAMES, GPU_KERNELS, default_scale, dty
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_gpu)]
 # Where the gradients of the main tests run: the C path, and each GPU backward
 # family the device runs (the forward's `kernel` picks it: sm80 everywhere,
-# sm90 on a compute capability 9.0 GPU; "auto" there is sm90 up to D = 128).
+# sm90 on a compute capability 9.0 GPU; "auto" there is sm90).
 TARGETS = [pytest.param("cpu", "auto", id="cpu")] + [
     pytest.param("cuda", k, marks=requires_gpu, id=f"cuda-{k}") for k in GPU_KERNELS]
 LOWP = [torch.float16, torch.bfloat16]
@@ -132,15 +132,10 @@ SM80_BWD_SMEM_D256 = 147968
 
 
 def check_or_refused(q, k, v, mode, go, kernel):
-    """check_grads of flashcore's gradients; where the GPU has no backward at q's head dim (the forced
-    Hopper one above BWD_MAX_SM90_HEAD_DIM; the portable one above 128 on a GPU without the shared
-    memory), the refusal that names the cause and the fix instead."""
+    """check_grads of flashcore's gradients; where the GPU has no backward at q's head dim (the portable
+    one above 128 on a GPU without the shared memory), the refusal that names the cause and the fix
+    instead."""
     D = q.shape[-1]
-    if q.is_cuda and kernel == "sm90" and D > _C.BWD_MAX_SM90_HEAD_DIM:
-        with pytest.raises(ValueError, match=r"kernel: 'sm90' forces the Hopper backward.*head dims up to 128, "
-                                             r"got D=\d+.*kernel='auto'"):
-            fc_grads(q, k, v, mode, go, kernel=kernel)
-        return
     if (q.is_cuda and D > 128
             and torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin < SM80_BWD_SMEM_D256):
         with pytest.raises(ValueError, match=rf"device: the backward at head dim {D} needs \d+ bytes of shared "
@@ -444,19 +439,9 @@ def test_gpu_bwd_device_check():
                 assert re.match(rf"device: the backward at head dim {D} needs \d+ bytes of shared memory", why), why
             else:
                 assert why == ""
-    # a forced sm90 off Hopper is the forward's to refuse (empty here); on Hopper its head dims are the backward's
-    assert _C.bwd_device_check(64, K["sm90"], 0) == ""
-    if torch.cuda.get_device_capability() == (9, 0):
-        q, k, v = make_qkv(1, 2, 2, 16, 16, 256, torch.float16, "cuda")
-        with torch.no_grad():
-            out, lse = flashcore.attention(q, k, v, kernel="sm90", return_lse=True)
-        with pytest.raises(ValueError) as raw:  # the backward call's own refusal, for the same wording
-            _C.bwd(torch.randn_like(out), q, k, v, out, lse, None, 0.0625, 0, K["sm90"])
-        why = _C.bwd_device_check(256, K["sm90"], 0)
-        assert why.startswith("kernel: the Hopper backward (sm90) supports head dims up to 128, got 256"), why
-        assert why in str(raw.value) and "\n" not in why
-    else:
-        assert _C.bwd_device_check(256, K["sm90"], 0) == ""
+    # a forced sm90 off Hopper is the forward's to refuse (empty here); on Hopper it runs every head dim
+    for D in (64, 136, 256):
+        assert _C.bwd_device_check(D, K["sm90"], 0) == ""
     assert _C.bwd_device_check(0, K["auto"], 0) == "D: expected a head dim from 1 to 256, got 0"
     assert _C.bwd_device_check(257, K["auto"], 0) == "D: expected a head dim from 1 to 256, got 257"
     assert _C.bwd_device_check(64, K["cpu"], 0).startswith("kernel: expected auto, sm80 or sm90")
@@ -486,27 +471,6 @@ def test_gpu_training_refused_before_the_forward(monkeypatch):
 
 
 @requires_gpu
-@pytest.mark.parametrize("which", ["q", "k", "v"])
-def test_gpu_forced_sm90_over_128_refused(which):
-    """The Hopper backward stops at D = 128: with kernel="sm90" an input that requires grad at D = 256 raises
-    before the forward runs (naming the input and kernel="auto"), the raw backward call names the kernel, and
-    inference at that head dim still runs."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the forced sm90 forward needs a compute capability 9.0 GPU")
-    args = dict(zip("qkv", make_qkv(1, 2, 2, 16, 16, 256, torch.float16, "cuda")))
-    args[which].requires_grad_(True)
-    with pytest.raises(ValueError, match=rf"kernel: 'sm90' forces the Hopper backward.*D=256 with {which} "
-                                         rf"requiring grad; use kernel='auto'"):
-        flashcore.attention(args["q"], args["k"], args["v"], kernel="sm90")
-    with torch.no_grad():
-        out, lse = flashcore.attention(args["q"], args["k"], args["v"], kernel="sm90", return_lse=True)
-    q, k, v = (t.detach() for t in (args["q"], args["k"], args["v"]))
-    with pytest.raises(ValueError, match=r"kernel: the Hopper backward \(sm90\) supports head dims up to 128, "
-                                           r"got 256; use kernel auto or sm80"):
-        _C.bwd(torch.randn_like(out), q, k, v, out, lse, None, 0.0625, 0, flashcore.KERNELS["sm90"])
-
-
-@requires_gpu
 def test_gpu_forced_sm90_backward_refused_off_hopper():
     """Forcing the Hopper backward on a GPU that is not compute capability 9.0 raises and names the GPU."""
     if torch.cuda.get_device_capability() == (9, 0):
@@ -529,8 +493,7 @@ def test_gpu_forced_forward_kernel(kernel):
 
 
 @requires_gpu
-@pytest.mark.parametrize("D,kernel", [(D, k) for D in (64, 128, 256) for k in GPU_KERNELS
-                                      if not (k == "sm90" and D > 128)])
+@pytest.mark.parametrize("D,kernel", [(D, k) for D in (64, 128, 256) for k in GPU_KERNELS])
 def test_gpu_reruns(D, kernel):
     """dk and dv are bit-identical across reruns; dq (fp32 atomics across key blocks) within rounding."""
     q, k, v = make_qkv(2, 8, 2, 700, 900, D, torch.float16, "cuda")
@@ -600,8 +563,8 @@ DET_SHAPES = [(2, 8, 2, 700, 900), (1, 4, 1, 1000, 333), (1, 2, 2, 1025, 1025), 
 def test_gpu_deterministic_reruns(deterministic_algorithms, kernel, D, mode, shape):
     """Under torch.use_deterministic_algorithms(True) dq is bit-identical across reruns too (the dQ adds of
     the key blocks take turns, in both GPU backward kernels), and all three gradients pass the reference rule."""
-    if kernel == "sm90" and (torch.cuda.get_device_capability() != (9, 0) or D > 128):
-        pytest.skip("the Hopper backward needs a compute capability 9.0 GPU and D <= 128")
+    if kernel == "sm90" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper backward needs a compute capability 9.0 GPU")
     if D > 128 and torch.cuda.get_device_properties(0).shared_memory_per_block_optin < SM80_BWD_SMEM_D256:
         pytest.skip("the portable backward at D > 128 needs 144.5 KB of shared memory per block")
     B, Hq, Hkv, Sq, Sk = shape
