@@ -8,23 +8,27 @@ Shapes: m64nNk16, fp32 accumulate, fp16 or bf16 inputs, A from shared memory
 (SS: S = Q K^T, N in SS_N: 192 for the 192-key K tiles of the D = 64 LONG
 kernel) or from registers (RS: O += P V, N in RS_N: the head dim's columns);
 SS_TT: both operands MN-major in shared memory (the backward's dQ = dS K,
-N in SS_TT_N).
+N in SS_TT_N); SS_TB: A K-major, B N-major, both in shared memory (the D = 256
+backward's dV += P^T dO and dK += dS^T Q, N in SS_TB_N).
 """
 import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "csrc", "sm90", "wgmma_ops.cuh")
 TYPES = [("__half", "f16"), ("__nv_bfloat16", "bf16")]
-SS_N = (64, 128, 192)  # S = Q K^T: keys per K tile
+SS_N = (32, 64, 128, 192)  # S = Q K^T: keys per K tile (32: the D = 256 backward's S^T, query rows per warpgroup)
 RS_N = (64, 128, 136)  # O += P V: head-dim columns per wgmma (136: loop_sched's P V with 8 columns of ones)
 SS_TT_N = (64,)  # dQ = dS K: 64 head-dim columns per warpgroup
+SS_TB_N = (128,)  # the D = 256 backward's dV, dK: 128 head-dim columns per warpgroup
+# wrapper kind: (name prefix, the transpose flags after scale-a and scale-b)
+KINDS = {"ss": ("wgmma_ss", "0, 0"), "ss_tt": ("wgmma_ss_tt", "1, 1"), "ss_tb": ("wgmma_ss_tb", "0, 1")}
 
 
 def regs(n, first):
     return ", ".join(f"%{first + i}" for i in range(n))
 
 
-def one(n, ty, ptx_ty, rs, tt=False):
+def one(n, ty, ptx_ty, rs, kind="ss"):
     nacc = n // 2
     acc = regs(nacc, 0)
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(nacc))
@@ -41,7 +45,7 @@ def one(n, ty, ptx_ty, rs, tt=False):
         scale = f"%{nacc + 2}"
         ins = '"l"(desc_a), "l"(desc_b), "r"(scale_d)'
         sig = "uint64_t desc_a, uint64_t desc_b, int scale_d"
-        name = f"wgmma_ss_tt_n{n}" if tt else f"wgmma_ss_n{n}"
+        name = f"{KINDS[kind][0]}_n{n}"
     body = []
     body.append(f"template <> FC_DEVICE void {name}<{ty}>(float (&d)[{nacc}], {sig}) {{")
     body.append("    asm volatile(")
@@ -50,10 +54,8 @@ def one(n, ty, ptx_ty, rs, tt=False):
     body.append(f"        \"{instr}{{{acc}}}, {a}, {b}, p, \"")
     if rs:
         body.append("        \"1, 1, 1;\\n}\\n\"")  # scale-a, scale-b, tnsp-b = 1 (B is N-major)
-    elif tt:
-        body.append("        \"1, 1, 1, 1;\\n}\\n\"")  # scale-a, scale-b, both operands MN-major
-    else:
-        body.append("        \"1, 1, 0, 0;\\n}\\n\"")  # scale-a, scale-b, both operands K-major
+    else:  # scale-a, scale-b, then A's and B's transpose (1: MN-major)
+        body.append(f"        \"1, 1, {KINDS[kind][1]};\\n}}\\n\"")
     body.append(f"        : {outs}")
     body.append(f"        : {ins});")
     body.append("}")
@@ -68,6 +70,7 @@ def main():
 //   wgmma_ss_nN<T>(d, desc_a, desc_b, scale_d): A and B in shared memory, both K-major.
 //   wgmma_rs_nN<T>(d, a, desc_b, scale_d):      A in registers, B in shared memory N-major.
 //   wgmma_ss_tt_nN<T>(d, desc_a, desc_b, scale_d): A M-major and B N-major in shared memory.
+//   wgmma_ss_tb_nN<T>(d, desc_a, desc_b, scale_d): A K-major and B N-major in shared memory.
 // The caller brackets these with wgmma_fence / wgmma_commit / wgmma_wait.
 #pragma once
 
@@ -79,7 +82,7 @@ def main():
 #define FC_DEVICE __device__ __forceinline__
 #endif
 """]
-    shapes = sorted(set(SS_N) | set(RS_N) | set(SS_TT_N))
+    shapes = sorted(set(SS_N) | set(RS_N) | set(SS_TT_N) | set(SS_TB_N))
     for n in shapes:
         nacc = n // 2
         if n in SS_N:
@@ -88,9 +91,10 @@ def main():
         if n in RS_N:
             parts.append(f"template <typename T> FC_DEVICE void wgmma_rs_n{n}(float (&d)[{nacc}], const uint32_t a[4], "
                          f"uint64_t desc_b, int scale_d);")
-        if n in SS_TT_N:
-            parts.append(f"template <typename T> FC_DEVICE void wgmma_ss_tt_n{n}(float (&d)[{nacc}], uint64_t desc_a, "
-                         f"uint64_t desc_b, int scale_d);")
+        for kind, ns in (("ss_tt", SS_TT_N), ("ss_tb", SS_TB_N)):
+            if n in ns:
+                parts.append(f"template <typename T> FC_DEVICE void {KINDS[kind][0]}_n{n}(float (&d)[{nacc}], "
+                             f"uint64_t desc_a, uint64_t desc_b, int scale_d);")
     parts.append("")
     for n in shapes:
         for ty, pty in TYPES:
@@ -99,7 +103,9 @@ def main():
             if n in RS_N:
                 parts.append(one(n, ty, pty, rs=True))
             if n in SS_TT_N:
-                parts.append(one(n, ty, pty, rs=False, tt=True))
+                parts.append(one(n, ty, pty, rs=False, kind="ss_tt"))
+            if n in SS_TB_N:
+                parts.append(one(n, ty, pty, rs=False, kind="ss_tb"))
     with open(OUT, "w") as f:
         f.write("\n".join(parts) + "\n")
 

@@ -31,17 +31,19 @@
 //     bwd_rows.cuh), where per-row reductions from registers cost 30 % of the time.
 //     The epilogue writes dK * scale and dV from the registers.
 //     DP = 256 (SPLIT_D): 256 columns of dK and dV for 64 keys are 256 fp32
-//     registers per thread of a warpgroup, so each warpgroup keeps 128 of them
-//     and computes S^T and dP^T over all 256 columns itself (the same values
-//     in both: 7 units of tensor work where 5 are needed, the price of P^T and
-//     dS^T staying in registers). A warpgroup stores half of dS^T's rows, and
-//     its dQ is two 64 x 64 pieces (its 128 columns), staged in the block's
-//     own Q / dO slot: there Q's and dO's 64-column slabs alternate, and the
-//     slabs a piece overwrites (one of Q, one of dO: 16 KB) are read only by
-//     this warpgroup's dK, dV wgmmas, retired by then, and by both warpgroups'
-//     S^T and dP^T, retired before the CTA barrier. The ring then needs the
-//     reductions' reads done before a slot is refilled, which the staging of
-//     DP <= 128 needs before its own reuse: the same wait.
+//     registers per thread of a warpgroup, so each warpgroup keeps 128 of them.
+//     The block's S^T and dP^T are split by query rows instead: a warpgroup
+//     computes 64 keys x 32 rows of each (wgmma N = 32, all 256 columns) and
+//     stores its P^T and dS^T columns (16-bit) into shared memory; after the
+//     CTA barrier dV += P^T dO and dK += dS^T Q read both operands from shared
+//     memory (its 128 columns of dO and Q), and its dQ is two 64 x 64 pieces
+//     (its 128 columns), staged in the block's own Q / dO slot: there Q's and
+//     dO's 64-column slabs alternate, and the slabs a piece overwrites (one of
+//     Q, one of dO: 16 KB) are read only by this warpgroup's dK, dV wgmmas,
+//     retired by then, and by both warpgroups' S^T and dP^T, retired before
+//     the CTA barrier. The ring then needs the reductions' reads done before a
+//     slot is refilled, which the staging of DP <= 128 needs before its own
+//     reuse: the same wait.
 //  3. attn_bwd_post_kernel (bwd_rows.cuh): dQ = scale * accumulator (pieces), in dtype.
 // dK and dV are bit-reproducible (a fixed order inside one CTA); dQ's
 // reductions across key blocks are too when the call is deterministic: then
@@ -79,8 +81,8 @@
 //      |     |        |                                                     | + dK, dV 32 each; dQ 32 once S^T is done
 //  128 |  64 |   2    | 64 + 64 + 32 + 32 + 1 = 193 KB                      | S^T 32 + dP^T 32 + P^T 16 + dS^T 16
 //      |     |        |                                                     | + dK, dV 64 each; dQ 32 once S^T is done
-//  256 |  64 |   2    | 64 + 128 + 16 + 0 (staged in the slot) + 1 = 209 KB | as DP = 128 (BC = 64 keys; dK, dV: 128
-//      |     |        |                                                     | of the 256 columns per warpgroup)
+//  256 |  64 |   2    | 64 + 128 + 16 + P^T x 2 16 + 0 (dQ staged in the   | S^T 16 + dP^T 16 + dK, dV 64 each (128 of
+//      |     |        | slot) + 1 = 225 KB                                  | the 256 columns) + dQ 32 (BC = 64 keys)
 // BR: the dQ phase gives each warpgroup one 64 x 64 wgmma tile of the
 // block's dQ (BR x DP = 128 x 64 or 64 x 128): rows 64 * wg at DP = 64,
 // columns 64 * wg at DP = 128, so each reads whole 128-byte swizzle slabs;
@@ -97,6 +99,7 @@ struct BwdSm90Tile {
     static constexpr int BC = SPLIT_D ? WG_KEYS : WGS * WG_KEYS;  // keys per CTA
     static constexpr int DH = SPLIT_D ? DP / WGS : DP;  // columns of dK, dV per warpgroup
     static constexpr int BR = DP <= 64 ? 128 : 64;    // query rows per block
+    static constexpr int QW = SPLIT_D ? BR / WGS : BR;  // query rows (S^T's columns) per warpgroup
     static constexpr int STAGES = 2;                  // Q / dO / LSE / Delta slots
     static constexpr int SLABS = DP / FC_SLAB_COLS;   // 64-column swizzle slabs of a K, V, Q or dO row
     static constexpr uint32_t ROWB = FC_SWZ_ROW_BYTES;
@@ -110,6 +113,7 @@ struct BwdSm90Tile {
     static constexpr uint32_t DS_TILE = BC * BR * 2;  // bytes of one dS^T buffer (BC key rows, BR columns)
     static constexpr uint32_t VEC = BR * 4;           // bytes of one slot's LSE (or Delta)
     static constexpr int DS_BUFS = 2;                 // dS^T buffers (see above)
+    static constexpr int PT_BUFS = SPLIT_D ? DS_BUFS : 0;  // P^T buffers (SPLIT_D: P^T is stored as dS^T is)
     static constexpr int DQ_ROWS = BWD_PIECE_ROWS;    // rows of a dQ piece (one wgmma M)
     static constexpr int DQ_COLS = BWD_PIECE_COLS;    // columns of a dQ piece (one wgmma N)
     static constexpr int DQ_PIECES = BR * DP / (WGS * BWD_PIECE);  // dQ pieces per warpgroup and block
@@ -119,15 +123,16 @@ struct BwdSm90Tile {
     static constexpr uint32_t OFF_Q = OFF_V + KV_TILE;
     static constexpr uint32_t OFF_DO = OFF_Q + DO_FROM_Q;
     static constexpr uint32_t OFF_DS = OFF_Q + 2 * STAGES * QDO_TILE;
-    static constexpr uint32_t OFF_DQ = OFF_DS + DS_BUFS * DS_TILE;
+    static constexpr uint32_t OFF_PT = OFF_DS + DS_BUFS * DS_TILE;
+    static constexpr uint32_t OFF_DQ = OFF_PT + PT_BUFS * DS_TILE;
     static constexpr uint32_t OFF_LSE = OFF_DQ + (SPLIT_D ? 0 : WGS * DQ_STAGE);
     static constexpr uint32_t OFF_DELTA = OFF_LSE + STAGES * VEC;
     static constexpr uint32_t OFF_BAR = OFF_DELTA + STAGES * VEC;  // K/V barrier, then one per slot
     static constexpr uint32_t SMEM_BYTES = OFF_BAR + FC_MBAR_BYTES * (1 + STAGES) + FC_SWZ_GROUP_BYTES;  // + alignment slack
     static_assert(SPLIT_D ? DQ_PIECES == DH / DQ_COLS && BR == DQ_ROWS : DQ_PIECES == 1,
                   "the dQ phase splits the block's dQ into pieces, one per warpgroup or (SPLIT_D) its columns'");
-    static_assert(!SPLIT_D || (SLAB == DQ_STAGE / 2 && WG_KEYS == 4 * 16),
-                  "SPLIT_D: a piece is staged in one slab of Q and the next of dO; dS^T's rows split by warp pairs");
+    static_assert(!SPLIT_D || (SLAB == DQ_STAGE / 2 && DH == 128 && BR == 64),
+                  "SPLIT_D: a piece is staged in one slab of Q and the next of dO; dV and dK are wgmma N = 128");
     static_assert(DQ_ROWS == FC_SLAB_COLS && DQ_COLS == FC_SLAB_COLS, "a piece is one slab of dS^T's columns and of K's");
     static_assert(BWD_PIECE_THREADS == FC_WG_THREADS, "a warpgroup stages a piece in its fragment order");
     static_assert(BC % FC_BWD_KEYS_PER_CTA == 0, "dispatch's grid check (FC_BWD_KEYS_PER_CTA keys per CTA) bounds this grid");
@@ -159,6 +164,7 @@ FC_DEVICE void bwd_issue_kmajor(float (&acc)[N / 2], uint32_t a_rows, uint32_t b
         const uint64_t a = wgmma_desc_add(ad, (kk / 4) * A_ROWS * FC_SWZ_ROW_BYTES + (kk % 4) * 32);
         const uint64_t b = wgmma_desc_add(bd, (kk / 4) * B_SLAB + (kk % 4) * 32);
         if constexpr (N == 64) wgmma_ss_n64<T>(acc, a, b, kk > 0);
+        else if constexpr (N == 32) wgmma_ss_n32<T>(acc, a, b, kk > 0);
         else wgmma_ss_n128<T>(acc, a, b, kk > 0);
     }
     wgmma_commit();
@@ -180,6 +186,21 @@ FC_DEVICE void bwd_issue_acc(float (&acc)[DP / 2], const uint32_t (&a)[BR / 16][
     wgmma_commit();
 }
 
+// Issues acc (64 x 128) += A B as one wgmma group, both in shared memory: A = 64
+// rows x BR columns at a_tile, K-major (a 16-bit tile of A_ROWS rows per slab:
+// P^T or dS^T as stored), B = BR rows x 128 columns at b_tile, N-major (BR rows
+// per slab, slabs B_SLAB bytes apart).
+template <int BR, int A_ROWS, uint32_t B_SLAB, typename T>
+FC_DEVICE void bwd_issue_acc_ss(float (&acc)[64], uint32_t a_tile, uint32_t b_tile) {
+    wgmma_fence();  // orders earlier register use of acc before the async writes
+    const uint64_t ad = wgmma_desc(a_tile, 16, FC_SWZ_GROUP_BYTES), bd = wgmma_desc(b_tile, B_SLAB, FC_SWZ_GROUP_BYTES);
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk)
+        wgmma_ss_tb_n128<T>(acc, wgmma_desc_add(ad, (kk / 4) * A_ROWS * FC_SWZ_ROW_BYTES + (kk % 4) * 32),
+                            wgmma_desc_add(bd, kk * 16 * FC_SWZ_ROW_BYTES), 1);
+    wgmma_commit();
+}
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FC_SM90_BWD_BODY 1  // device code for sm_90a (the extension also compiles this file for sm_80)
 #endif
@@ -197,6 +218,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
 #ifdef FC_SM90_BWD_BODY
     using Tile = BwdSm90Tile<DP>;
     constexpr int BR = Tile::BR, BC = Tile::BC, STAGES = Tile::STAGES, SLABS = Tile::SLABS, DH = Tile::DH;
+    constexpr int QW = Tile::QW;
     constexpr bool SPLIT_D = Tile::SPLIT_D;
     constexpr uint32_t ROWB = Tile::ROWB, QDO_SLAB_STEP = Tile::QDO_SLAB_STEP;
     const fc_attn_bwd_params& p = args.p;
@@ -207,6 +229,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     const uint32_t sK = base + Tile::OFF_K, sV = base + Tile::OFF_V;   // (BC, DP) each, slabs of BC rows
     const uint32_t sQ = base + Tile::OFF_Q, sdO = base + Tile::OFF_DO;  // STAGES slots of (BR, DP), slabs of BR rows
     const uint32_t sdS = base + Tile::OFF_DS;                           // (2, BC, BR) dS^T, slabs of BC rows
+    const uint32_t sPT = base + Tile::OFF_PT;                           // SPLIT_D: (2, BC, BR) P^T, as dS^T
     const uint32_t sDQ = base + Tile::OFF_DQ;  // (WGS, BWD_PIECE) fp32, fragment order (SPLIT_D: in the slot)
     const uint32_t sLse = base + Tile::OFF_LSE, sDelta = base + Tile::OFF_DELTA;  // (STAGES, BR) fp32
     const float* lse_s = reinterpret_cast<const float*>(smem_raw + (sLse - raw));
@@ -265,6 +288,26 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     const int key_w0 = k0 + wg_key;
     const uint32_t k_rows = sK + wg_key * ROWB, v_rows = sV + wg_key * ROWB;
     const int dh_slab = SPLIT_D ? wg * (DH / FC_SLAB_COLS) : 0;  // first slab of this warpgroup's dK, dV columns
+    const int q_off = SPLIT_D ? wg * QW : 0;  // first query row (of a block) of this warpgroup's S^T columns
+    // A 16-bit tile held as a (64 key rows x QW columns) accumulator's A fragments f into a (BC, BR) buffer at
+    // buf, columns from q_off: key row r, query column c at slab c / 64, chunk (c % 64) / 8 ^ r % 8.
+    // f[kk][2 * half + hr] holds row lane/4 + 8*hr, columns 16 kk + 8 half + (lane % 4) * 2 + 0/1.
+    auto store_t = [&](uint32_t buf, const uint32_t (&f)[QW / 16][4]) {
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const int r = wg_key + warp * 16 + lane / 4 + 8 * hr;
+#pragma unroll
+            for (int kk = 0; kk < QW / 16; ++kk)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int ci = q_off / 8 + 2 * kk + half, chunk = ci % 8, slab = ci / 8;
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(buf + slab * BC * ROWB + r * ROWB +
+                                                                    ((chunk ^ (r & 7)) << 4) + (lane % 4) * 4),
+                                 "r"(f[kk][2 * half + hr])
+                                 : "memory");
+                }
+        }
+    };
     // dQ piece c of this warpgroup: dS^T's column slab (query rows) and K's column slab (head-dim columns).
     const int dq_row_slab = BR == 128 ? wg : 0;
     auto dq_col_slab = [&](int c) { return SPLIT_D ? wg * Tile::DQ_PIECES + c : DP == 128 ? wg : 0; };
@@ -283,16 +326,16 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         const uint32_t q_s = sQ + slot * Tile::SLOT_STEP, do_s = sdO + slot * Tile::SLOT_STEP;
         mbar_wait(full_bar(slot), (it / STAGES) & 1);  // block it's Q, dO, LSE and Delta have landed
 
-        float s[BR / 2], dp[BR / 2];
-        bwd_issue_kmajor<DP, BC, BR, QDO_SLAB_STEP, T>(s, k_rows, q_s);    // S^T = K Q^T
-        bwd_issue_kmajor<DP, BC, BR, QDO_SLAB_STEP, T>(dp, v_rows, do_s);  // dP^T = V dO^T
+        float s[QW / 2], dp[QW / 2];  // this warpgroup's 64 keys x QW query rows from q_off
+        bwd_issue_kmajor<DP, BC, QW, QDO_SLAB_STEP, T>(s, k_rows, q_s + q_off * ROWB);    // S^T = K Q^T
+        bwd_issue_kmajor<DP, BC, QW, QDO_SLAB_STEP, T>(dp, v_rows, do_s + q_off * ROWB);  // dP^T = V dO^T
         wgmma_wait<1>();  // S^T has landed (dP^T may still run)
         fence_regs(s);
 
         // P^T in place; columns are query rows (padding rows have LSE +inf: P = 0).
-        const float* lse_r = lse_s + slot * BR + (lane % 4) * 2;
+        const float* lse_r = lse_s + slot * BR + q_off + (lane % 4) * 2;
 #pragma unroll
-        for (int nt = 0; nt < BR / 8; ++nt) {
+        for (int nt = 0; nt < QW / 8; ++nt) {
             const float2 l = *reinterpret_cast<const float2*>(lse_r + nt * 8);
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr) {
@@ -300,33 +343,40 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                 s[4 * nt + 2 * hr + 1] = fast_exp2(fmaf(s[4 * nt + 2 * hr + 1], scale_log2, -l.y));
             }
         }
-        if (key_w0 + Tile::WG_KEYS > p.Sk || (causal && key_w0 + Tile::WG_KEYS - 1 > row0 + diag)) {
-            const int q_first = row0 + (lane % 4) * 2;
+        if (key_w0 + Tile::WG_KEYS > p.Sk || (causal && key_w0 + Tile::WG_KEYS - 1 > row0 + q_off + diag)) {
+            const int q_first = row0 + q_off + (lane % 4) * 2;
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr) {
                 const int key = key_w0 + warp * 16 + lane / 4 + 8 * hr;
                 const int c_lim = causal ? key - diag - q_first : INT_MIN;  // masked iff column c < c_lim
                 const bool key_bad = key >= p.Sk;
 #pragma unroll
-                for (int nt = 0; nt < BR / 8; ++nt)
+                for (int nt = 0; nt < QW / 8; ++nt)
 #pragma unroll
                     for (int e = 0; e < 2; ++e)
                         if (key_bad || nt * 8 + e < c_lim) s[4 * nt + 2 * hr + e] = 0.f;
             }
         }
 
-        uint32_t pa[BR / 16][4];
+        uint32_t pa[QW / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < BR / 16; ++kk)
+        for (int kk = 0; kk < QW / 16; ++kk)
             pack_a_from_c<T>(pa[kk], *reinterpret_cast<const float(*)[4]>(&s[8 * kk]),
                              *reinterpret_cast<const float(*)[4]>(&s[8 * kk + 4]));
-        bwd_issue_acc<DH, BR, QDO_SLAB_STEP, T>(dv, pa, do_s + dh_slab * QDO_SLAB_STEP);  // dV += P^T dO
-        wgmma_wait<1>();                          // dP^T has landed (dV may still run)
+        const uint32_t ds_buf = sdS + (it % Tile::DS_BUFS) * Tile::DS_TILE;
+        const uint32_t pt_buf = sPT + (it % Tile::DS_BUFS) * Tile::DS_TILE;
+        if constexpr (SPLIT_D) {
+            store_t(pt_buf, pa);  // (dV after the CTA barrier, from shared memory)
+            wgmma_wait<0>();      // dP^T has landed
+        } else {
+            bwd_issue_acc<DH, BR, QDO_SLAB_STEP, T>(dv, pa, do_s);  // dV += P^T dO
+            wgmma_wait<1>();                                          // dP^T has landed (dV may still run)
+        }
         fence_regs(dp);
 
-        const float* delta_r = delta_s + slot * BR + (lane % 4) * 2;
+        const float* delta_r = delta_s + slot * BR + q_off + (lane % 4) * 2;
 #pragma unroll
-        for (int nt = 0; nt < BR / 8; ++nt) {
+        for (int nt = 0; nt < QW / 8; ++nt) {
             const float2 d = *reinterpret_cast<const float2*>(delta_r + nt * 8);
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr) {
@@ -334,33 +384,15 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                 dp[4 * nt + 2 * hr + 1] = s[4 * nt + 2 * hr + 1] * (dp[4 * nt + 2 * hr + 1] - d.y);
             }
         }
-        uint32_t dsa[BR / 16][4];
+        uint32_t dsa[QW / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < BR / 16; ++kk)
+        for (int kk = 0; kk < QW / 16; ++kk)
             pack_a_from_c<T>(dsa[kk], *reinterpret_cast<const float(*)[4]>(&dp[8 * kk]),
                              *reinterpret_cast<const float(*)[4]>(&dp[8 * kk + 4]));
-        bwd_issue_acc<DH, BR, QDO_SLAB_STEP, T>(dk, dsa, q_s + dh_slab * QDO_SLAB_STEP);  // dK += dS^T Q
+        if constexpr (!SPLIT_D) bwd_issue_acc<DH, BR, QDO_SLAB_STEP, T>(dk, dsa, q_s);  // dK += dS^T Q
 
-        // dS^T into buffer it % 2: key row r, query column c at slab c / 64, chunk (c % 64) / 8 ^ r % 8.
-        // dsa[kk][2 * half + hr] holds row lane/4 + 8*hr, columns 16 kk + 8 half + (lane % 4) * 2 + 0/1.
-        // SPLIT_D: both warpgroups hold all 64 rows; warps 2 wg and 2 wg + 1 store theirs.
-        const uint32_t ds_buf = sdS + (it % Tile::DS_BUFS) * Tile::DS_TILE;
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-            if (SPLIT_D && warp / 2 != wg) break;
-            const int r = wg_key + warp * 16 + lane / 4 + 8 * hr;
-#pragma unroll
-            for (int kk = 0; kk < BR / 16; ++kk)
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int chunk = (2 * kk + half) % 8, slab = (2 * kk + half) / 8;
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_buf + slab * BC * ROWB + r * ROWB +
-                                                                    ((chunk ^ (r & 7)) << 4) + (lane % 4) * 4),
-                                 "r"(dsa[kk][2 * half + hr])
-                                 : "memory");
-                }
-        }
-        fence_proxy_async();  // this thread's dS^T stores before the wgmma (async proxy) reads below
+        store_t(ds_buf, dsa);  // dS^T into buffer it % 2 (for dQ; SPLIT_D: for dK too)
+        fence_proxy_async();  // this thread's dS^T (and P^T) stores before the wgmma (async proxy) reads below
         if constexpr (!DET) {
             if (t == 0) bulk_wait_read<0>();  // this warpgroup's last dQ reductions have read their staging
         } else if (t == 0 && it > 0) {
@@ -369,12 +401,16 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
 #pragma unroll
             for (int c = 0; c < Tile::DQ_PIECES; ++c) bwd_count_turn(piece_turn(it - 1, c));
         }
-        named_barrier_sync(BWD_BAR_CTA, Tile::THREADS);  // orders both warpgroups' dS^T stores before either's dQ
-                                               // wgmma, and both warpgroups' block it-1 reads (all retired)
+        named_barrier_sync(BWD_BAR_CTA, Tile::THREADS);  // orders both warpgroups' dS^T (and P^T) stores before
+                                               // either's dQ (dV, dK) wgmmas, and both warpgroups' block it-1 reads (all retired)
                                                // before the refill of its slot below, and the staging
                                                // reads (SPLIT_D: from that slot) before the stores to it
         if (tid == 0 && it + STAGES - 1 < n_iter) load_block(it + STAGES - 1);
         __syncwarp();  // warp 0 reconverged before the warpgroup-wide wgmma instructions below
+        if constexpr (SPLIT_D) {
+            bwd_issue_acc_ss<BR, BC, QDO_SLAB_STEP, T>(dv, pt_buf, do_s + dh_slab * QDO_SLAB_STEP);  // dV += P^T dO
+            bwd_issue_acc_ss<BR, BC, QDO_SLAB_STEP, T>(dk, ds_buf, q_s + dh_slab * QDO_SLAB_STEP);   // dK += dS^T Q
+        }
 
         // dQ pieces (64 x 64) = dS[rows of the slab, all BC keys] K[all keys, columns of the slab].
 #pragma unroll
