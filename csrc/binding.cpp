@@ -45,8 +45,8 @@ Args:
         scaled scores, shape (B, Hq, Sq).
     kernel: ``"auto"`` (default), or force ``"sm80"`` (portable
         tensor-core kernel), ``"sm90"`` (Hopper kernel) or ``"cpu"``; the
-        backward runs the same family (``"auto"``: sm90 on H100/H200 for
-        D <= 128, else sm80).
+        backward runs the same family (``"auto"``: sm90 on H100/H200,
+        else sm80).
     num_splits: split-KV (flash-decoding) for few query rows and long
         keys. ``None`` or ``0``: a heuristic picks the kernel and how many
         ways to split Sk across the SMs; ``1``: no split; ``n > 1``: run
@@ -65,11 +65,10 @@ with a NaN score, in one column for a NaN value. Sq and Sk go up to 2^30.
 
 Autograd: gradients for q, k and v (and through ``lse`` when returned)
 come from flashcore's backward, on the CPU and on CUDA for any head dim
-(the Hopper backward, which ``kernel="sm90"`` forces, for D <= 128; at
-D > 128 ``"auto"`` runs the portable one, which needs 144.5 KB of shared
-memory per block: A100, H100/H200, not sm86/89 GPUs; where the GPU
-cannot run the backward, an input that requires grad raises ValueError
-before the forward).
+(the Hopper backward on H100/H200; elsewhere the portable one, which at
+D > 128 needs 144.5 KB of shared memory per block: A100, not sm86/89
+GPUs; where the GPU cannot run the backward, an input that requires grad
+raises ValueError before the forward).
 dk and dv are bit-reproducible; dq is too under
 ``torch.use_deterministic_algorithms(True)``, where the backward sums dQ
 in a fixed order (slower).
@@ -418,7 +417,7 @@ at::Tensor rows_usable(const at::Tensor& t) {
 // bwd(dout, q, k, v, out, lse, dlse | None, scale, causal_mode, kernel=0) -> (dq, dk, dv):
 // the backward of a forward call with these q, k, v, scale and causal mode that
 // gave out and lse (flashcore/__init__.py's autograd formula), on the kernel
-// family of id `kernel` (auto: sm90 on H100/H200 for D <= 128, else sm80). dq, dk, dv are
+// family of id `kernel` (auto: sm90 on H100/H200, else sm80). dq, dk, dv are
 // contiguous, in q's dtype.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,

@@ -176,9 +176,9 @@ size_t fc_attn_fwd_workspace_size(const fc_attn_params* p);
  * Rows that see no key (LSE = -inf) give dQ = 0 and add nothing to dK, dV;
  * keys no row sees get dK = dV = 0. Same shapes, strides, dtypes and causal
  * modes as the forward. GPU kernels need D <= FC_BWD_MAX_GPU_HEAD_DIM (the
- * Hopper kernel D <= FC_BWD_MAX_SM90_HEAD_DIM: kernel AUTO runs the portable
- * one above it); D > 128 needs 144.5 KB of shared memory per block, which
- * sm86/sm89 GPUs do not have. The CPU path takes any D the forward takes.
+ * Hopper kernel D <= FC_BWD_MAX_SM90_HEAD_DIM, the same); the portable one
+ * at D > 128 needs 144.5 KB of shared memory per block, which sm86/sm89 GPUs
+ * do not have. The CPU path takes any D the forward takes.
  */
 #define FC_BWD_MAX_GPU_HEAD_DIM FC_MAX_HEAD_DIM /* every head dim the forward takes */
 #define FC_BWD_MAX_SM90_HEAD_DIM 256
@@ -241,7 +241,7 @@ fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream);
  * check rejects, else, rounded up to 16: for the sm80 kernel B*Hq*Sq*(D + 1)*4
  * (an fp32 dQ accumulator and Delta), plus B*Hq*ceil(Sq / 64)*4 for a
  * deterministic call (the turn counters), for the sm90 kernel B*Hq*Sq_pad*(DP + 2)*4
- * with Sq_pad = Sq rounded up to 128 and DP = 64 for D <= 64, else 128 (the
+ * with Sq_pad = Sq rounded up to 128 and DP = D rounded up to 64, 128 or 256 (the
  * accumulator in tiles, Delta and the LSE in base 2, padded rows), plus
  * B*Hq*(Sq_pad / 64)*(DP / 64)*4 for a deterministic call. */
 size_t fc_attn_bwd_workspace_size(const fc_attn_bwd_params* p);

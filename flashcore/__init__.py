@@ -224,8 +224,8 @@ def _attention_vmap(info, in_dims, query, key, value, attn_mask, dropout_p, is_c
 # The op's autograd formula: the forward saves q, k, v, out and lse (the op
 # returns lse whenever grad is needed, see attention), and the backward op
 # runs fc_attn_bwd (the CPU path, or a GPU kernel: the forward's `kernel`
-# picks the family, "auto" the Hopper one on H100/H200 at D <= 128 and the
-# portable one above).
+# picks the family, "auto" the Hopper one on H100/H200 and the portable one
+# elsewhere).
 # The gradient of lse, when the caller used it, enters as dlse.
 
 def _causal_mode(is_causal, causal, causal_alignment):
