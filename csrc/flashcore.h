@@ -226,7 +226,7 @@ fc_status fc_attn_bwd_check(const fc_attn_bwd_params* p, char* why, size_t why_l
 /* Says whether the GPU backward (kernel AUTO, SM80 or SM90) can run at head
  * dim D on the current CUDA device wherever the forward can: FC_OK, or the
  * status and reason fc_attn_bwd_check gives every call at that head dim there
- * (the Hopper kernel's head dims, shared memory per block). A device or kernel
+ * (the Hopper kernel's architecture, shared memory per block). A device or kernel
  * the forward itself refuses answers FC_OK: fc_attn_fwd_check says why. A
  * framework can ask before the forward of a training step rather than fail in
  * its backward. */

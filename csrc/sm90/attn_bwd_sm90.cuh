@@ -74,7 +74,7 @@
 #include "tensor_map.h"
 
 // ---------------------------------------------------------------------------
-// Tile table, per padded head dim DP (BC = 128 keys per CTA, two warpgroups).
+// Tile table, per padded head dim DP (two warpgroups; BC = 128 keys per CTA, 64 at DP = 256).
 //
 //  DP  | BR  | STAGES | smem: K,V + Q,dO ring + dS^T x 2 + dQ x 2 + LSE,Delta | registers per thread (255 max)
 //  64  | 128 |   2    | 32 + 64 + 64 + 32 + 2 = 194 KB                      | S^T 64 + dP^T 64 + P^T 32 + dS^T 32
@@ -137,6 +137,7 @@ struct BwdSm90Tile {
     static_assert(BWD_PIECE_THREADS == FC_WG_THREADS, "a warpgroup stages a piece in its fragment order");
     static_assert(BC % FC_BWD_KEYS_PER_CTA == 0, "dispatch's grid check (FC_BWD_KEYS_PER_CTA keys per CTA) bounds this grid");
     static_assert(FC_BWD_ROW_PAD % BR == 0, "the padded LSE and Delta must cover every block's rows");
+    static_assert(SMEM_BYTES <= FC_SM90_SMEM_MAX, "the tile's shared memory fits a CTA");
 };
 
 // Named barriers (0 is __syncthreads).
@@ -446,8 +447,9 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                 const int64_t piece = piece_index(it, c);
                 if constexpr (DET) {
                     // Wait until the key blocks after this one have added into the piece. (No __syncwarp
-                    // after it: the next wgmma.fence's .sync waits for the warp's threads, and one cost
-                    // 5-10 %, perf notes session 60.)
+                    // after it at the block's end: the next wgmma.fence's .sync waits for the warp's
+                    // threads, and one cost 5-10 %, perf notes session 60; SPLIT_D's between its pieces
+                    // makes warp 0 wait for this poll before the second piece's wgmma.)
                     bwd_poll_turn(piece_turn(it, c), bwd_turn_rank(p, w, it, BC, BR));
                     fence_proxy_async_global();  // the acquire above before the reduction (async proxy) below
                 }

@@ -150,6 +150,8 @@ FC_DEVICE uint64_t wgmma_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t s
            ((uint64_t)(sbo_bytes >> 4) << 32) | (1ull << 62);  // layout type 1: 128-byte swizzle
 }
 
+static constexpr uint32_t FC_SM90_SMEM_MAX = 227 * 1024;  // dynamic shared memory a CTA may have on sm90
+
 // The descriptor of the operand `bytes` past the one desc describes (same
 // strides). The start address field holds address / 16 in 14 bits; a CTA's
 // shared memory (at most 227 KB from address 0) keeps address + bytes below
