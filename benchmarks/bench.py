@@ -1052,9 +1052,7 @@ def main(argv=None):
         if s["suite"] != "bwd":  # (the forward is deterministic as it is)
             shape_impls = [n for n in shape_impls if not n.endswith(DET_SUFFIX)]
         if s["suite"] == "bwd":
-            # (flashcore:sm90 above the Hopper backward's head dims is refused by design: not run)
-            shape_impls = [n for n in shape_impls if n in BWD_IMPLS
-                           and (n != "flashcore:sm90" or fc is None or s["D"] <= fc._C.BWD_MAX_SM90_HEAD_DIM)]
+            shape_impls = [n for n in shape_impls if n in BWD_IMPLS]
         log(f"[{i + 1}/{len(shapes)}] {shape_label(s)}  ({flops(s) / 1e9:.1f} GFLOP)")
         try:
             new_rows += run_shape(s, shape_impls, fc, flex, budget, skipped, mismatches, log, args.rounds,

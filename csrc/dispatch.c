@@ -473,7 +473,7 @@ fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
  * own: dout, dq, dk, dv and lse pointers and alignment, the GPU kernel's head
  * dim and shared memory, and the workspace. On the GPU, kernel AUTO picks the
  * Hopper backward on a compute capability 9.0 device when the build has sm_90a
- * code and D <= FC_BWD_MAX_SM90_HEAD_DIM, else the portable one (every sm80+
+ * code (every head dim), else the portable one (every sm80+
  * device; at D > 128 those with 144.5 KB of shared memory per block); SM80 and
  * SM90 force one.
  */
@@ -513,9 +513,7 @@ static size_t bwd_workspace_bytes(const fc_attn_bwd_params* p, fc_kernel k) {
 /* The GPU backward kernel for p on dev: the forced one, or AUTO's choice. */
 static fc_kernel bwd_pick(const fc_attn_bwd_params* p, const fc_device_info* dev) {
     if (p->kernel != FC_KERNEL_AUTO) return p->kernel;
-    return dev && p->D <= FC_BWD_MAX_SM90_HEAD_DIM &&
-                   fc_arch_reason(FC_KERNEL_SM90, dev->major, dev->minor) == NULL
-               ? FC_KERNEL_SM90 : FC_KERNEL_SM80;
+    return dev && fc_arch_reason(FC_KERNEL_SM90, dev->major, dev->minor) == NULL ? FC_KERNEL_SM90 : FC_KERNEL_SM80;
 }
 
 static size_t bwd_smem(fc_kernel k, int D) {

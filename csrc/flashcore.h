@@ -181,7 +181,7 @@ size_t fc_attn_fwd_workspace_size(const fc_attn_params* p);
  * do not have. The CPU path takes any D the forward takes.
  */
 #define FC_BWD_MAX_GPU_HEAD_DIM FC_MAX_HEAD_DIM /* every head dim the forward takes */
-#define FC_BWD_MAX_SM90_HEAD_DIM 256
+#define FC_BWD_MAX_SM90_HEAD_DIM FC_BWD_MAX_GPU_HEAD_DIM /* the Hopper backward's: all of them */
 typedef struct {
     const void* q;    /* (B, Hq, Sq, D) the forward's queries */
     const void* k;    /* (B, Hkv, Sk, D) keys */

@@ -262,9 +262,9 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         mbar_expect_tx(bar, 2 * Tile::QDO_TILE + 2 * Tile::VEC);
 #pragma unroll
         for (int s = 0; s < SLABS; ++s) {
-            tma_load_4d(sQ + slot * Tile::SLOT_STEP + s * QDO_SLAB_STEP, &args.q_map, bar, s * FC_SLAB_COLS, row0, h, b);
-            tma_load_4d(sdO + slot * Tile::SLOT_STEP + s * QDO_SLAB_STEP, &args.do_map, bar, s * FC_SLAB_COLS, row0,
-                        h, b);
+            const uint32_t at = slot * Tile::SLOT_STEP + s * QDO_SLAB_STEP;
+            tma_load_4d(sQ + at, &args.q_map, bar, s * FC_SLAB_COLS, row0, h, b);
+            tma_load_4d(sdO + at, &args.do_map, bar, s * FC_SLAB_COLS, row0, h, b);
         }
         const int64_t vec0 = ((int64_t)b * p.Hq + h) * args.sq_pad + row0;
         bulk_load(sLse + slot * Tile::VEC, lse2_g + vec0, Tile::VEC, bar);
@@ -403,9 +403,10 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
             for (int c = 0; c < Tile::DQ_PIECES; ++c) bwd_count_turn(piece_turn(it - 1, c));
         }
         named_barrier_sync(BWD_BAR_CTA, Tile::THREADS);  // orders both warpgroups' dS^T (and P^T) stores before
-                                               // either's dQ (dV, dK) wgmmas, and both warpgroups' block it-1 reads (all retired)
-                                               // before the refill of its slot below, and the staging
-                                               // reads (SPLIT_D: from that slot) before the stores to it
+                                               // either's dQ (dV, dK) wgmmas, both warpgroups' block it-1
+                                               // reads (all retired) before the refill of its slot below,
+                                               // and the staging reads (SPLIT_D: from that slot) before
+                                               // the stores to it
         if (tid == 0 && it + STAGES - 1 < n_iter) load_block(it + STAGES - 1);
         __syncwarp();  // warp 0 reconverged before the warpgroup-wide wgmma instructions below
         if constexpr (SPLIT_D) {

@@ -73,8 +73,8 @@ static constexpr int STREAM_BYTES = 64 * 1024;  // stream mode: bytes a producer
 static constexpr int STREAM_CHUNK = 16 * 1024;  // ... in bulk copies of this size
 static constexpr int RING = 2;  // ring mode: K/V slots of each (the kernel's D = 128 STAGES)
 static constexpr int SMEM_BYTES = FC_SWZ_GROUP_BYTES + Q_BYTES + 2 * RING * KV_BYTES + 64 + STREAM_BYTES;
-static constexpr int SMEM_MAX = 227 * 1024;  // sm90's dynamic shared memory per block (the static few bytes fit beside)
-static_assert(SMEM_BYTES + 128 <= SMEM_MAX, "Q, the ring, the sink and the stream area must fit one CTA");
+static_assert(SMEM_BYTES + 128 <= FC_SM90_SMEM_MAX,  // (the static few bytes fit beside)
+              "Q, the ring, the sink and the stream area must fit one CTA");
 static constexpr int RELEASES_PER_THREAD = 256;  // ring mode's empty barriers: every thread of both consumers
 static constexpr int RELEASES_PER_WARP = 8;      // ... or lane 0 of each of their warps (ringw)
 static constexpr unsigned BOTH_HALVES = 3u;      // a rescale mask voting both row halves (softmax_tile's)
@@ -103,7 +103,7 @@ enum {
 static constexpr uint32_t ONES_BYTES = BC_MAX * FC_SWZ_ROW_BYTES;  // one 64-column slab of V's layout, all ones
 static constexpr uint32_t FP16_ONES = 0x3C003C00u;                 // two fp16 1.0
 static constexpr int ONES_SMEM = FC_SWZ_GROUP_BYTES + Q_BYTES + RING * (2 * KV_BYTES + ONES_BYTES) + 64;
-static_assert(ONES_SMEM + 128 <= SMEM_MAX, "Q, the ring with its ones and the sink must fit one CTA");
+static_assert(ONES_SMEM + 128 <= FC_SM90_SMEM_MAX, "Q, the ring with its ones and the sink must fit one CTA");
 __host__ __device__ constexpr uint32_t v_stride(int mode) { return mode == MODE_RING_ONES ? KV_BYTES + ONES_BYTES : KV_BYTES; }
 __host__ __device__ constexpr int smem_bytes(int mode) { return mode == MODE_RING_ONES ? ONES_SMEM : SMEM_BYTES; }
 
