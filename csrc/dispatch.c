@@ -506,7 +506,8 @@ static size_t bwd_workspace_bytes(const fc_attn_bwd_params* p, fc_kernel k) {
                                               : (size_t)p->B * p->Hq * (((size_t)p->Sq + FC_BWD_ROWS_PER_BLOCK - 1) /
                                                                          FC_BWD_ROWS_PER_BLOCK);
     const size_t turns = p->deterministic ? blocks : 0; /* int32 each: per 64-row block, or per 64 x 64 piece */
-    const size_t floats = (k == FC_KERNEL_SM90 ? vec * dp + 2 * vec : rows * ((size_t)p->D + 1)) + turns;
+    /* the Hopper kernel's item counter: one int32 */
+    const size_t floats = (k == FC_KERNEL_SM90 ? vec * dp + 2 * vec + 1 : rows * ((size_t)p->D + 1)) + turns;
     return (floats * sizeof(float) + FC_WORKSPACE_ALIGN - 1) / FC_WORKSPACE_ALIGN * FC_WORKSPACE_ALIGN;
 }
 
@@ -661,9 +662,13 @@ fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream) {
                          p->dtype, stream);
     }
 #ifdef FC_HAVE_SM90
-    if (k == FC_KERNEL_SM90)
-        return p->D <= 64 ? fc_sm90_bwd_d64(p, stream)
-             : p->D <= 128 ? fc_sm90_bwd_d128(p, stream) : fc_sm90_bwd_d256(p, stream);
+    if (k == FC_KERNEL_SM90) {
+        const fc_device_info* dev = current_device();
+        if (!dev) return FC_ERR_CUDA;
+        return p->D <= 64 ? fc_sm90_bwd_d64(p, dev->sm_count, stream)
+             : p->D <= 128 ? fc_sm90_bwd_d128(p, dev->sm_count, stream)
+                           : fc_sm90_bwd_d256(p, dev->sm_count, stream);
+    }
 #endif
     return p->D <= 64 ? fc_sm80_bwd_d64(p, stream)
          : p->D <= 128 ? fc_sm80_bwd_d128(p, stream) : fc_sm80_bwd_d256(p, stream);

@@ -28,8 +28,8 @@ size_t fc_sm80_smem_d256(void);
  * right after it (then, for a deterministic call, int32 turn counters
  * (B, Hq, ceil(Sq / FC_BWD_ROWS_PER_BLOCK))); the Hopper one keeps
  * (B, Hq, Sq_pad, DP) in 64 x 64 pieces (attn_bwd_sm90.cuh), then Delta and
- * LSE * log2(e) (B, Hq, Sq_pad) each (then, for a deterministic call, one int32
- * turn counter per piece), with Sq_pad = Sq rounded up to FC_BWD_ROW_PAD and
+ * LSE * log2(e) (B, Hq, Sq_pad) each, then an int32 item counter (then, for a
+ * deterministic call, one int32 turn counter per piece), with Sq_pad = Sq rounded up to FC_BWD_ROW_PAD and
  * DP = D padded to 64, 128 or 256. The launchers fill them (no memset needed). */
 #define FC_BWD_KEYS_PER_CTA 64 /* keys per CTA of the portable main kernel (its grid: key blocks x B x Hkv) */
 #define FC_BWD_ROW_PAD 128     /* rows per head of the padded per-row vectors are a multiple of this */
@@ -42,9 +42,10 @@ fc_status fc_sm80_bwd_d256(const fc_attn_bwd_params* p, fc_stream_t stream);  /*
 size_t fc_sm80_bwd_smem_d64(void);   /* dynamic shared memory per CTA of the main kernel, bytes */
 size_t fc_sm80_bwd_smem_d128(void);
 size_t fc_sm80_bwd_smem_d256(void);
-fc_status fc_sm90_bwd_d64(const fc_attn_bwd_params* p, fc_stream_t stream);   /* D <= 64 */
-fc_status fc_sm90_bwd_d128(const fc_attn_bwd_params* p, fc_stream_t stream);  /* 64 < D <= 128 */
-fc_status fc_sm90_bwd_d256(const fc_attn_bwd_params* p, fc_stream_t stream);  /* 128 < D <= 256 */
+/* num_sms sizes the Hopper main kernel's persistent grid */
+fc_status fc_sm90_bwd_d64(const fc_attn_bwd_params* p, int num_sms, fc_stream_t stream);   /* D <= 64 */
+fc_status fc_sm90_bwd_d128(const fc_attn_bwd_params* p, int num_sms, fc_stream_t stream);  /* 64 < D <= 128 */
+fc_status fc_sm90_bwd_d256(const fc_attn_bwd_params* p, int num_sms, fc_stream_t stream);  /* 128 < D <= 256 */
 size_t fc_sm90_bwd_smem_d64(void);
 size_t fc_sm90_bwd_smem_d128(void);
 size_t fc_sm90_bwd_smem_d256(void);

@@ -70,3 +70,13 @@ def test_ncu_report_does_not_guess_when_a_call_ran_two_kernels(capsys):
     ncu_compare.report(fake_run([["kernA", "memset"], ["kernB"]]))
     out = capsys.readouterr().out
     assert "3 kernels in 2 profiled calls" in out and "shape0" not in out
+
+
+def test_ncu_report_lists_and_sums_the_kernels_of_one_call(capsys):
+    # One ncu process per (shape, impl) (main): a backward call's three kernels all get its label.
+    ncu_compare.report(fake_run([["prep", "main", "post"]]) + ncu_compare.RUN_SEP + fake_run([["kernB"]]))
+    out = capsys.readouterr().out.splitlines()
+    assert [ln.split()[-1] for ln in out[1:4]] == ["prep", "main", "post"]
+    assert all(ln.startswith("grid fp16 shape0") for ln in out[1:5])
+    assert out[4].split()[4] == "6.0" and "sum of the call's 3 kernels" in out[4]  # 1 + 2 + 3 us
+    assert out[5].startswith("grid fp16 shape0") and out[5].split()[-1] == "kernB"

@@ -16,8 +16,9 @@
 //
 // Workspace layout (kernels.h): the accumulator, (B, Hq, Sq, D) row-major fp32
 // (portable) or (B, Hq, sq_pad, DP) in tiles (Hopper, attn_bwd_sm90.cuh), then
-// Delta (B, Hq, sq_pad), then (Hopper) LSE * log2(e) (B, Hq, sq_pad), then
-// a deterministic call's int32 turn counters: (B, Hq, ceil(Sq / 64)) for the
+// Delta (B, Hq, sq_pad), then (Hopper) LSE * log2(e) (B, Hq, sq_pad) and the
+// main kernel's int32 item counter (zeroed by the prep kernel), then a
+// deterministic call's int32 turn counters: (B, Hq, ceil(Sq / 64)) for the
 // portable kernel, one per piece (B, Hq, sq_pad / 64, DP / 64) for the Hopper one.
 #pragma once
 
@@ -61,9 +62,11 @@ FC_DEVICE int bwd_piece_offset(int r, int c) {
     return 2 * (BWD_PIECE_THREADS * jj + t) + c % 2;
 }
 
-// The blocks a main-kernel CTA walks. 1-D grid over (key block of bc keys, KV
-// head, batch), key blocks fastest (a deterministic call: the last one first):
-// the CTAs of one KV head run together and share its Q and dO in L2. The CTA
+// The blocks a main kernel walks for one item: items are (key block of bc
+// keys, KV head, batch), key blocks fastest (a deterministic call: the last one
+// first), so that the items of one KV head run together and share its Q and dO
+// in L2. The portable kernel's CTA takes item blockIdx.x, the Hopper kernel's
+// persistent CTAs take items blockIdx.x, blockIdx.x + gridDim.x, ... An item
 // walks the G = Hq / Hkv query heads of its KV head and, per head, the br-row
 // query blocks that see any of its keys:
 // key j is visible to row i iff j <= i + diag (causal) and j < Sk, so the
@@ -85,10 +88,10 @@ FC_DEVICE int bwd_m_first(const fc_attn_bwd_params& p, int k0, int br) {
     const int diag = bwd_diag(p);
     return p.causal == FC_CAUSAL_NONE || k0 - diag <= 0 ? 0 : min((p.Sq + br - 1) / br, (k0 - diag) / br);
 }
-FC_DEVICE BwdWalk bwd_walk(const fc_attn_bwd_params& p, int bc, int br) {
+FC_DEVICE BwdWalk bwd_walk(const fc_attn_bwd_params& p, int bc, int br, unsigned item) {
     BwdWalk w;
     const int n_kblocks = (p.Sk + bc - 1) / bc;
-    const int kb_i = (int)(blockIdx.x % n_kblocks), bhk = (int)(blockIdx.x / n_kblocks);
+    const int kb_i = (int)(item % n_kblocks), bhk = (int)(item / n_kblocks);
     const int kb = p.deterministic ? n_kblocks - 1 - kb_i : kb_i;  // deterministic: last key block first
     w.hk = bhk % p.Hkv;
     w.b = bhk / p.Hkv;
@@ -111,9 +114,11 @@ FC_DEVICE BwdWalk bwd_walk(const fc_attn_bwd_params& p, int bc, int br) {
 // causal CTA's first block is its diagonal one, where it is the last key block,
 // so no CTA waits on work that comes later in another CTA's walk (first first,
 // the CTA of key block kb would wait for kb blocks of key block 0's walk).
-// A CTA waits only on CTAs of lower index, started no later than itself (a
-// deterministic call's grid runs the key blocks of a KV head last first,
-// bwd_walk), so a full GPU cannot hold a waiter whose turn never comes.
+// An item waits only on items of lower index (a deterministic call's items
+// run the key blocks of a KV head last first, bwd_walk), and a deterministic
+// call runs one CTA per item in both kernels, so a CTA waits only on CTAs of
+// lower index, started no later than itself: a full GPU cannot hold a waiter
+// whose turn never comes.
 static constexpr int BWD_TURN_SLEEP_NS = 64;  // back-off between polls of a turn counter
 
 // The portable kernel's counter of query block m of (batch b, query head h), after Delta.
@@ -167,11 +172,16 @@ FC_DEVICE void bwd_pass_turn(const fc_attn_bwd_params& p, const BwdWalk& w, int 
     bwd_count_turn(bwd_turn_at(p, w, it));
 }
 
-// The Hopper kernel's turn counters, one per piece (bwd_piece_index), after LSE * log2(e).
+// The Hopper kernel's item counter (items handed out past the grid's first), after LSE * log2(e).
 template <int DP>
-FC_DEVICE int* bwd_piece_turns(const fc_attn_bwd_params& p, int sq_pad) {
+FC_DEVICE int* bwd_item_counter(const fc_attn_bwd_params& p, int sq_pad) {
     const int64_t n_vec = (int64_t)p.B * p.Hq * sq_pad;
     return reinterpret_cast<int*>(static_cast<float*>(p.workspace) + n_vec * (DP + 2));
+}
+// The Hopper kernel's turn counters, one per piece (bwd_piece_index), after the item counter.
+template <int DP>
+FC_DEVICE int* bwd_piece_turns(const fc_attn_bwd_params& p, int sq_pad) {
+    return bwd_item_counter<DP>(p, sq_pad) + 1;
 }
 
 // Two T (one 32-bit word, low half first) as floats.
@@ -235,6 +245,7 @@ attn_bwd_prep_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_pad, b
             if (!hopper && p.deterministic && real && i % FC_BWD_ROWS_PER_BLOCK == 0)
                 *bwd_turn(p, (int)(bh / p.Hq), (int)(bh % p.Hq), i / FC_BWD_ROWS_PER_BLOCK) = 0;  // none added yet
         }
+        if (hopper && vrow == 0 && c == 0) *bwd_item_counter<DP>(p, sq_pad) = 0;  // no item handed out yet
         if (hopper && p.deterministic && vrow < n_vec && i % BWD_PIECE_ROWS == 0 && c < DP / BWD_PIECE_COLS)
             bwd_piece_turns<DP>(p, sq_pad)[bwd_piece_index<DP>(vrow / BWD_PIECE_ROWS, c)] = 0;  // none added yet
     }

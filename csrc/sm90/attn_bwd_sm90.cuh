@@ -6,16 +6,22 @@
 //     (minus dlse_i) and LSE_i * log2(e) per query row, padded to
 //     FC_BWD_ROW_PAD rows per head (padding rows: Delta 0, LSE +inf, so P = 0),
 //     and the fp32 dQ accumulator zeroed.
-//  2. attn_bwd_sm90_kernel: one CTA owns BC keys of one (batch, KV head); K
-//     and V arrive once by TMA. Up to DP = 128, BC = 128 and two warpgroups
+//  2. attn_bwd_sm90_kernel: an item is BC keys of one (batch, KV head); a
+//     persistent grid of one CTA per SM takes the items in order from a
+//     counter, each CTA its next one in the last block of the one before (a
+//     deterministic call: one CTA per item, as its instantiation needs all
+//     255 registers at DP = 64 without the loop over items). K and V arrive
+//     once per item by TMA, with the item's first Q / dO block, as soon as the
+//     CTA's previous item has done with them, so they load under its epilogue
+//     rather than after a CTA launch. Up to DP = 128, BC = 128 and two warpgroups
 //     own 64 keys each with all DP columns of their dK, dV accumulators (fp32)
 //     in registers; at DP = 256, BC = 64 and both warpgroups work on the same
-//     64 keys, each owning 128 of the columns of dK and dV (below). The CTA walks the
+//     64 keys, each owning 128 of the columns of dK and dV (below). An item walks the
 //     Hq / Hkv query heads of the KV head and, per head, the query blocks of BR
 //     rows that see any of its keys (causal: from the block of the first key's
 //     diagonal on). Thread 0 loads each block's Q, dO (TMA, 128-byte swizzle)
 //     and its rows' LSE and Delta (bulk copies) into a ring of STAGES slots,
-//     completing on one mbarrier per slot, STAGES - 1 blocks ahead. Per block,
+//     completing on one mbarrier per slot, one block ahead. Per block,
 //     each warpgroup runs, for its 64 keys x BR rows,
 //       S^T = K Q^T, dP^T = V dO^T        wgmma, both operands in shared memory
 //       P^T = exp2(S^T scale log2e - LSE log2e)   (masked: keys >= Sk, causal)
@@ -128,7 +134,8 @@ struct BwdSm90Tile {
     static constexpr uint32_t OFF_LSE = OFF_DQ + (SPLIT_D ? 0 : WGS * DQ_STAGE);
     static constexpr uint32_t OFF_DELTA = OFF_LSE + STAGES * VEC;
     static constexpr uint32_t OFF_BAR = OFF_DELTA + STAGES * VEC;  // K/V barrier, then one per slot
-    static constexpr uint32_t SMEM_BYTES = OFF_BAR + FC_MBAR_BYTES * (1 + STAGES) + FC_SWZ_GROUP_BYTES;  // + alignment slack
+    static constexpr uint32_t OFF_NEXT = OFF_BAR + FC_MBAR_BYTES * (1 + STAGES);  // two int32: a CTA's next items
+    static constexpr uint32_t SMEM_BYTES = OFF_NEXT + 2 * 4 + FC_SWZ_GROUP_BYTES;  // + alignment slack
     static_assert(SPLIT_D ? DQ_PIECES == DH / DQ_COLS && BR == DQ_ROWS : DQ_PIECES == 1,
                   "the dQ phase splits the block's dQ into pieces, one per warpgroup or (SPLIT_D) its columns'");
     static_assert(!SPLIT_D || (SLAB == DQ_STAGE / 2 && DH == 128 && BR == 64),
@@ -138,6 +145,7 @@ struct BwdSm90Tile {
     static_assert(BC % FC_BWD_KEYS_PER_CTA == 0, "dispatch's grid check (FC_BWD_KEYS_PER_CTA keys per CTA) bounds this grid");
     static_assert(FC_BWD_ROW_PAD % BR == 0, "the padded LSE and Delta must cover every block's rows");
     static_assert(SMEM_BYTES <= FC_SM90_SMEM_MAX, "the tile's shared memory fits a CTA");
+    static_assert(STAGES == 2, "the kernel's loads run one block ahead (an item's first block with its K, V)");
 };
 
 // Named barriers (0 is __syncthreads).
@@ -239,10 +247,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     auto full_bar = [&](int slot) { return kv_bar + FC_MBAR_BYTES * (1 + slot); };
 
     const int tid = threadIdx.x, wg = tid / FC_WG_THREADS, t = tid % FC_WG_THREADS, warp = t / 32, lane = tid % 32;
-    const BwdWalk w = bwd_walk(p, BC, BR);  // the grid and the query blocks this CTA visits
-    const int hk = w.hk, b = w.b, G = w.G, k0 = w.k0, diag = w.diag;
-    const bool causal = w.causal;
-    const int m_first = w.m_first, per_head = w.per_head, n_iter = w.n_iter;
+    const unsigned n_items = (unsigned)((p.Sk + BC - 1) / BC) * (unsigned)(p.B * p.Hkv);  // bwd_walk's items
 
     float* dq_acc = static_cast<float*>(p.workspace);  // (B, Hq, sq_pad, DP) in pieces, see bwd_piece
     const float* delta_g = dq_acc + (int64_t)p.B * p.Hq * args.sq_pad * DP;
@@ -255,38 +260,51 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     }
     __syncthreads();  // the initialized barriers before any wait on them or TMA completion
 
-    // Q, dO, LSE and Delta of block j into slot j % STAGES (thread 0).
-    auto load_block = [&](int j) {
-        const int slot = j % STAGES, h = hk * G + j / per_head, row0 = (m_first + j % per_head) * BR;
+    // The loads (thread 0). The ring holds the CTA's blocks in the order it walks them, over all its
+    // items: block j of an item whose first block is the CTA's block n0 is the CTA's block n0 + j,
+    // in slot (n0 + j) % STAGES. Within an item the ring loads one block ahead; an item's first
+    // block loads with its K and V once the CTA's previous item is done with the slot and K, V.
+    // Q, dO, LSE and Delta of block j of walk v, the CTA's block n, into slot n % STAGES.
+    auto load_block = [&](const BwdWalk& v, int j, int n) {
+        const int slot = n % STAGES, h = v.hk * v.G + j / v.per_head, row0 = (v.m_first + j % v.per_head) * BR;
         const uint32_t bar = full_bar(slot);
         mbar_expect_tx(bar, 2 * Tile::QDO_TILE + 2 * Tile::VEC);
 #pragma unroll
         for (int s = 0; s < SLABS; ++s) {
             const uint32_t at = slot * Tile::SLOT_STEP + s * QDO_SLAB_STEP;
-            tma_load_4d(sQ + at, &args.q_map, bar, s * FC_SLAB_COLS, row0, h, b);
-            tma_load_4d(sdO + at, &args.do_map, bar, s * FC_SLAB_COLS, row0, h, b);
+            tma_load_4d(sQ + at, &args.q_map, bar, s * FC_SLAB_COLS, row0, h, v.b);
+            tma_load_4d(sdO + at, &args.do_map, bar, s * FC_SLAB_COLS, row0, h, v.b);
         }
-        const int64_t vec0 = ((int64_t)b * p.Hq + h) * args.sq_pad + row0;
+        const int64_t vec0 = ((int64_t)v.b * p.Hq + h) * args.sq_pad + row0;
         bulk_load(sLse + slot * Tile::VEC, lse2_g + vec0, Tile::VEC, bar);
         bulk_load(sDelta + slot * Tile::VEC, delta_g + vec0, Tile::VEC, bar);
     };
-    if (tid == 0 && n_iter > 0) {
+    // K and V of walk v, completing on kv_bar.
+    auto load_kv = [&](const BwdWalk& v) {
         mbar_expect_tx(kv_bar, 2 * Tile::KV_TILE);
 #pragma unroll
         for (int s = 0; s < SLABS; ++s) {
-            tma_load_4d(sK + s * BC * ROWB, &args.k_map, kv_bar, s * FC_SLAB_COLS, k0, hk, b);
-            tma_load_4d(sV + s * BC * ROWB, &args.v_map, kv_bar, s * FC_SLAB_COLS, k0, hk, b);
+            tma_load_4d(sK + s * BC * ROWB, &args.k_map, kv_bar, s * FC_SLAB_COLS, v.k0, v.hk, v.b);
+            tma_load_4d(sV + s * BC * ROWB, &args.v_map, kv_bar, s * FC_SLAB_COLS, v.k0, v.hk, v.b);
         }
-        for (int j = 0; j < STAGES - 1 && j < n_iter; ++j) load_block(j);
+    };
+    // Items: the CTA's first is blockIdx.x, each next one is taken from the item counter (zeroed by
+    // the prep kernel) near the end of the one before, so CTAs that finish early take more (causal
+    // items differ in length) and the next item's loads can start when the current one is done.
+    // Thread 0 leaves the next item in next_s[k % 2] for the k-th item's end (two words: the CTA
+    // reads one after the item's end barrier, while thread 0 may already be writing the other).
+    int* item_counter = bwd_item_counter<DP>(p, args.sq_pad);
+    volatile int* next_s = reinterpret_cast<volatile int*>(smem_raw + (base + Tile::OFF_NEXT - raw));
+    if (tid == 0) {  // the first item's K, V and first block
+        const BwdWalk v = bwd_walk(p, BC, BR, blockIdx.x);
+        if (v.n_iter > 0) {
+            load_kv(v);
+            load_block(v, 0, 0);
+        }
     }
-
-    float dk[DH / 2], dv[DH / 2];  // this warpgroup's 64 keys x DH columns (dK unscaled)
-#pragma unroll
-    for (int i = 0; i < DH / 2; ++i) dk[i] = dv[i] = 0.f;
 
     const float scale_log2 = p.scale * FC_LOG2E;
     const int wg_key = SPLIT_D ? 0 : wg * Tile::WG_KEYS;  // this warpgroup's first key in the CTA's
-    const int key_w0 = k0 + wg_key;
     const uint32_t k_rows = sK + wg_key * ROWB, v_rows = sV + wg_key * ROWB;
     const int dh_slab = SPLIT_D ? wg * (DH / FC_SLAB_COLS) : 0;  // first slab of this warpgroup's dK, dV columns
     const int q_off = SPLIT_D ? wg * QW : 0;  // first query row (of a block) of this warpgroup's S^T columns
@@ -312,176 +330,225 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     // dQ piece c of this warpgroup: dS^T's column slab (query rows) and K's column slab (head-dim columns).
     const int dq_row_slab = BR == 128 ? wg : 0;
     auto dq_col_slab = [&](int c) { return SPLIT_D ? wg * Tile::DQ_PIECES + c : DP == 128 ? wg : 0; };
-    // Index of this warpgroup's dQ piece c of iteration j (bwd_piece_index), and (deterministic) its turn counter.
-    auto piece_index = [&](int j, int c) {
-        const int h = hk * G + j / per_head, row0 = (m_first + j % per_head) * BR;
-        const int64_t m = ((int64_t)b * p.Hq + h) * (args.sq_pad / Tile::DQ_ROWS) + row0 / Tile::DQ_ROWS + dq_row_slab;
-        return bwd_piece_index<DP>(m, dq_col_slab(c));
-    };
-    auto piece_turn = [&](int j, int c) { return bwd_piece_turns<DP>(p, args.sq_pad) + piece_index(j, c); };
-    if (n_iter > 0) mbar_wait(kv_bar, 0);  // K and V have landed (the loop's wgmmas read them)
 
-    for (int it = 0; it < n_iter; ++it) {
-        const int slot = it % STAGES;
-        const int row0 = (m_first + it % per_head) * BR;
-        const uint32_t q_s = sQ + slot * Tile::SLOT_STEP, do_s = sdO + slot * Tile::SLOT_STEP;
-        mbar_wait(full_bar(slot), (it / STAGES) & 1);  // block it's Q, dO, LSE and Delta have landed
+    int n0 = 0;             // the CTA's blocks before this item's
+    uint32_t kv_phase = 0;  // parity of kv_bar's next completion (one per item that walks any block)
+    unsigned item = blockIdx.x;
+    for (int k = 0; item < n_items; ++k) {  // the CTA's k-th item
+        const BwdWalk w = bwd_walk(p, BC, BR, item);  // the query blocks this item visits
+        const int hk = w.hk, b = w.b, G = w.G, k0 = w.k0, diag = w.diag;
+        const bool causal = w.causal;
+        const int m_first = w.m_first, per_head = w.per_head, n_iter = w.n_iter;
+        // Index of this warpgroup's dQ piece c of iteration j (bwd_piece_index), and (deterministic) its turn counter.
+        auto piece_index = [&](int j, int c) {
+            const int h = hk * G + j / per_head, row0 = (m_first + j % per_head) * BR;
+            const int64_t m =
+                ((int64_t)b * p.Hq + h) * (args.sq_pad / Tile::DQ_ROWS) + row0 / Tile::DQ_ROWS + dq_row_slab;
+            return bwd_piece_index<DP>(m, dq_col_slab(c));
+        };
+        auto piece_turn = [&](int j, int c) { return bwd_piece_turns<DP>(p, args.sq_pad) + piece_index(j, c); };
 
-        float s[QW / 2], dp[QW / 2];  // this warpgroup's 64 keys x QW query rows from q_off
-        bwd_issue_kmajor<DP, BC, QW, QDO_SLAB_STEP, T>(s, k_rows, q_s + q_off * ROWB);    // S^T = K Q^T
-        bwd_issue_kmajor<DP, BC, QW, QDO_SLAB_STEP, T>(dp, v_rows, do_s + q_off * ROWB);  // dP^T = V dO^T
-        wgmma_wait<1>();  // S^T has landed (dP^T may still run)
-        fence_regs(s);
+        float dk[DH / 2], dv[DH / 2];  // this warpgroup's 64 keys x DH columns (dK unscaled)
+#pragma unroll
+        for (int i = 0; i < DH / 2; ++i) dk[i] = dv[i] = 0.f;
+        const int key_w0 = k0 + wg_key;
+        // Thread 0 takes the next item in this item's last block, after its CTA barrier (the add's
+        // latency hides under the block's dQ, and a CTA holds a taken item only until it ends).
+        int ticket = 0;  // thread 0: the counter before its add
+        if (!DET && tid == 0 && n_iter == 0) ticket = atomicAdd(item_counter, 1);
+        if (n_iter > 0) mbar_wait(kv_bar, kv_phase);  // this item's K and V have landed (the loop's wgmmas read them)
 
-        // P^T in place; columns are query rows (padding rows have LSE +inf: P = 0).
-        const float* lse_r = lse_s + slot * BR + q_off + (lane % 4) * 2;
-#pragma unroll
-        for (int nt = 0; nt < QW / 8; ++nt) {
-            const float2 l = *reinterpret_cast<const float2*>(lse_r + nt * 8);
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-                s[4 * nt + 2 * hr] = fast_exp2(fmaf(s[4 * nt + 2 * hr], scale_log2, -l.x));
-                s[4 * nt + 2 * hr + 1] = fast_exp2(fmaf(s[4 * nt + 2 * hr + 1], scale_log2, -l.y));
-            }
-        }
-        if (key_w0 + Tile::WG_KEYS > p.Sk || (causal && key_w0 + Tile::WG_KEYS - 1 > row0 + q_off + diag)) {
-            const int q_first = row0 + q_off + (lane % 4) * 2;
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-                const int key = key_w0 + warp * 16 + lane / 4 + 8 * hr;
-                const int c_lim = causal ? key - diag - q_first : INT_MIN;  // masked iff column c < c_lim
-                const bool key_bad = key >= p.Sk;
-#pragma unroll
-                for (int nt = 0; nt < QW / 8; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e)
-                        if (key_bad || nt * 8 + e < c_lim) s[4 * nt + 2 * hr + e] = 0.f;
-            }
-        }
+        for (int it = 0; it < n_iter; ++it) {
+            const int n = n0 + it;  // the CTA's block: ring slot and phase, dS^T (P^T) buffer
+            const int slot = n % STAGES;
+            const int row0 = (m_first + it % per_head) * BR;
+            const uint32_t q_s = sQ + slot * Tile::SLOT_STEP, do_s = sdO + slot * Tile::SLOT_STEP;
+            mbar_wait(full_bar(slot), (n / STAGES) & 1);  // block it's Q, dO, LSE and Delta have landed
+            float s[QW / 2], dp[QW / 2];  // this warpgroup's 64 keys x QW query rows from q_off
+            bwd_issue_kmajor<DP, BC, QW, QDO_SLAB_STEP, T>(s, k_rows, q_s + q_off * ROWB);    // S^T = K Q^T
+            bwd_issue_kmajor<DP, BC, QW, QDO_SLAB_STEP, T>(dp, v_rows, do_s + q_off * ROWB);  // dP^T = V dO^T
+            wgmma_wait<1>();  // S^T has landed (dP^T may still run)
+            fence_regs(s);
 
-        uint32_t pa[QW / 16][4];
+            // P^T in place; columns are query rows (padding rows have LSE +inf: P = 0).
+            const float* lse_r = lse_s + slot * BR + q_off + (lane % 4) * 2;
 #pragma unroll
-        for (int kk = 0; kk < QW / 16; ++kk)
-            pack_a_from_c<T>(pa[kk], *reinterpret_cast<const float(*)[4]>(&s[8 * kk]),
-                             *reinterpret_cast<const float(*)[4]>(&s[8 * kk + 4]));
-        const uint32_t ds_buf = sdS + (it % Tile::DS_BUFS) * Tile::DS_TILE;
-        const uint32_t pt_buf = sPT + (it % Tile::DS_BUFS) * Tile::DS_TILE;
-        if constexpr (SPLIT_D) {
-            store_t(pt_buf, pa);  // (dV after the CTA barrier, from shared memory)
-            wgmma_wait<0>();      // dP^T has landed
-        } else {
-            bwd_issue_acc<DH, BR, QDO_SLAB_STEP, T>(dv, pa, do_s);  // dV += P^T dO
-            wgmma_wait<1>();                                          // dP^T has landed (dV may still run)
-        }
-        fence_regs(dp);
-
-        const float* delta_r = delta_s + slot * BR + q_off + (lane % 4) * 2;
+            for (int nt = 0; nt < QW / 8; ++nt) {
+                const float2 l = *reinterpret_cast<const float2*>(lse_r + nt * 8);
 #pragma unroll
-        for (int nt = 0; nt < QW / 8; ++nt) {
-            const float2 d = *reinterpret_cast<const float2*>(delta_r + nt * 8);
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-                dp[4 * nt + 2 * hr] = s[4 * nt + 2 * hr] * (dp[4 * nt + 2 * hr] - d.x);
-                dp[4 * nt + 2 * hr + 1] = s[4 * nt + 2 * hr + 1] * (dp[4 * nt + 2 * hr + 1] - d.y);
-            }
-        }
-        uint32_t dsa[QW / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < QW / 16; ++kk)
-            pack_a_from_c<T>(dsa[kk], *reinterpret_cast<const float(*)[4]>(&dp[8 * kk]),
-                             *reinterpret_cast<const float(*)[4]>(&dp[8 * kk + 4]));
-        if constexpr (!SPLIT_D) bwd_issue_acc<DH, BR, QDO_SLAB_STEP, T>(dk, dsa, q_s);  // dK += dS^T Q
-
-        store_t(ds_buf, dsa);  // dS^T into buffer it % 2 (for dQ; SPLIT_D: for dK too)
-        fence_proxy_async();  // this thread's dS^T (and P^T) stores before the wgmma (async proxy) reads below
-        if constexpr (!DET) {
-            if (t == 0) bulk_wait_read<0>();  // this warpgroup's last dQ reductions have read their staging
-        } else if (t == 0 && it > 0) {
-            bulk_wait<0>();              // the last reductions have read their staging and added into the accumulator;
-            fence_proxy_async_global();  // their adds (async proxy) before the counts below
-#pragma unroll
-            for (int c = 0; c < Tile::DQ_PIECES; ++c) bwd_count_turn(piece_turn(it - 1, c));
-        }
-        named_barrier_sync(BWD_BAR_CTA, Tile::THREADS);  // orders both warpgroups' dS^T (and P^T) stores before
-                                               // either's dQ (dV, dK) wgmmas, both warpgroups' block it-1
-                                               // reads (all retired) before the refill of its slot below,
-                                               // and the staging reads (SPLIT_D: from that slot) before
-                                               // the stores to it
-        if (tid == 0 && it + STAGES - 1 < n_iter) load_block(it + STAGES - 1);
-        __syncwarp();  // warp 0 reconverged before the warpgroup-wide wgmma instructions below
-        if constexpr (SPLIT_D) {
-            bwd_issue_acc_ss<BR, BC, QDO_SLAB_STEP, T>(dv, pt_buf, do_s + dh_slab * QDO_SLAB_STEP);  // dV += P^T dO
-            bwd_issue_acc_ss<BR, BC, QDO_SLAB_STEP, T>(dk, ds_buf, q_s + dh_slab * QDO_SLAB_STEP);   // dK += dS^T Q
-        }
-
-        // dQ pieces (64 x 64) = dS[rows of the slab, all BC keys] K[all keys, columns of the slab].
-#pragma unroll
-        for (int c = 0; c < Tile::DQ_PIECES; ++c) {
-            if (SPLIT_D && c > 0) __syncwarp();  // thread 0's reduction below reconverged before the next wgmma
-            float dq[Tile::DQ_COLS / 2];
-            {
-                wgmma_fence();  // orders earlier register use of dq before the async writes
-                const uint64_t ad = wgmma_desc(ds_buf + dq_row_slab * BC * ROWB, BC * ROWB, FC_SWZ_GROUP_BYTES);
-                const uint64_t bd = wgmma_desc(sK + dq_col_slab(c) * BC * ROWB, BC * ROWB, FC_SWZ_GROUP_BYTES);
-#pragma unroll
-                for (int kk = 0; kk < BC / 16; ++kk)
-                    wgmma_ss_tt_n64<T>(dq, wgmma_desc_add(ad, kk * 16 * ROWB), wgmma_desc_add(bd, kk * 16 * ROWB),
-                                       kk > 0);
-                wgmma_commit();
-            }
-            wgmma_wait<0>();  // dQ, and this block's dV and dK (their A registers and the slot are free)
-            fence_regs(dq);
-            fence_regs(dk);
-            fence_regs(dv);
-            // dq[2 j + e] (j = 2 nt + hr) at float 2 (128 j + t) + e of the piece (bwd_piece_offset).
-            // SPLIT_D: in the slot, over Q's slab of the piece's columns and the dO slab after it.
-            const uint32_t stage = SPLIT_D ? q_s + dq_col_slab(c) * QDO_SLAB_STEP : sDQ + wg * Tile::DQ_STAGE;
-#pragma unroll
-            for (int j = 0; j < Tile::DQ_COLS / 4; ++j)
-                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(stage + (j * FC_WG_THREADS + t) * 8),
-                             "f"(dq[2 * j]), "f"(dq[2 * j + 1])
-                             : "memory");
-            fence_proxy_async();  // this thread's staging stores before the bulk reduction (async proxy) reads them
-            named_barrier_sync(BWD_BAR_WG0 + wg, FC_WG_THREADS);  // orders the warpgroup's staging stores before
-                                                                   // the reduction below
-            if (t == 0) {
-                const int64_t piece = piece_index(it, c);
-                if constexpr (DET) {
-                    // Wait until the key blocks after this one have added into the piece. (No __syncwarp
-                    // after it at the block's end: the next wgmma.fence's .sync waits for the warp's
-                    // threads, and one cost 5-10 %, perf notes session 60; SPLIT_D's between its pieces
-                    // makes warp 0 wait for this poll before the second piece's wgmma.)
-                    bwd_poll_turn(piece_turn(it, c), bwd_turn_rank(p, w, it, BC, BR));
-                    fence_proxy_async_global();  // the acquire above before the reduction (async proxy) below
+                for (int hr = 0; hr < 2; ++hr) {
+                    s[4 * nt + 2 * hr] = fast_exp2(fmaf(s[4 * nt + 2 * hr], scale_log2, -l.x));
+                    s[4 * nt + 2 * hr + 1] = fast_exp2(fmaf(s[4 * nt + 2 * hr + 1], scale_log2, -l.y));
                 }
-                bulk_reduce_add_f32(dq_acc + piece * BWD_PIECE, stage, Tile::DQ_STAGE);
-                bulk_commit();
+            }
+            if (key_w0 + Tile::WG_KEYS > p.Sk || (causal && key_w0 + Tile::WG_KEYS - 1 > row0 + q_off + diag)) {
+                const int q_first = row0 + q_off + (lane % 4) * 2;
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    const int key = key_w0 + warp * 16 + lane / 4 + 8 * hr;
+                    const int c_lim = causal ? key - diag - q_first : INT_MIN;  // masked iff column c < c_lim
+                    const bool key_bad = key >= p.Sk;
+#pragma unroll
+                    for (int nt = 0; nt < QW / 8; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e)
+                            if (key_bad || nt * 8 + e < c_lim) s[4 * nt + 2 * hr + e] = 0.f;
+                }
+            }
+
+            uint32_t pa[QW / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < QW / 16; ++kk)
+                pack_a_from_c<T>(pa[kk], *reinterpret_cast<const float(*)[4]>(&s[8 * kk]),
+                                 *reinterpret_cast<const float(*)[4]>(&s[8 * kk + 4]));
+            const uint32_t ds_buf = sdS + (n % Tile::DS_BUFS) * Tile::DS_TILE;
+            const uint32_t pt_buf = sPT + (n % Tile::DS_BUFS) * Tile::DS_TILE;
+            if constexpr (SPLIT_D) {
+                store_t(pt_buf, pa);  // (dV after the CTA barrier, from shared memory)
+                wgmma_wait<0>();      // dP^T has landed
+            } else {
+                bwd_issue_acc<DH, BR, QDO_SLAB_STEP, T>(dv, pa, do_s);  // dV += P^T dO
+                wgmma_wait<1>();                                          // dP^T has landed (dV may still run)
+            }
+            fence_regs(dp);
+
+            const float* delta_r = delta_s + slot * BR + q_off + (lane % 4) * 2;
+#pragma unroll
+            for (int nt = 0; nt < QW / 8; ++nt) {
+                const float2 d = *reinterpret_cast<const float2*>(delta_r + nt * 8);
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    dp[4 * nt + 2 * hr] = s[4 * nt + 2 * hr] * (dp[4 * nt + 2 * hr] - d.x);
+                    dp[4 * nt + 2 * hr + 1] = s[4 * nt + 2 * hr + 1] * (dp[4 * nt + 2 * hr + 1] - d.y);
+                }
+            }
+            uint32_t dsa[QW / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < QW / 16; ++kk)
+                pack_a_from_c<T>(dsa[kk], *reinterpret_cast<const float(*)[4]>(&dp[8 * kk]),
+                                 *reinterpret_cast<const float(*)[4]>(&dp[8 * kk + 4]));
+            if constexpr (!SPLIT_D) bwd_issue_acc<DH, BR, QDO_SLAB_STEP, T>(dk, dsa, q_s);  // dK += dS^T Q
+
+            store_t(ds_buf, dsa);  // dS^T into buffer n % 2 (for dQ; SPLIT_D: for dK too)
+            fence_proxy_async();  // this thread's dS^T (and P^T) stores before the wgmma (async proxy) reads below
+            if constexpr (!DET) {
+                if (t == 0) bulk_wait_read<0>();  // this warpgroup's last dQ reductions have read their staging
+            } else if (t == 0 && it > 0) {
+                bulk_wait<0>();              // the last reductions have read their staging and added their sums;
+                fence_proxy_async_global();  // their adds (async proxy) before the counts below
+#pragma unroll
+                for (int c = 0; c < Tile::DQ_PIECES; ++c) bwd_count_turn(piece_turn(it - 1, c));
+            }
+            named_barrier_sync(BWD_BAR_CTA, Tile::THREADS);  // orders both warpgroups' dS^T (and P^T) stores before
+                                                   // either's dQ (dV, dK) wgmmas, both warpgroups' block it-1
+                                                   // reads (all retired) before the refill of its slot below,
+                                                   // and the staging reads (SPLIT_D: from that slot) before
+                                                   // the stores to it
+            if (tid == 0) {
+                if (it + 1 < n_iter) load_block(w, it + 1, n + 1);  // (the next item's first: below)
+                else if (!DET) ticket = atomicAdd(item_counter, 1);
+            }
+            __syncwarp();  // warp 0 reconverged before the warpgroup-wide wgmma instructions below
+            if constexpr (SPLIT_D) {
+                bwd_issue_acc_ss<BR, BC, QDO_SLAB_STEP, T>(dv, pt_buf, do_s + dh_slab * QDO_SLAB_STEP);  // dV += P^T dO
+                bwd_issue_acc_ss<BR, BC, QDO_SLAB_STEP, T>(dk, ds_buf, q_s + dh_slab * QDO_SLAB_STEP);   // dK += dS^T Q
+            }
+
+            // dQ pieces (64 x 64) = dS[rows of the slab, all BC keys] K[all keys, columns of the slab].
+#pragma unroll
+            for (int c = 0; c < Tile::DQ_PIECES; ++c) {
+                if (SPLIT_D && c > 0) __syncwarp();  // thread 0's reduction below reconverged before the next wgmma
+                float dq[Tile::DQ_COLS / 2];
+                {
+                    wgmma_fence();  // orders earlier register use of dq before the async writes
+                    const uint64_t ad = wgmma_desc(ds_buf + dq_row_slab * BC * ROWB, BC * ROWB, FC_SWZ_GROUP_BYTES);
+                    const uint64_t bd = wgmma_desc(sK + dq_col_slab(c) * BC * ROWB, BC * ROWB, FC_SWZ_GROUP_BYTES);
+#pragma unroll
+                    for (int kk = 0; kk < BC / 16; ++kk)
+                        wgmma_ss_tt_n64<T>(dq, wgmma_desc_add(ad, kk * 16 * ROWB), wgmma_desc_add(bd, kk * 16 * ROWB),
+                                           kk > 0);
+                    wgmma_commit();
+                }
+                wgmma_wait<0>();  // dQ, and this block's dV and dK (their A registers and the slot are free)
+                fence_regs(dq);
+                fence_regs(dk);
+                fence_regs(dv);
+                // dq[2 j + e] (j = 2 nt + hr) at float 2 (128 j + t) + e of the piece (bwd_piece_offset).
+                // SPLIT_D: in the slot, over Q's slab of the piece's columns and the dO slab after it.
+                const uint32_t stage = SPLIT_D ? q_s + dq_col_slab(c) * QDO_SLAB_STEP : sDQ + wg * Tile::DQ_STAGE;
+#pragma unroll
+                for (int j = 0; j < Tile::DQ_COLS / 4; ++j)
+                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(stage + (j * FC_WG_THREADS + t) * 8),
+                                 "f"(dq[2 * j]), "f"(dq[2 * j + 1])
+                                 : "memory");
+                fence_proxy_async();  // this thread's staging stores before the bulk reduction (async proxy) reads them
+                named_barrier_sync(BWD_BAR_WG0 + wg, FC_WG_THREADS);  // orders the warpgroup's staging stores before
+                                                                       // the reduction below
+                if (t == 0) {
+                    const int64_t piece = piece_index(it, c);
+                    if constexpr (DET) {
+                        // Wait until the key blocks after this one have added into the piece. (No __syncwarp
+                        // after it at the block's end: the next wgmma.fence's .sync waits for the warp's
+                        // threads, and one cost 5-10 %, perf notes session 60; SPLIT_D's between its pieces
+                        // makes warp 0 wait for this poll before the second piece's wgmma.)
+                        bwd_poll_turn(piece_turn(it, c), bwd_turn_rank(p, w, it, BC, BR));
+                        fence_proxy_async_global();  // the acquire above before the reduction (async proxy) below
+                    }
+                    bulk_reduce_add_f32(dq_acc + piece * BWD_PIECE, stage, Tile::DQ_STAGE);
+                    bulk_commit();
+                }
+            }
+        }
+        if constexpr (DET) {
+            item = n_items;  // one item per CTA (see the launcher)
+        } else {
+            if (tid == 0) next_s[k % 2] = (int)gridDim.x + ticket;
+            named_barrier_sync(BWD_BAR_CTA, Tile::THREADS);  // orders thread 0's store of the next item before
+                                                   // the reads below, and both warpgroups' last wgmmas of this
+                                                   // item (each waited for its last dQ: the last reads of K, V
+                                                   // and of the slot below) and staging reads (waited at the
+                                                   // last block's barrier) before the next item's loads
+            item = (unsigned)next_s[k % 2];
+            if (tid == 0 && item < n_items) {  // the next item's K, V and first block
+                const BwdWalk v = bwd_walk(p, BC, BR, item);
+                if (v.n_iter > 0) {
+                    load_kv(v);
+                    load_block(v, 0, n0 + n_iter);
+                }
+            }
+            __syncwarp();  // warp 0 reconverged before the warpgroup-wide instructions below
+        }
+        if (n_iter > 0) {
+            kv_phase ^= 1;
+            if (DET && t == 0) {
+                bulk_wait<0>();              // this item's last reductions have added into the accumulator;
+                fence_proxy_async_global();  // their adds (async proxy) before their counts
+#pragma unroll
+                for (int c = 0; c < Tile::DQ_PIECES; ++c) bwd_count_turn(piece_turn(n_iter - 1, c));
+            }
+        }
+        n0 += n_iter;
+
+        // Epilogue: dK * scale and dV of keys < Sk, columns < D, from the registers.
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const int key = key_w0 + warp * 16 + lane / 4 + 8 * hr;
+            if (key >= p.Sk) continue;
+            T* dk_row = static_cast<T*>(p.dk) + b * p.dk_batch_stride + hk * p.dk_head_stride +
+                        (int64_t)key * p.dk_row_stride;
+            T* dv_row = static_cast<T*>(p.dv) + b * p.dv_batch_stride + hk * p.dv_head_stride +
+                        (int64_t)key * p.dv_row_stride;
+#pragma unroll
+            for (int nt = 0; nt < DH / 8; ++nt) {
+                const int col = dh_slab * FC_SLAB_COLS + nt * 8 + (lane % 4) * 2;
+                if (col >= p.D) continue;
+                *reinterpret_cast<uint32_t*>(dk_row + col) =
+                    pack2<T>(dk[4 * nt + 2 * hr] * p.scale, dk[4 * nt + 2 * hr + 1] * p.scale);
+                *reinterpret_cast<uint32_t*>(dv_row + col) = pack2<T>(dv[4 * nt + 2 * hr], dv[4 * nt + 2 * hr + 1]);
             }
         }
     }
-
     if (t == 0) bulk_wait<0>();  // the dQ reductions are done (their staging is read) before the CTA exits
-    if (DET && t == 0 && n_iter > 0) {
-        fence_proxy_async_global();  // the last reductions' adds (async proxy) before their counts
-#pragma unroll
-        for (int c = 0; c < Tile::DQ_PIECES; ++c) bwd_count_turn(piece_turn(n_iter - 1, c));
-    }
-
-    // Epilogue: dK * scale and dV of keys < Sk, columns < D, from the registers.
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-        const int key = key_w0 + warp * 16 + lane / 4 + 8 * hr;
-        if (key >= p.Sk) continue;
-        T* dk_row = static_cast<T*>(p.dk) + b * p.dk_batch_stride + hk * p.dk_head_stride + (int64_t)key * p.dk_row_stride;
-        T* dv_row = static_cast<T*>(p.dv) + b * p.dv_batch_stride + hk * p.dv_head_stride + (int64_t)key * p.dv_row_stride;
-#pragma unroll
-        for (int nt = 0; nt < DH / 8; ++nt) {
-            const int col = dh_slab * FC_SLAB_COLS + nt * 8 + (lane % 4) * 2;
-            if (col >= p.D) continue;
-            *reinterpret_cast<uint32_t*>(dk_row + col) = pack2<T>(dk[4 * nt + 2 * hr] * p.scale, dk[4 * nt + 2 * hr + 1] * p.scale);
-            *reinterpret_cast<uint32_t*>(dv_row + col) = pack2<T>(dv[4 * nt + 2 * hr], dv[4 * nt + 2 * hr + 1]);
-        }
-    }
 #else
     __trap();  // built without sm_90a; dispatch never launches this
 #endif
@@ -491,7 +558,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
 // Launcher and the C entry points of one padded head dim (see kernels.h)
 
 template <int DP, typename T>
-static fc_status attn_bwd_sm90_launch(const fc_attn_bwd_params* p, cudaStream_t stream) {
+static fc_status attn_bwd_sm90_launch(const fc_attn_bwd_params* p, int num_sms, cudaStream_t stream) {
     using Tile = BwdSm90Tile<DP>;
     BwdSm90Args a;
     a.p = *p;
@@ -508,8 +575,11 @@ static fc_status attn_bwd_sm90_launch(const fc_attn_bwd_params* p, cudaStream_t 
         s = fc_sm90_tensor_map(&a.v_map, p->dtype, p->v, p->D, p->Sk, p->Hkv, p->B, p->v_row_stride,
                                p->v_head_stride, p->v_batch_stride, Tile::BC);
     if (s != FC_OK) return s;
-    // dispatch keeps the portable kernel's key blocks x B x Hkv (at least these) <= 2^31 - 1
-    const unsigned main_ctas = (unsigned)((p->Sk + Tile::BC - 1) / Tile::BC) * (unsigned)(p->B * p->Hkv);
+    // dispatch keeps the portable kernel's key blocks x B x Hkv (at least the items) <= 2^31 - 1;
+    // one persistent CTA per SM (the tile's shared memory allows no second); a deterministic call
+    // one CTA per item (the kernel's loop over items stops after one)
+    const unsigned items = (unsigned)((p->Sk + Tile::BC - 1) / Tile::BC) * (unsigned)(p->B * p->Hkv);
+    const unsigned main_ctas = p->deterministic || items < (unsigned)num_sms ? items : (unsigned)num_sms;
 
     attn_bwd_prep_kernel<DP, T><<<bwd_row_grid<DP>((long long)p->B * p->Hq * a.sq_pad), BWD_ROW_THREADS, 0, stream>>>(
         *p, a.sq_pad, true);
@@ -532,8 +602,8 @@ static fc_status attn_bwd_sm90_launch(const fc_attn_bwd_params* p, cudaStream_t 
 }
 
 #define FC_SM90_BWD_DEFINE(DP)                                                                      \
-    extern "C" fc_status fc_sm90_bwd_d##DP(const fc_attn_bwd_params* p, fc_stream_t stream) {      \
-        return p->dtype == FC_DTYPE_BF16 ? attn_bwd_sm90_launch<DP, __nv_bfloat16>(p, (cudaStream_t)stream) \
-                                         : attn_bwd_sm90_launch<DP, __half>(p, (cudaStream_t)stream);        \
+    extern "C" fc_status fc_sm90_bwd_d##DP(const fc_attn_bwd_params* p, int num_sms, fc_stream_t stream) {     \
+        return p->dtype == FC_DTYPE_BF16 ? attn_bwd_sm90_launch<DP, __nv_bfloat16>(p, num_sms, (cudaStream_t)stream) \
+                                         : attn_bwd_sm90_launch<DP, __half>(p, num_sms, (cudaStream_t)stream);        \
     }                                                                                               \
     extern "C" size_t fc_sm90_bwd_smem_d##DP(void) { return BwdSm90Tile<DP>::SMEM_BYTES; }

@@ -408,6 +408,11 @@ static int run_check_bwd(fc_kernel kernel, bool small) {
         cases.push_back({1, 4, 4, 300, 200, 64, m, FC_DTYPE_BF16, true, true});   // with dlse, Sq > Sk
         cases.push_back({2, 4, 2, 190, 150, 136, m, FC_DTYPE_FP16, false});     // D = 136: one chunk of the 2nd half
         cases.push_back({1, 4, 1, 100, 333, 200, m, FC_DTYPE_BF16, true, true});  // D = 200, MQA, with dlse
+        // more key blocks than an H100 has SMs: the Hopper kernel's persistent CTAs take several
+        // (top-left with Sq < Sk: the key blocks past Sq walk no query block)
+        cases.push_back({2, 8, 8, 700, 2100, 128, m, FC_DTYPE_FP16, false});
+        cases.push_back({2, 8, 8, 700, 2100, 256, m, FC_DTYPE_BF16, true});
+        cases.push_back({4, 8, 4, 1100, 1500, 64, m, FC_DTYPE_FP16, false, true});
     }
     if (small)
         cases.erase(std::remove_if(cases.begin(), cases.end(),
