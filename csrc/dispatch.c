@@ -496,8 +496,9 @@ static fc_attn_params bwd_forward_view(const fc_attn_bwd_params* p) {
 
 /* Workspace of GPU kernel k (kernels.h): the portable kernel's row-major dQ
  * accumulator and Delta, or the Hopper kernel's accumulator of padded rows and
- * head dim in pieces, then Delta and LSE * log2(e) of padded rows; then a
- * deterministic call's turn counters (per 64-row block, or per Hopper piece). */
+ * head dim in pieces, then Delta and LSE * log2(e) of padded rows and its item
+ * counter; then a deterministic call's turn counters (per 64-row block, or per
+ * Hopper piece). */
 static size_t bwd_workspace_bytes(const fc_attn_bwd_params* p, fc_kernel k) {
     const size_t rows = (size_t)p->B * p->Hq * p->Sq;
     const size_t vec = (size_t)p->B * p->Hq * (((size_t)p->Sq + FC_BWD_ROW_PAD - 1) / FC_BWD_ROW_PAD * FC_BWD_ROW_PAD);

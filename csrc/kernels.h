@@ -29,8 +29,9 @@ size_t fc_sm80_smem_d256(void);
  * (B, Hq, ceil(Sq / FC_BWD_ROWS_PER_BLOCK))); the Hopper one keeps
  * (B, Hq, Sq_pad, DP) in 64 x 64 pieces (attn_bwd_sm90.cuh), then Delta and
  * LSE * log2(e) (B, Hq, Sq_pad) each, then an int32 item counter (then, for a
- * deterministic call, one int32 turn counter per piece), with Sq_pad = Sq rounded up to FC_BWD_ROW_PAD and
- * DP = D padded to 64, 128 or 256. The launchers fill them (no memset needed). */
+ * deterministic call, one int32 turn counter per piece), with Sq_pad = Sq
+ * rounded up to FC_BWD_ROW_PAD and DP = D padded to 64, 128 or 256. The
+ * launchers fill them (no memset needed). */
 #define FC_BWD_KEYS_PER_CTA 64 /* keys per CTA of the portable main kernel (its grid: key blocks x B x Hkv) */
 #define FC_BWD_ROW_PAD 128     /* rows per head of the padded per-row vectors are a multiple of this */
 #define FC_BWD_PIECE_DIM 64    /* rows and columns of a piece of the Hopper kernel's dQ accumulator */

@@ -1,7 +1,7 @@
 // bwd_rows.cuh -- what the portable (csrc/sm80/attn_bwd_sm80.cuh) and the
 // Hopper (csrc/sm90/attn_bwd_sm90.cuh) backward share: the per-row kernels
 // (DP / 8 threads per row, each 8 columns, 16 bytes of T), the layout of the
-// Hopper kernel's dQ accumulator, and the blocks a main-kernel CTA walks.
+// Hopper kernel's dQ accumulator, and the blocks a main kernel's item walks.
 //
 //  attn_bwd_prep_kernel: Delta_i = sum_d dO_id O_id (fp32) per query row,
 //    minus dlse_i when the caller passes an LSE gradient, and the fp32 dQ
@@ -9,8 +9,8 @@
 //    sq_pad = Sq for the portable kernel, Sq rounded up to FC_BWD_ROW_PAD for
 //    the Hopper one, whose padding rows get Delta = 0 and LSE * log2(e) = +inf
 //    (so their P is 0); `hopper` also writes LSE * log2(e) (+inf for rows that
-//    see no key) and zeroes the Hopper kernel's tiled accumulator.
-//    A deterministic call's turn counters are zeroed there too.
+//    see no key) and zeroes the Hopper kernel's tiled accumulator and its
+//    item counter. A deterministic call's turn counters are zeroed there too.
 //  attn_bwd_post_kernel: dQ = scale * accumulator, converted to T, strided,
 //    from either accumulator layout.
 //

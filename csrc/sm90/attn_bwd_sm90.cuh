@@ -9,8 +9,8 @@
 //  2. attn_bwd_sm90_kernel: an item is BC keys of one (batch, KV head); a
 //     persistent grid of one CTA per SM takes the items in order from a
 //     counter, each CTA its next one in the last block of the one before (a
-//     deterministic call: one CTA per item, as its instantiation needs all
-//     255 registers at DP = 64 without the loop over items). K and V arrive
+//     deterministic call: one CTA per item, as its instantiation at DP = 64
+//     spills with the loop over items). K and V arrive
 //     once per item by TMA, with the item's first Q / dO block, as soon as the
 //     CTA's previous item has done with them, so they load under its epilogue
 //     rather than after a CTA launch. Up to DP = 128, BC = 128 and two warpgroups
@@ -64,8 +64,8 @@
 // LSE +inf. Rows with LSE = -inf get P = 0. Tensor strides as the forward's
 // Hopper kernel (TMA: 16-byte aligned). Workspace (kernels.h): the dQ
 // accumulator (B, Hq, Sq_pad, DP) in pieces, then Delta and LSE * log2(e),
-// (B, Hq, Sq_pad) each, then a deterministic call's turn counters (one int32
-// per piece).
+// (B, Hq, Sq_pad) each, then the int32 item counter, then a deterministic
+// call's turn counters (one int32 per piece).
 #pragma once
 
 #include <cuda.h>
@@ -80,7 +80,7 @@
 #include "tensor_map.h"
 
 // ---------------------------------------------------------------------------
-// Tile table, per padded head dim DP (two warpgroups; BC = 128 keys per CTA, 64 at DP = 256).
+// Tile table, per padded head dim DP (two warpgroups; BC = 128 keys per item, 64 at DP = 256).
 //
 //  DP  | BR  | STAGES | smem: K,V + Q,dO ring + dS^T x 2 + dQ x 2 + LSE,Delta | registers per thread (255 max)
 //  64  | 128 |   2    | 32 + 64 + 64 + 32 + 2 = 194 KB                      | S^T 64 + dP^T 64 + P^T 32 + dS^T 32
@@ -102,7 +102,7 @@ struct BwdSm90Tile {
     static constexpr int THREADS = WGS * FC_WG_THREADS;
     static constexpr bool SPLIT_D = DP > 128;         // the warpgroups share the keys and split dK, dV's columns
     static constexpr int WG_KEYS = 64;                // keys (wgmma M rows) per warpgroup
-    static constexpr int BC = SPLIT_D ? WG_KEYS : WGS * WG_KEYS;  // keys per CTA
+    static constexpr int BC = SPLIT_D ? WG_KEYS : WGS * WG_KEYS;  // keys per item
     static constexpr int DH = SPLIT_D ? DP / WGS : DP;  // columns of dK, dV per warpgroup
     static constexpr int BR = DP <= 64 ? 128 : 64;    // query rows per block
     static constexpr int QW = SPLIT_D ? BR / WGS : BR;  // query rows (S^T's columns) per warpgroup
@@ -134,22 +134,23 @@ struct BwdSm90Tile {
     static constexpr uint32_t OFF_LSE = OFF_DQ + (SPLIT_D ? 0 : WGS * DQ_STAGE);
     static constexpr uint32_t OFF_DELTA = OFF_LSE + STAGES * VEC;
     static constexpr uint32_t OFF_BAR = OFF_DELTA + STAGES * VEC;  // K/V barrier, then one per slot
-    static constexpr uint32_t OFF_NEXT = OFF_BAR + FC_MBAR_BYTES * (1 + STAGES);  // two int32: a CTA's next items
-    static constexpr uint32_t SMEM_BYTES = OFF_NEXT + 2 * 4 + FC_SWZ_GROUP_BYTES;  // + alignment slack
+    static constexpr int NEXT_SLOTS = 2;              // int32 words passing a CTA's next item (see the kernel)
+    static constexpr uint32_t OFF_NEXT = OFF_BAR + FC_MBAR_BYTES * (1 + STAGES);
+    static constexpr uint32_t SMEM_BYTES = OFF_NEXT + NEXT_SLOTS * 4 + FC_SWZ_GROUP_BYTES;  // + alignment slack
     static_assert(SPLIT_D ? DQ_PIECES == DH / DQ_COLS && BR == DQ_ROWS : DQ_PIECES == 1,
                   "the dQ phase splits the block's dQ into pieces, one per warpgroup or (SPLIT_D) its columns'");
     static_assert(!SPLIT_D || (SLAB == DQ_STAGE / 2 && DH == 128 && BR == 64),
                   "SPLIT_D: a piece is staged in one slab of Q and the next of dO; dV and dK are wgmma N = 128");
     static_assert(DQ_ROWS == FC_SLAB_COLS && DQ_COLS == FC_SLAB_COLS, "a piece is one slab of dS^T's columns and of K's");
     static_assert(BWD_PIECE_THREADS == FC_WG_THREADS, "a warpgroup stages a piece in its fragment order");
-    static_assert(BC % FC_BWD_KEYS_PER_CTA == 0, "dispatch's grid check (FC_BWD_KEYS_PER_CTA keys per CTA) bounds this grid");
+    static_assert(BC % FC_BWD_KEYS_PER_CTA == 0, "dispatch's grid check (FC_BWD_KEYS_PER_CTA keys per CTA) bounds the items");
     static_assert(FC_BWD_ROW_PAD % BR == 0, "the padded LSE and Delta must cover every block's rows");
     static_assert(SMEM_BYTES <= FC_SM90_SMEM_MAX, "the tile's shared memory fits a CTA");
     static_assert(STAGES == 2, "the kernel's loads run one block ahead (an item's first block with its K, V)");
 };
 
 // Named barriers (0 is __syncthreads).
-static constexpr int BWD_BAR_CTA = 1;  // both warpgroups, once per block (dS^T, ring refill, staging)
+static constexpr int BWD_BAR_CTA = 1;  // both warpgroups, once per block and at an item's end
 static constexpr int BWD_BAR_WG0 = 2;  // + wg: one warpgroup's dQ staging
 
 struct BwdSm90Args {
@@ -288,11 +289,9 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
             tma_load_4d(sV + s * BC * ROWB, &args.v_map, kv_bar, s * FC_SLAB_COLS, v.k0, v.hk, v.b);
         }
     };
-    // Items: the CTA's first is blockIdx.x, each next one is taken from the item counter (zeroed by
-    // the prep kernel) near the end of the one before, so CTAs that finish early take more (causal
-    // items differ in length) and the next item's loads can start when the current one is done.
-    // Thread 0 leaves the next item in next_s[k % 2] for the k-th item's end (two words: the CTA
-    // reads one after the item's end barrier, while thread 0 may already be writing the other).
+    // Items: the first is blockIdx.x, the next from the counter (CTAs that finish early take more).
+    // Thread 0 leaves it in next_s[k % NEXT_SLOTS] for the k-th item's end (two words: the CTA reads
+    // one after the item's end barrier, while thread 0 may already write the other).
     int* item_counter = bwd_item_counter<DP>(p, args.sq_pad);
     volatile int* next_s = reinterpret_cast<volatile int*>(smem_raw + (base + Tile::OFF_NEXT - raw));
     if (tid == 0) {  // the first item's K, V and first block
@@ -502,13 +501,13 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         if constexpr (DET) {
             item = n_items;  // one item per CTA (see the launcher)
         } else {
-            if (tid == 0) next_s[k % 2] = (int)gridDim.x + ticket;
+            if (tid == 0) next_s[k % Tile::NEXT_SLOTS] = (int)gridDim.x + ticket;
             named_barrier_sync(BWD_BAR_CTA, Tile::THREADS);  // orders thread 0's store of the next item before
                                                    // the reads below, and both warpgroups' last wgmmas of this
-                                                   // item (each waited for its last dQ: the last reads of K, V
-                                                   // and of the slot below) and staging reads (waited at the
-                                                   // last block's barrier) before the next item's loads
-            item = (unsigned)next_s[k % 2];
+                                                   // item (each waited for its last dQ: the last reads of K
+                                                   // and V) before the next item's loads over them (the slot's
+                                                   // reads were ordered at the last block's barrier)
+            item = (unsigned)next_s[k % Tile::NEXT_SLOTS];
             if (tid == 0 && item < n_items) {  // the next item's K, V and first block
                 const BwdWalk v = bwd_walk(p, BC, BR, item);
                 if (v.n_iter > 0) {
@@ -516,7 +515,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                     load_block(v, 0, n0 + n_iter);
                 }
             }
-            __syncwarp();  // warp 0 reconverged before the warpgroup-wide instructions below
+            __syncwarp();  // warp 0 reconverged before the next item's wgmma instructions
         }
         if (n_iter > 0) {
             kv_phase ^= 1;
