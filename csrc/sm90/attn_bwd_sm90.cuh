@@ -289,7 +289,8 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
             tma_load_4d(sV + s * BC * ROWB, &args.v_map, kv_bar, s * FC_SLAB_COLS, v.k0, v.hk, v.b);
         }
     };
-    // Items: the first is blockIdx.x, the next from the counter (CTAs that finish early take more).
+    // Items: the first is blockIdx.x, the next from the counter (CTAs that finish early take more;
+    // the protocol over items is modelled in scripts/bwd_barrier_model.py: change both together).
     // Thread 0 leaves it in next_s[k % NEXT_SLOTS] for the k-th item's end (two words: the CTA reads
     // one after the item's end barrier, while thread 0 may already write the other).
     int* item_counter = bwd_item_counter<DP>(p, args.sq_pad);

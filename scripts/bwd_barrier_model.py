@@ -1,0 +1,207 @@
+"""bwd_barrier_model.py -- a model of the persistent Hopper backward's protocol (csrc/sm90/attn_bwd_sm90.cuh).
+
+One actor per warpgroup walks the kernel's sequence over a CTA's items (each item: K and V of its
+key block, then n_iter query blocks through a ring of two Q/dO slots; items that walk no block
+included): barrier waits, the CTA's named barriers, TMA loads (issued by warpgroup 0's thread 0),
+the async reads of its wgmmas, dS^T (and P^T) stores, dQ staging and the bulk reductions that read
+it, and the next item passed through shared memory. A random scheduler interleaves the warpgroups;
+TMA loads land, and bulk reductions finish reading, in any order and often late. Each run checks:
+  - no deadlock;
+  - every read finds the tile it expects, landed (K/V of its item, the slot of its block, the
+    dS^T buffer of its block from both warpgroups);
+  - no write (TMA load, dS^T or staging store) hits a buffer a wgmma or reduction still reads;
+  - every warpgroup reads the next item its thread 0 wrote, before the word is written again.
+mbarrier.try_wait.parity is modelled as in scripts/barrier_model.py (Barrier, shared with it).
+
+    python scripts/bwd_barrier_model.py          # both layouts, 2000 schedules each
+    python scripts/bwd_barrier_model.py 500 split
+
+Layouts: `whole` (DP <= 128: each warpgroup owns 64 keys; dV and dK from registers read the
+slot's dO and Q until the block's last wait; dQ staged in a buffer per warpgroup) and `split`
+(DP = 256: the warpgroups share the keys; S^T, dP^T read the whole slot and retire before the CTA
+barrier, dV and dK after it read P^T, dS^T and the half of the slot that warpgroup's columns live
+in, and its dQ is staged over that half). The model follows the kernel; change both together.
+"""
+import random
+import sys
+
+from barrier_model import Barrier, Violation
+
+LAYOUTS = ["whole", "split"]
+SLOW = 0.2  # the share of loads and reductions that finish only when nothing else can move
+
+
+# Orders the kernel must not use, each of which the model must catch: the next item passed through
+# one word; the next item's K/V loaded at the last block's refill; the ring's refill before the CTA
+# barrier; a staging store without waiting for the last reductions' reads.
+BAD = ["one_next_word", "early_kv", "early_refill", "no_bulk_wait"]
+
+
+def warpgroup(w, items, layout, bad=None):
+    """The sequence of warpgroup w over the CTA's items (n_iter of each). Thread 0 (w == 0) also
+    issues the loads. bad: one of BAD instead of the kernel's order."""
+    split, next_slots, early_kv = layout == "split", 1 if bad == "one_next_word" else 2, bad == "early_kv"
+    if w == 0 and items[0]:  # prologue: the first item's K, V and first block
+        yield ("tma", ("KV",), 0, "kv")
+        yield ("tma", ("slot", 0), 0, ("full", 0))
+    n0, kv = 0, 0
+    for k, n_iter in enumerate(items):
+        next_busy = k + 1 < len(items) and items[k + 1] > 0  # the next item walks a block
+        if n_iter:
+            yield ("wait", "kv", kv)
+        for it in range(n_iter):
+            n, slot, halves = n0 + it, (n0 + it) % 2, [("slot", (n0 + it) % 2, h) for h in (0, 1)]
+            ds = [("dS", n % 2, h) for h in (0, 1)] + ([("PT", n % 2, h) for h in (0, 1)] if split else [])
+            yield ("wait", ("full", slot), (n // 2) & 1)
+            yield ("read", ("KV",), k)       # S^T, dP^T (and dQ, later) read K and V
+            for r in halves:
+                yield ("read", r, n)         # S^T, dP^T read Q and dO; dV, dK (whole) too
+            if split:  # dP^T waited for before the barrier: the slot's reads, but this half's dV / dK
+                yield ("done", halves[1 - w])
+            yield ("write", ("dS", n % 2, w), n)
+            if split:
+                yield ("write", ("PT", n % 2, w), n)
+            if bad != "no_bulk_wait":
+                yield ("bulk_wait", w)       # this warpgroup's reductions have read their staging
+            refill = [("tma", ("slot", (n + 1) % 2), n + 1, ("full", (n + 1) % 2))] if w == 0 and it + 1 < n_iter \
+                else []
+            if bad == "early_refill":
+                yield from refill
+            yield ("named",)                 # BWD_BAR_CTA
+            if bad != "early_refill":
+                yield from refill
+            if w == 0 and early_kv and it + 1 == n_iter and next_busy:
+                yield ("tma", ("KV",), k + 1, "kv")
+            for r in ds:
+                yield ("read", r, n)         # dQ (and split: dV, dK) read both warpgroups' stores
+            for r in ds + [("KV",)] + halves[w:w + 1] + ([] if split else halves[1 - w:2 - w]):
+                yield ("done", r)            # wgmma_wait<0>: this block's reads are over
+            stage = halves[w] if split else ("stage", w)
+            yield ("write", stage, n)
+            yield ("bulk", w, stage)         # the bulk reduction reads the staging, asynchronously
+        yield ("next_write" if w == 0 else "nop", k % next_slots, k)
+        yield ("named",)                     # the item's end barrier
+        yield ("next_read", k % next_slots, k)
+        if w == 0 and next_busy:  # the next item's K, V (unless loaded early) and first block
+            if not (early_kv and n_iter):
+                yield ("tma", ("KV",), k + 1, "kv")
+            yield ("tma", ("slot", (n0 + n_iter) % 2), n0 + n_iter, ("full", (n0 + n_iter) % 2))
+        kv ^= 1 if n_iter else 0
+        n0 += n_iter
+    yield ("bulk_wait", w)
+
+
+def run(layout, items, seed, bad=None):
+    """One random schedule; returns "ok" or "deadlock ..."; raises Violation on a bad read or write."""
+    rnd = random.Random(seed)
+    bars = {"kv": Barrier(1), ("full", 0): Barrier(1), ("full", 1): Barrier(1)}
+    actors = {w: warpgroup(w, items, layout, bad) for w in (0, 1)}
+    cur = {a: next(g, None) for a, g in actors.items()}
+    content, readers, loads, reductions = {}, {}, [], []
+    words = {}  # next-item word -> (item it holds, warpgroups yet to read it)
+
+    def res(r):  # ("slot", s) stands for both halves of the slot
+        return [("slot", r[1], 0), ("slot", r[1], 1)] if r[0] == "slot" and len(r) == 2 else [r]
+
+    def write(r, tag, who):
+        for x in res(r):
+            if readers.get(x):
+                raise Violation(f"{who} writes {x} (for {tag}) while {sorted(map(str, readers[x]))} read it")
+
+    def runnable(a):
+        op = cur[a]
+        if op is None:
+            return False
+        if op[0] == "wait":
+            return bars[op[1]].passes(op[2])
+        if op[0] == "named":
+            return all(o is not None and o[0] == "named" for o in cur.values())
+        if op[0] == "bulk_wait":
+            return not any(w == op[1] for w, _, _ in reductions)
+        return True
+
+    while True:
+        choices = [a for a in cur if runnable(a)]
+        if not choices and not loads and not reductions:
+            if all(op is None for op in cur.values()):
+                return "ok"
+            return "deadlock " + str({a: op for a, op in cur.items() if op is not None})
+        # A load lands or a reduction's read ends: a slow one (a fifth of them) only once no
+        # warpgroup can move, the others at random moments.
+        pending = [i for i, p in enumerate(loads + reductions) if not p[-1] or not choices]
+        if pending and (not choices or rnd.random() < 0.3):
+            i = rnd.choice(pending)
+            if i < len(loads):
+                r, tag, bar, _ = loads.pop(i)
+                for x in res(r):
+                    content[x] = (tag, True)
+                bars[bar].complete_tx()
+            else:
+                w, r, _ = reductions.pop(i - len(loads))
+                readers[r].discard(("R", w))
+            continue
+        a = rnd.choice(choices)
+        op = cur[a]
+        if op[0] == "tma":
+            _, r, tag, bar = op
+            write(r, tag, "TMA")
+            for x in res(r):
+                content[x] = (tag, False)
+            bars[bar].arrive(1, tx=1)
+            loads.append((r, tag, bar, rnd.random() < SLOW))
+        elif op[0] == "read":
+            _, r, tag = op
+            if content.get(r) != (tag, True):
+                raise Violation(f"WG{a} reads {r} for {tag}, which holds {content.get(r)}")
+            readers.setdefault(r, set()).add(a)
+        elif op[0] == "done":
+            readers.get(op[1], set()).discard(a)
+        elif op[0] == "write":
+            write(op[1], op[2], f"WG{a}")
+            content[op[1]] = (op[2], True)
+        elif op[0] == "bulk":
+            readers.setdefault(op[2], set()).add(("R", op[1]))
+            reductions.append((op[1], op[2], rnd.random() < SLOW))
+        elif op[0] == "next_write":
+            if words.get(op[1], (None, set()))[1]:
+                raise Violation(f"next-item word {op[1]} written for item {op[2]} before "
+                                f"{sorted(words[op[1]][1])} read item {words[op[1]][0]}'s")
+            words[op[1]] = (op[2], {0, 1})
+        elif op[0] == "next_read":
+            held, left = words.get(op[1], (None, set()))
+            if held != op[2] or a not in left:
+                raise Violation(f"WG{a} reads next-item word {op[1]} for item {op[2]}, which holds item {held}")
+            left.discard(a)
+        elif op[0] == "nop":
+            pass
+        elif op[0] == "named":  # both are here (runnable): let both through
+            cur[1 - a] = next(actors[1 - a], None)
+        cur[a] = next(actors[a], None)
+
+
+def check(layout, schedules, seed0=0, bad=None):
+    """Runs `schedules` random schedules on random item lists; returns the first failure or None."""
+    for seed in range(seed0, seed0 + schedules):
+        r = random.Random(seed * 7 + 1)
+        items = [r.choice([0, 0, 1, 1, 2, 3, 4]) for _ in range(r.randint(1, 6))]
+        try:
+            result = run(layout, items, seed, bad)
+        except Violation as e:
+            result = "violation: " + str(e)
+        if result != "ok":
+            return f"{layout} items={items} seed={seed}: {result}"
+    return None
+
+
+def main(argv):
+    schedules = int(argv[1]) if len(argv) > 1 else 2000
+    failed = False
+    for layout in argv[2:3] or LAYOUTS:
+        result = check(layout, schedules)
+        print(f"{layout:6s}: {result or 'ok'}")
+        failed |= result is not None
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

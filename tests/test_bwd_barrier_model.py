@@ -1,0 +1,31 @@
+"""The persistent Hopper backward's protocol, in scripts/bwd_barrier_model.py, under random schedules (CPU).
+
+Both layouts the kernel instantiates (DP <= 128 and DP = 256) must run over random item lists
+(items that walk no block included) without a deadlock, a read of a buffer that does not hold its
+tile, a write into a buffer still being read, or a next-item word overwritten before it was read.
+Each order in BAD breaks one of the kernel's rules: the model must catch every one of them, or it
+could not catch anything.
+"""
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
+import bwd_barrier_model  # noqa: E402
+
+SCHEDULES = 400
+EXPECTED = {"one_next_word": "next-item word", "early_kv": "TMA writes ('KV',)", "early_refill": "TMA writes ('slot'",
+            "no_bulk_wait": "('R', "}
+
+
+@pytest.mark.parametrize("layout", bwd_barrier_model.LAYOUTS)
+def test_kernel_protocol_is_safe(layout):
+    assert bwd_barrier_model.check(layout, SCHEDULES) is None
+
+
+@pytest.mark.parametrize("layout", bwd_barrier_model.LAYOUTS)
+@pytest.mark.parametrize("bad", bwd_barrier_model.BAD)
+def test_model_catches_a_bad_order(layout, bad):
+    failure = bwd_barrier_model.check(layout, SCHEDULES, bad=bad)
+    assert failure is not None and EXPECTED[bad] in failure, failure
