@@ -216,19 +216,28 @@ def run(mode, stages, qbufs, tiles, seed, consumers=2, skips=None, late_half=Fal
         cur[a] = next(actors[a], None)
 
 
-def check(mode, stages, qbufs, schedules, seed0=0, consumers=2, late_half=False):
-    """Runs `schedules` random schedules on random tile lists; returns the first failure or None."""
+def first_failure(schedules, seed0, case):
+    """case(seed, rnd) -> (label, run thunk) for one schedule, rnd drawing its inputs; returns the
+    first schedule's failure ("<label> seed=<seed>: <deadlock or violation>") or None."""
     for seed in range(seed0, seed0 + schedules):
-        r = random.Random(seed * 7 + 1)
-        tiles = [r.choice([0, 1, 1, 2, 3, 4, 5, 6, 7]) for _ in range(r.randint(1, 5))]
-        skips = [r.random() < 0.5 for _ in tiles]
+        label, thunk = case(seed, random.Random(seed * 7 + 1))
         try:
-            res = run(mode, stages, qbufs, tiles, seed, consumers, skips, late_half)
+            res = thunk()
         except Violation as e:
             res = "violation: " + str(e)
         if res != "ok":
-            return f"{mode} stages={stages} qbufs={qbufs} consumers={consumers} tiles={tiles} seed={seed}: {res}"
+            return f"{label} seed={seed}: {res}"
     return None
+
+
+def check(mode, stages, qbufs, schedules, seed0=0, consumers=2, late_half=False):
+    """Runs `schedules` random schedules on random tile lists; returns the first failure or None."""
+    def case(seed, r):
+        tiles = [r.choice([0, 1, 1, 2, 3, 4, 5, 6, 7]) for _ in range(r.randint(1, 5))]
+        skips = [r.random() < 0.5 for _ in tiles]
+        return (f"{mode} stages={stages} qbufs={qbufs} consumers={consumers} tiles={tiles}",
+                lambda: run(mode, stages, qbufs, tiles, seed, consumers, skips, late_half))
+    return first_failure(schedules, seed0, case)
 
 
 def main(argv):

@@ -25,7 +25,7 @@ in, and its dQ is staged over that half). The model follows the kernel; change b
 import random
 import sys
 
-from barrier_model import Barrier, Violation
+from barrier_model import Barrier, Violation, first_failure
 
 LAYOUTS = ["whole", "split"]
 SLOW = 0.2  # the share of loads and reductions that finish only when nothing else can move
@@ -181,16 +181,10 @@ def run(layout, items, seed, bad=None):
 
 def check(layout, schedules, seed0=0, bad=None):
     """Runs `schedules` random schedules on random item lists; returns the first failure or None."""
-    for seed in range(seed0, seed0 + schedules):
-        r = random.Random(seed * 7 + 1)
+    def case(seed, r):
         items = [r.choice([0, 0, 1, 1, 2, 3, 4]) for _ in range(r.randint(1, 6))]
-        try:
-            result = run(layout, items, seed, bad)
-        except Violation as e:
-            result = "violation: " + str(e)
-        if result != "ok":
-            return f"{layout} items={items} seed={seed}: {result}"
-    return None
+        return f"{layout} items={items}", lambda: run(layout, items, seed, bad)
+    return first_failure(schedules, seed0, case)
 
 
 def main(argv):
