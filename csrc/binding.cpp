@@ -760,7 +760,6 @@ PYBIND11_MODULE(_C, m) {
           py::arg("out"), py::arg("lse"), py::arg("dlse"), py::arg("scale"), py::arg("causal"), py::arg("kernel") = 0,
           py::arg("deterministic") = false);
     m.attr("BWD_MAX_GPU_HEAD_DIM") = FC_BWD_MAX_GPU_HEAD_DIM;
-    m.attr("BWD_MAX_SM90_HEAD_DIM") = FC_BWD_MAX_SM90_HEAD_DIM;
     m.def("picked_kernel", &picked_kernel, "kernel that kernel='auto' runs for (q, k)");
     m.def("bwd_device_check", &bwd_device_check, "why the GPU backward cannot run at head dim D with this kernel "
           "id on this CUDA device; empty if it can", py::arg("D"), py::arg("kernel"), py::arg("device"));

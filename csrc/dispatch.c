@@ -545,8 +545,10 @@ static void bwd_device_reasons(fc_reasons* rp, fc_kernel k, int D, const fc_devi
              D, bwd_smem(k, D), dev->smem_optin);
 }
 
-/* Checks p; *kernel (when not NULL) gets the GPU kernel that would run. */
-static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int check_workspace, fc_kernel* kernel) {
+/* Checks p; *kernel (when not NULL) gets the GPU kernel that would run, *dev (when not NULL) the
+ * device it would run on. */
+static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int check_workspace, fc_kernel* kernel,
+                                const fc_device_info** dev) {
     if (!p) { fail(rp, FC_ERR_NULL_POINTER, "params: NULL"); return rp->first; }
     if (p->kernel != FC_KERNEL_AUTO && p->kernel != FC_KERNEL_SM80 && p->kernel != FC_KERNEL_SM90 &&
         p->kernel != FC_KERNEL_CPU) {
@@ -569,6 +571,7 @@ static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int
     check_aligned(rp, "dv", p->dv, p->dv_batch_stride, p->dv_head_stride, p->dv_row_stride);
     const fc_kernel k = bwd_pick(p, c.dev);
     if (kernel) *kernel = k;
+    if (dev) *dev = c.dev;
     bwd_device_reasons(rp, k, p->D, c.dev);
     if ((int64_t)p->B * p->Hkv * ((p->Sk + FC_BWD_KEYS_PER_CTA - 1) / FC_BWD_KEYS_PER_CTA) > FC_GRID_X_MAX)
         fail(rp, FC_ERR_INVALID_SHAPE, "shape: B=%d x Hkv=%d x Sk=%d needs more than 2^31-1 thread blocks; "
@@ -591,7 +594,7 @@ static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int
 fc_status fc_attn_bwd_check(const fc_attn_bwd_params* p, char* why, size_t why_len) {
     fc_reasons r = {FC_OK, why, why_len, 0};
     if (why && why_len) why[0] = '\0';
-    return bwd_check_impl(p, &r, 1, NULL);
+    return bwd_check_impl(p, &r, 1, NULL, NULL);
 }
 
 fc_status fc_attn_bwd_device_check(int D, fc_kernel kernel, char* why, size_t why_len) {
@@ -627,7 +630,7 @@ fc_status fc_attn_bwd_device_check(int D, fc_kernel kernel, char* why, size_t wh
 size_t fc_attn_bwd_workspace_size(const fc_attn_bwd_params* p) {
     fc_reasons r = {FC_OK, NULL, 0, 0};
     fc_kernel k = FC_KERNEL_SM80;
-    if (bwd_check_impl(p, &r, 0, &k) != FC_OK || p->kernel == FC_KERNEL_CPU || !bwd_needs_workspace(p)) return 0;
+    if (bwd_check_impl(p, &r, 0, &k, NULL) != FC_OK || p->kernel == FC_KERNEL_CPU || !bwd_needs_workspace(p)) return 0;
     return bwd_workspace_bytes(p, k);
 }
 
@@ -646,7 +649,8 @@ static fc_status zero_rows(void* t, int64_t sb, int64_t sh, int64_t sr, int B, i
 fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream) {
     fc_reasons r = {FC_OK, NULL, 0, 0};
     fc_kernel k = FC_KERNEL_SM80;
-    fc_status s = bwd_check_impl(p, &r, 1, &k);
+    const fc_device_info* dev = NULL;
+    fc_status s = bwd_check_impl(p, &r, 1, &k, &dev);
     if (s != FC_OK) return s;
     if (p->kernel == FC_KERNEL_CPU) return fc_cpu_bwd(p);
     if (p->B == 0 || p->Hq == 0) return FC_OK;
@@ -663,13 +667,10 @@ fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream) {
                          p->dtype, stream);
     }
 #ifdef FC_HAVE_SM90
-    if (k == FC_KERNEL_SM90) {
-        const fc_device_info* dev = current_device();
-        if (!dev) return FC_ERR_CUDA;
+    if (k == FC_KERNEL_SM90)  /* dev: the check's device, set once it passed */
         return p->D <= 64 ? fc_sm90_bwd_d64(p, dev->sm_count, stream)
              : p->D <= 128 ? fc_sm90_bwd_d128(p, dev->sm_count, stream)
                            : fc_sm90_bwd_d256(p, dev->sm_count, stream);
-    }
 #endif
     return p->D <= 64 ? fc_sm80_bwd_d64(p, stream)
          : p->D <= 128 ? fc_sm80_bwd_d128(p, stream) : fc_sm80_bwd_d256(p, stream);

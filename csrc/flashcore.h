@@ -175,13 +175,11 @@ size_t fc_attn_fwd_workspace_size(const fc_attn_params* p);
  * dK and dV of a KV head sum over the Hq / Hkv query heads that read it.
  * Rows that see no key (LSE = -inf) give dQ = 0 and add nothing to dK, dV;
  * keys no row sees get dK = dV = 0. Same shapes, strides, dtypes and causal
- * modes as the forward. GPU kernels need D <= FC_BWD_MAX_GPU_HEAD_DIM (the
- * Hopper kernel D <= FC_BWD_MAX_SM90_HEAD_DIM, the same); the portable one
- * at D > 128 needs 144.5 KB of shared memory per block, which sm86/sm89 GPUs
- * do not have. The CPU path takes any D the forward takes.
+ * modes as the forward. GPU kernels need D <= FC_BWD_MAX_GPU_HEAD_DIM (both
+ * of them); the portable one at D > 128 needs 144.5 KB of shared memory per
+ * block, which sm86/sm89 GPUs do not have. The CPU path takes any D the forward takes.
  */
 #define FC_BWD_MAX_GPU_HEAD_DIM FC_MAX_HEAD_DIM /* every head dim the forward takes */
-#define FC_BWD_MAX_SM90_HEAD_DIM FC_BWD_MAX_GPU_HEAD_DIM /* the Hopper backward's: all of them */
 typedef struct {
     const void* q;    /* (B, Hq, Sq, D) the forward's queries */
     const void* k;    /* (B, Hkv, Sk, D) keys */
@@ -208,8 +206,8 @@ typedef struct {
     fc_dtype dtype;   /* element type of every tensor but lse */
     float scale;      /* the forward's softmax scale */
     fc_causal causal; /* the forward's mask mode */
-    fc_kernel kernel; /* FC_KERNEL_AUTO (sm90 on H100/H200 in a build with sm_90a code for
-                         D <= FC_BWD_MAX_SM90_HEAD_DIM, else sm80), FC_KERNEL_SM80 (mma.sync, sm80+),
+    fc_kernel kernel; /* FC_KERNEL_AUTO (sm90 on H100/H200 in a build with sm_90a code, else
+                         sm80), FC_KERNEL_SM80 (mma.sync, sm80+),
                          FC_KERNEL_SM90 (wgmma + TMA, compute capability 9.0) or FC_KERNEL_CPU */
     void* workspace;  /* device scratch, 16-byte aligned: fp32 dQ accumulator and per-row vectors
                          (and, deterministic, the turn counters) */
@@ -242,8 +240,9 @@ fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream);
  * (an fp32 dQ accumulator and Delta), plus B*Hq*ceil(Sq / 64)*4 for a
  * deterministic call (the turn counters), for the sm90 kernel B*Hq*Sq_pad*(DP + 2)*4
  * with Sq_pad = Sq rounded up to 128 and DP = D rounded up to 64, 128 or 256 (the
- * accumulator in tiles, Delta and the LSE in base 2, padded rows), plus
- * B*Hq*(Sq_pad / 64)*(DP / 64)*4 for a deterministic call. */
+ * accumulator in tiles, Delta and the LSE in base 2, padded rows) + 4 (the
+ * main kernel's item counter), plus B*Hq*(Sq_pad / 64)*(DP / 64)*4 for a
+ * deterministic call. */
 size_t fc_attn_bwd_workspace_size(const fc_attn_bwd_params* p);
 
 #ifdef __cplusplus

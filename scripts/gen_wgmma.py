@@ -20,15 +20,24 @@ SS_N = (32, 64, 128, 192)  # S = Q K^T: keys per K tile (32: the D = 256 backwar
 RS_N = (64, 128, 136)  # O += P V: head-dim columns per wgmma (136: loop_sched's P V with 8 columns of ones)
 SS_TT_N = (64,)  # dQ = dS K: 64 head-dim columns per warpgroup
 SS_TB_N = (128,)  # the D = 256 backward's dV, dK: 128 head-dim columns per warpgroup
-# wrapper kind: (name prefix, the transpose flags after scale-a and scale-b)
-KINDS = {"ss": ("wgmma_ss", "0, 0"), "ss_tt": ("wgmma_ss_tt", "1, 1"), "ss_tb": ("wgmma_ss_tb", "0, 1")}
+# shared-memory wrapper kind (wgmma_<kind>_nN): the transpose flags after scale-a and scale-b
+TRANSPOSE = {"ss": "0, 0", "ss_tt": "1, 1", "ss_tb": "0, 1"}
+# every wrapper kind (rs: A from registers) and its N, in the order the header lists them per N
+WRAPPERS = (("ss", SS_N), ("rs", RS_N), ("ss_tt", SS_TT_N), ("ss_tb", SS_TB_N))
 
 
 def regs(n, first):
     return ", ".join(f"%{first + i}" for i in range(n))
 
 
-def one(n, ty, ptx_ty, rs, kind="ss"):
+def declaration(n, kind):
+    a = "const uint32_t a[4]" if kind == "rs" else "uint64_t desc_a"
+    return (f"template <typename T> FC_DEVICE void wgmma_{kind}_n{n}(float (&d)[{n // 2}], {a}, "
+            f"uint64_t desc_b, int scale_d);")
+
+
+def one(n, ty, ptx_ty, kind):
+    rs = kind == "rs"
     nacc = n // 2
     acc = regs(nacc, 0)
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(nacc))
@@ -38,16 +47,14 @@ def one(n, ty, ptx_ty, rs, kind="ss"):
         scale = f"%{nacc + 5}"
         ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)'
         sig = "const uint32_t a[4], uint64_t desc_b, int scale_d"
-        name = f"wgmma_rs_n{n}"
     else:
         a = f"%{nacc}"
         b = f"%{nacc + 1}"
         scale = f"%{nacc + 2}"
         ins = '"l"(desc_a), "l"(desc_b), "r"(scale_d)'
         sig = "uint64_t desc_a, uint64_t desc_b, int scale_d"
-        name = f"{KINDS[kind][0]}_n{n}"
     body = []
-    body.append(f"template <> FC_DEVICE void {name}<{ty}>(float (&d)[{nacc}], {sig}) {{")
+    body.append(f"template <> FC_DEVICE void wgmma_{kind}_n{n}<{ty}>(float (&d)[{nacc}], {sig}) {{")
     body.append("    asm volatile(")
     body.append("        \"{\\n.reg .pred p;\\nsetp.ne.b32 p, " + scale + ", 0;\\n\"")
     instr = f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_ty}.{ptx_ty} "
@@ -55,7 +62,7 @@ def one(n, ty, ptx_ty, rs, kind="ss"):
     if rs:
         body.append("        \"1, 1, 1;\\n}\\n\"")  # scale-a, scale-b, tnsp-b = 1 (B is N-major)
     else:  # scale-a, scale-b, then A's and B's transpose (1: MN-major)
-        body.append(f"        \"1, 1, {KINDS[kind][1]};\\n}}\\n\"")
+        body.append(f"        \"1, 1, {TRANSPOSE[kind]};\\n}}\\n\"")
     body.append(f"        : {outs}")
     body.append(f"        : {ins});")
     body.append("}")
@@ -82,30 +89,10 @@ def main():
 #define FC_DEVICE __device__ __forceinline__
 #endif
 """]
-    shapes = sorted(set(SS_N) | set(RS_N) | set(SS_TT_N) | set(SS_TB_N))
-    for n in shapes:
-        nacc = n // 2
-        if n in SS_N:
-            parts.append(f"template <typename T> FC_DEVICE void wgmma_ss_n{n}(float (&d)[{nacc}], uint64_t desc_a, "
-                         f"uint64_t desc_b, int scale_d);")
-        if n in RS_N:
-            parts.append(f"template <typename T> FC_DEVICE void wgmma_rs_n{n}(float (&d)[{nacc}], const uint32_t a[4], "
-                         f"uint64_t desc_b, int scale_d);")
-        for kind, ns in (("ss_tt", SS_TT_N), ("ss_tb", SS_TB_N)):
-            if n in ns:
-                parts.append(f"template <typename T> FC_DEVICE void {KINDS[kind][0]}_n{n}(float (&d)[{nacc}], "
-                             f"uint64_t desc_a, uint64_t desc_b, int scale_d);")
+    shapes = sorted(set().union(*(ns for _, ns in WRAPPERS)))
+    parts += [declaration(n, kind) for n in shapes for kind, ns in WRAPPERS if n in ns]
     parts.append("")
-    for n in shapes:
-        for ty, pty in TYPES:
-            if n in SS_N:
-                parts.append(one(n, ty, pty, rs=False))
-            if n in RS_N:
-                parts.append(one(n, ty, pty, rs=True))
-            if n in SS_TT_N:
-                parts.append(one(n, ty, pty, rs=False, kind="ss_tt"))
-            if n in SS_TB_N:
-                parts.append(one(n, ty, pty, rs=False, kind="ss_tb"))
+    parts += [one(n, ty, pty, kind) for n in shapes for ty, pty in TYPES for kind, ns in WRAPPERS if n in ns]
     with open(OUT, "w") as f:
         f.write("\n".join(parts) + "\n")
 

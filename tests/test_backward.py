@@ -11,6 +11,7 @@ own error there may have rounded luckily). Every backward call poisons dq, dk an
 before the launch (conftest), so an element the kernel does not write shows
 up as NaN. The CPU cases run in CI; the GPU cases need a GPU.
 """
+import contextlib
 import re
 
 import pytest
@@ -522,13 +523,22 @@ def test_gpu_matches_cpu_path(kernel):
 
 # ---- deterministic mode (torch.use_deterministic_algorithms) ----
 
+@contextlib.contextmanager
+def deterministic(on):
+    """torch.use_deterministic_algorithms(on) inside, the previous setting restored after."""
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(on)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+
 @pytest.fixture
 def deterministic_algorithms():
     """torch.use_deterministic_algorithms(True) for the test, restored after it."""
-    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True)
-    yield
-    torch.use_deterministic_algorithms(was, warn_only=warn_only)
+    with deterministic(True):
+        yield
 
 
 @pytest.mark.parametrize("on", [False, True], ids=["default", "deterministic"])
@@ -544,12 +554,8 @@ def test_backward_passes_the_deterministic_flag(monkeypatch, on):
     q, k, v = make_qkv(1, 4, 2, 30, 41, 64, torch.float32, "cpu")
     go = torch.randn(1, 4, 30, 64)
     monkeypatch.setattr(_C, "bwd", spy)
-    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(on)
-    try:
+    with deterministic(on):
         fc_grads(q, k, v, "top_left", go)
-    finally:
-        torch.use_deterministic_algorithms(was, warn_only=warn_only)
     assert seen == [on]
 
 

@@ -65,8 +65,8 @@ FC_DEVICE int bwd_piece_offset(int r, int c) {
 // The blocks a main kernel walks for one item: items are (key block of bc
 // keys, KV head, batch), key blocks fastest (a deterministic call: the last one
 // first), so that the items of one KV head run together and share its Q and dO
-// in L2. The portable kernel's CTA takes item blockIdx.x, the Hopper kernel's
-// persistent CTAs take items blockIdx.x, blockIdx.x + gridDim.x, ... An item
+// in L2. The portable kernel's CTA takes item blockIdx.x; the Hopper kernel's
+// persistent CTAs take their first there and the next ones from a counter. An item
 // walks the G = Hq / Hkv query heads of its KV head and, per head, the br-row
 // query blocks that see any of its keys:
 // key j is visible to row i iff j <= i + diag (causal) and j < Sk, so the

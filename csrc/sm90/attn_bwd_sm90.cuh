@@ -347,6 +347,13 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
             return bwd_piece_index<DP>(m, dq_col_slab(c));
         };
         auto piece_turn = [&](int j, int c) { return bwd_piece_turns<DP>(p, args.sq_pad) + piece_index(j, c); };
+        // Deterministic, the warpgroup's thread t = 0: counts its adds into iteration j's pieces.
+        auto count_turns = [&](int j) {
+            bulk_wait<0>();              // the reductions have read their staging and added their sums;
+            fence_proxy_async_global();  // their adds (async proxy) before the counts
+#pragma unroll
+            for (int c = 0; c < Tile::DQ_PIECES; ++c) bwd_count_turn(piece_turn(j, c));
+        };
 
         float dk[DH / 2], dv[DH / 2];  // this warpgroup's 64 keys x DH columns (dK unscaled)
 #pragma unroll
@@ -434,10 +441,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
             if constexpr (!DET) {
                 if (t == 0) bulk_wait_read<0>();  // this warpgroup's last dQ reductions have read their staging
             } else if (t == 0 && it > 0) {
-                bulk_wait<0>();              // the last reductions have read their staging and added their sums;
-                fence_proxy_async_global();  // their adds (async proxy) before the counts below
-#pragma unroll
-                for (int c = 0; c < Tile::DQ_PIECES; ++c) bwd_count_turn(piece_turn(it - 1, c));
+                count_turns(it - 1);  // the last block's (before the barrier below)
             }
             named_barrier_sync(BWD_BAR_CTA, Tile::THREADS);  // orders both warpgroups' dS^T (and P^T) stores before
                                                    // either's dQ (dV, dK) wgmmas, both warpgroups' block it-1
@@ -520,12 +524,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         }
         if (n_iter > 0) {
             kv_phase ^= 1;
-            if (DET && t == 0) {
-                bulk_wait<0>();              // this item's last reductions have added into the accumulator;
-                fence_proxy_async_global();  // their adds (async proxy) before their counts
-#pragma unroll
-                for (int c = 0; c < Tile::DQ_PIECES; ++c) bwd_count_turn(piece_turn(n_iter - 1, c));
-            }
+            if (DET && t == 0) count_turns(n_iter - 1);  // this item's last block's
         }
         n0 += n_iter;
 
