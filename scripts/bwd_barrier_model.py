@@ -4,12 +4,14 @@ One actor per warpgroup walks the kernel's sequence over a CTA's items (each ite
 key block, then n_iter query blocks through a ring of two Q/dO slots; items that walk no block
 included): barrier waits, the CTA's named barriers, TMA loads (issued by warpgroup 0's thread 0),
 the async reads of its wgmmas, dS^T (and P^T) stores, dQ staging and the bulk reductions that read
-it, and the next item passed through shared memory. A random scheduler interleaves the warpgroups;
+it, the next item passed through shared memory, and the epilogue's dK, dV staged in the last
+block's slot (and at DP = 128 dK in the dQ staging) for TMA stores that read them asynchronously. A random scheduler interleaves the warpgroups;
 TMA loads land, and bulk reductions finish reading, in any order and often late. Each run checks:
   - no deadlock;
   - every read finds the tile it expects, landed (K/V of its item, the slot of its block, the
     dS^T buffer of its block from both warpgroups);
-  - no write (TMA load, dS^T or staging store) hits a buffer a wgmma or reduction still reads;
+  - no write (TMA load, dS^T, staging or epilogue store) hits a buffer a wgmma, reduction or TMA
+    store still reads;
   - every warpgroup reads the next item its thread 0 wrote, before the word is written again.
 mbarrier.try_wait.parity is modelled as in scripts/barrier_model.py (Barrier, shared with it).
 
@@ -20,7 +22,9 @@ Layouts: `whole` (DP <= 128: each warpgroup owns 64 keys; dV and dK from registe
 slot's dO and Q until the block's last wait; dQ staged in a buffer per warpgroup) and `split`
 (DP = 256: the warpgroups share the keys; S^T, dP^T read the whole slot and retire before the CTA
 barrier, dV and dK after it read P^T, dS^T and the half of the slot that warpgroup's columns live
-in, and its dQ is staged over that half). The model follows the kernel; change both together.
+in, and its dQ is staged over that half, as are its dK and dV). `whole` stages dK and dV as DP = 128
+does: dV in the warpgroup's tile of the last slot, dK in its dQ staging (DP = 64 uses the first
+alone, a subset). The model follows the kernel; change both together.
 """
 import random
 import sys
@@ -31,10 +35,15 @@ LAYOUTS = ["whole", "split"]
 SLOW = 0.2  # the share of loads and reductions that finish only when nothing else can move
 
 
-# Orders the kernel must not use, each of which the model must catch: the next item passed through
-# one word; the next item's K/V loaded at the last block's refill; the ring's refill before the CTA
-# barrier; a staging store without waiting for the last reductions' reads.
-BAD = ["one_next_word", "early_kv", "early_refill", "no_bulk_wait"]
+# Orders the kernel must not use, each of which the model must catch (in the layouts listed): the
+# next item passed through one word; the next item's K/V loaded at the last block's refill; the
+# ring's refill before the CTA barrier; a staging store without waiting for the last reductions'
+# reads; the epilogue's stores without that wait; the epilogue before the item's end barrier (in
+# `split` a warpgroup's half of the slot is its own after the last block's barrier); the epilogue
+# in the slot the next item's first block loads into.
+BAD = {"one_next_word": LAYOUTS, "early_kv": LAYOUTS, "early_refill": LAYOUTS, "no_bulk_wait": LAYOUTS,
+       "no_epi_wait": LAYOUTS, "early_epi": ["whole"],
+       "epi_next_slot": LAYOUTS}
 
 
 def warpgroup(w, items, layout, bad=None):
@@ -79,6 +88,10 @@ def warpgroup(w, items, layout, bad=None):
             stage = halves[w] if split else ("stage", w)
             yield ("write", stage, n)
             yield ("bulk", w, stage)         # the bulk reduction reads the staging, asynchronously
+        last = (n0 + n_iter - (0 if bad == "epi_next_slot" else 1)) % 2  # the last block's slot (or the one before)
+        epilogue = [("slot", last, w)] + ([] if split else [("stage", w)])
+        if bad == "early_epi":
+            yield from epi_stores(w, k, epilogue, bad)
         yield ("next_write" if w == 0 else "nop", k % next_slots, k)
         yield ("named",)                     # the item's end barrier
         yield ("next_read", k % next_slots, k)
@@ -88,7 +101,19 @@ def warpgroup(w, items, layout, bad=None):
             yield ("tma", ("slot", (n0 + n_iter) % 2), n0 + n_iter, ("full", (n0 + n_iter) % 2))
         kv ^= 1 if n_iter else 0
         n0 += n_iter
+        if bad != "early_epi":
+            yield from epi_stores(w, k, epilogue, bad)
     yield ("bulk_wait", w)
+
+
+def epi_stores(w, k, areas, bad):
+    """The epilogue of warpgroup w's k-th item: dK, dV stored into its areas, then TMA stores of them."""
+    if bad != "no_epi_wait":
+        yield ("bulk_wait", w)               # its reductions and last TMA stores have read their areas
+    for r in areas:
+        yield ("write", r, ("epi", k))
+    for r in areas:
+        yield ("bulk", w, r)                 # the TMA stores read them, asynchronously
 
 
 def run(layout, items, seed, bad=None):
@@ -107,6 +132,8 @@ def run(layout, items, seed, bad=None):
         for x in res(r):
             if readers.get(x):
                 raise Violation(f"{who} writes {x} (for {tag}) while {sorted(map(str, readers[x]))} read it")
+            if any(x in res(lr) for lr, _, _, _ in loads):
+                raise Violation(f"{who} writes {x} (for {tag}) while a TMA load fills it")
 
     def runnable(a):
         op = cur[a]

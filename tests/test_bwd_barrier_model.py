@@ -16,7 +16,8 @@ import bwd_barrier_model  # noqa: E402
 
 SCHEDULES = 400
 EXPECTED = {"one_next_word": "next-item word", "early_kv": "TMA writes ('KV',)", "early_refill": "TMA writes ('slot'",
-            "no_bulk_wait": "('R', "}
+            "no_bulk_wait": "('R', ", "no_epi_wait": "('R', ", "early_epi": "('slot'",
+            "epi_next_slot": "'epi'"}
 
 
 @pytest.mark.parametrize("layout", bwd_barrier_model.LAYOUTS)
@@ -24,8 +25,7 @@ def test_kernel_protocol_is_safe(layout):
     assert bwd_barrier_model.check(layout, SCHEDULES) is None
 
 
-@pytest.mark.parametrize("layout", bwd_barrier_model.LAYOUTS)
-@pytest.mark.parametrize("bad", bwd_barrier_model.BAD)
+@pytest.mark.parametrize("layout,bad", [(lay, bad) for bad, lays in bwd_barrier_model.BAD.items() for lay in lays])
 def test_model_catches_a_bad_order(layout, bad):
     failure = bwd_barrier_model.check(layout, SCHEDULES, bad=bad)
     assert failure is not None and EXPECTED[bad] in failure, failure

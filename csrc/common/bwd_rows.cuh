@@ -174,14 +174,14 @@ FC_DEVICE void bwd_pass_turn(const fc_attn_bwd_params& p, const BwdWalk& w, int 
 
 // The Hopper kernel's item counter (items handed out past the grid's first), after LSE * log2(e).
 template <int DP>
-FC_DEVICE int* bwd_item_counter(const fc_attn_bwd_params& p, int sq_pad) {
+FC_DEVICE unsigned* bwd_item_counter(const fc_attn_bwd_params& p, int sq_pad) {
     const int64_t n_vec = (int64_t)p.B * p.Hq * sq_pad;
-    return reinterpret_cast<int*>(static_cast<float*>(p.workspace) + n_vec * (DP + 2));
+    return reinterpret_cast<unsigned*>(static_cast<float*>(p.workspace) + n_vec * (DP + 2));
 }
 // The Hopper kernel's turn counters, one per piece (bwd_piece_index), after the item counter.
 template <int DP>
 FC_DEVICE int* bwd_piece_turns(const fc_attn_bwd_params& p, int sq_pad) {
-    return bwd_item_counter<DP>(p, sq_pad) + 1;
+    return reinterpret_cast<int*>(bwd_item_counter<DP>(p, sq_pad) + 1);
 }
 
 // Two T (one 32-bit word, low half first) as floats.

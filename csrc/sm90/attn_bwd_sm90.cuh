@@ -35,7 +35,8 @@
 //     accumulator with one bulk reduction (cp.reduce.async.bulk) of 16 KB:
 //     the accumulator is kept in that tiled order (pieces of 64 x 64 floats,
 //     bwd_rows.cuh), where per-row reductions from registers cost 30 % of the time.
-//     The epilogue writes dK * scale and dV from the registers.
+//     The epilogue stages dK * scale and dV (16-bit) in shared memory the item
+//     has done with and writes them with TMA stores, which run under the next item.
 //     DP = 256 (SPLIT_D): 256 columns of dK and dV for 64 keys are 256 fp32
 //     registers per thread of a warpgroup, so each warpgroup keeps 128 of them.
 //     The block's S^T and dP^T are split by query rows instead: a warpgroup
@@ -134,6 +135,8 @@ struct BwdSm90Tile {
     static constexpr uint32_t OFF_LSE = OFF_DQ + (SPLIT_D ? 0 : WGS * DQ_STAGE);
     static constexpr uint32_t OFF_DELTA = OFF_LSE + STAGES * VEC;
     static constexpr uint32_t OFF_BAR = OFF_DELTA + STAGES * VEC;  // K/V barrier, then one per slot
+    static constexpr uint32_t EPI_SLAB = WG_KEYS * ROWB;  // bytes of a 64-column slab of a warpgroup's dK (or dV)
+    static constexpr uint32_t EPI_TILE = DH / FC_SLAB_COLS * EPI_SLAB;  // bytes of its dK (or dV), 16-bit
     static constexpr int NEXT_SLOTS = 2;              // int32 words passing a CTA's next item (see the kernel)
     static constexpr uint32_t OFF_NEXT = OFF_BAR + FC_MBAR_BYTES * (1 + STAGES);
     static constexpr uint32_t SMEM_BYTES = OFF_NEXT + NEXT_SLOTS * 4 + FC_SWZ_GROUP_BYTES;  // + alignment slack
@@ -147,6 +150,9 @@ struct BwdSm90Tile {
     static_assert(FC_BWD_ROW_PAD % BR == 0, "the padded LSE and Delta must cover every block's rows");
     static_assert(SMEM_BYTES <= FC_SM90_SMEM_MAX, "the tile's shared memory fits a CTA");
     static_assert(STAGES == 2, "the kernel's loads run one block ahead (an item's first block with its K, V)");
+    static_assert(SPLIT_D ? 2 * EPI_TILE <= SLOT_STEP / WGS
+                          : (DP == 128 ? EPI_TILE <= QDO_TILE && EPI_TILE <= DQ_STAGE : 2 * EPI_TILE <= QDO_TILE),
+                  "a warpgroup's dK and dV fit the epilogue's areas (see the kernel)");
 };
 
 // Named barriers (0 is __syncthreads).
@@ -158,6 +164,8 @@ struct BwdSm90Args {
     CUtensorMap do_map;  // dO as (D, Sq, Hq, B), box (64, BR)
     CUtensorMap k_map;   // K as (D, Sk, Hkv, B), box (64, BC)
     CUtensorMap v_map;   // V as (D, Sk, Hkv, B), box (64, BC)
+    CUtensorMap dk_map;  // dK as (D, Sk, Hkv, B), box (64, WG_KEYS): the epilogue's stores
+    CUtensorMap dv_map;  // dV as (D, Sk, Hkv, B), box (64, WG_KEYS)
     fc_attn_bwd_params p;  // the call's params (dispatch checked them)
     int sq_pad;          // rows per head of the padded LSE and Delta (Sq rounded up to FC_BWD_ROW_PAD)
 };
@@ -266,7 +274,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     // in slot (n0 + j) % STAGES. Within an item the ring loads one block ahead; an item's first
     // block loads with its K and V once the CTA's previous item is done with the slot and K, V.
     // Q, dO, LSE and Delta of block j of walk v, the CTA's block n, into slot n % STAGES.
-    auto load_block = [&](const BwdWalk& v, int j, int n) {
+    auto load_block = [&](const BwdWalk& v, int j, unsigned n) {
         const int slot = n % STAGES, h = v.hk * v.G + j / v.per_head, row0 = (v.m_first + j % v.per_head) * BR;
         const uint32_t bar = full_bar(slot);
         mbar_expect_tx(bar, 2 * Tile::QDO_TILE + 2 * Tile::VEC);
@@ -293,8 +301,8 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     // the protocol over items is modelled in scripts/bwd_barrier_model.py: change both together).
     // Thread 0 leaves it in next_s[k % NEXT_SLOTS] for the k-th item's end (two words: the CTA reads
     // one after the item's end barrier, while thread 0 may already write the other).
-    int* item_counter = bwd_item_counter<DP>(p, args.sq_pad);
-    volatile int* next_s = reinterpret_cast<volatile int*>(smem_raw + (base + Tile::OFF_NEXT - raw));
+    unsigned* item_counter = bwd_item_counter<DP>(p, args.sq_pad);
+    volatile unsigned* next_s = reinterpret_cast<volatile unsigned*>(smem_raw + (base + Tile::OFF_NEXT - raw));
     if (tid == 0) {  // the first item's K, V and first block
         const BwdWalk v = bwd_walk(p, BC, BR, blockIdx.x);
         if (v.n_iter > 0) {
@@ -331,7 +339,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     const int dq_row_slab = BR == 128 ? wg : 0;
     auto dq_col_slab = [&](int c) { return SPLIT_D ? wg * Tile::DQ_PIECES + c : DP == 128 ? wg : 0; };
 
-    int n0 = 0;             // the CTA's blocks before this item's
+    unsigned n0 = 0;        // the CTA's blocks before this item's
     uint32_t kv_phase = 0;  // parity of kv_bar's next completion (one per item that walks any block)
     unsigned item = blockIdx.x;
     for (int k = 0; item < n_items; ++k) {  // the CTA's k-th item
@@ -361,12 +369,12 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         const int key_w0 = k0 + wg_key;
         // Thread 0 takes the next item in this item's last block, after its CTA barrier (the add's
         // latency hides under the block's dQ, and a CTA holds a taken item only until it ends).
-        int ticket = 0;  // thread 0: the counter before its add
+        unsigned ticket = 0;  // thread 0: the counter before its add
         if (!DET && tid == 0 && n_iter == 0) ticket = atomicAdd(item_counter, 1);
         if (n_iter > 0) mbar_wait(kv_bar, kv_phase);  // this item's K and V have landed (the loop's wgmmas read them)
 
         for (int it = 0; it < n_iter; ++it) {
-            const int n = n0 + it;  // the CTA's block: ring slot and phase, dS^T (P^T) buffer
+            const unsigned n = n0 + it;  // the CTA's block: ring slot and phase, dS^T (P^T) buffer
             const int slot = n % STAGES;
             const int row0 = (m_first + it % per_head) * BR;
             const uint32_t q_s = sQ + slot * Tile::SLOT_STEP, do_s = sdO + slot * Tile::SLOT_STEP;
@@ -503,16 +511,16 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                 }
             }
         }
+        if (!DET && tid == 0) next_s[k % Tile::NEXT_SLOTS] = gridDim.x + ticket;
+        named_barrier_sync(BWD_BAR_CTA, Tile::THREADS);  // orders thread 0's store of the next item before the
+                                                   // reads below, and both warpgroups' last wgmmas of this item
+                                                   // (each waited for its last dQ: the last reads of K, V and
+                                                   // the last block's slot) before the next item's loads over
+                                                   // K and V and the epilogue's stores over the slot
         if constexpr (DET) {
             item = n_items;  // one item per CTA (see the launcher)
         } else {
-            if (tid == 0) next_s[k % Tile::NEXT_SLOTS] = (int)gridDim.x + ticket;
-            named_barrier_sync(BWD_BAR_CTA, Tile::THREADS);  // orders thread 0's store of the next item before
-                                                   // the reads below, and both warpgroups' last wgmmas of this
-                                                   // item (each waited for its last dQ: the last reads of K
-                                                   // and V) before the next item's loads over them (the slot's
-                                                   // reads were ordered at the last block's barrier)
-            item = (unsigned)next_s[k % Tile::NEXT_SLOTS];
+            item = next_s[k % Tile::NEXT_SLOTS];
             if (tid == 0 && item < n_items) {  // the next item's K, V and first block
                 const BwdWalk v = bwd_walk(p, BC, BR, item);
                 if (v.n_iter > 0) {
@@ -528,81 +536,46 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         }
         n0 += n_iter;
 
-        // Epilogue: dK * scale and dV of keys < Sk, columns < D, from the registers.
+        // Epilogue: dK * scale and dV (16-bit) into shared memory, then TMA stores, which write keys < Sk
+        // and columns < D only. A warpgroup's areas (slabs of its 64 keys x 64 columns, swizzled as TMA
+        // loads them): in the last block's slot (the next item's first block loads into the other), its
+        // Q (warpgroup 0) or dO tile, or (SPLIT_D) its half, where its dQ was staged; at DP = 128 dK in
+        // its dQ staging. Its next stores to either follow a bulk_wait_read (the next block's, or here).
+        if (t == 0) bulk_wait_read<0>();  // this warpgroup's dQ reductions and last TMA stores have read their areas
+        named_barrier_sync(BWD_BAR_WG0 + wg, FC_WG_THREADS);  // orders that wait before the warpgroup's stores below
+        const uint32_t own = sQ + ((n0 + STAGES - 1) % STAGES) * Tile::SLOT_STEP +
+                             (SPLIT_D ? wg * (Tile::SLOT_STEP / Tile::WGS) : wg * Tile::DO_FROM_Q);
+        const uint32_t ek = DP == 128 ? sDQ + wg * Tile::DQ_STAGE : own;
+        const uint32_t ev = DP == 128 ? own : own + Tile::EPI_TILE;
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-            const int key = key_w0 + warp * 16 + lane / 4 + 8 * hr;
-            if (key >= p.Sk) continue;
-            T* dk_row = static_cast<T*>(p.dk) + b * p.dk_batch_stride + hk * p.dk_head_stride +
-                        (int64_t)key * p.dk_row_stride;
-            T* dv_row = static_cast<T*>(p.dv) + b * p.dv_batch_stride + hk * p.dv_head_stride +
-                        (int64_t)key * p.dv_row_stride;
+            const int r = warp * 16 + lane / 4 + 8 * hr;  // key row in the warpgroup's 64
 #pragma unroll
             for (int nt = 0; nt < DH / 8; ++nt) {
-                const int col = dh_slab * FC_SLAB_COLS + nt * 8 + (lane % 4) * 2;
-                if (col >= p.D) continue;
-                *reinterpret_cast<uint32_t*>(dk_row + col) =
-                    pack2<T>(dk[4 * nt + 2 * hr] * p.scale, dk[4 * nt + 2 * hr + 1] * p.scale);
-                *reinterpret_cast<uint32_t*>(dv_row + col) = pack2<T>(dv[4 * nt + 2 * hr], dv[4 * nt + 2 * hr + 1]);
+                const uint32_t at = (nt / 8) * Tile::EPI_SLAB + r * ROWB + (((nt % 8) ^ (r & 7)) << 4) + (lane % 4) * 4;
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ek + at),
+                             "r"(pack2<T>(dk[4 * nt + 2 * hr] * p.scale, dk[4 * nt + 2 * hr + 1] * p.scale))
+                             : "memory");
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ev + at),
+                             "r"(pack2<T>(dv[4 * nt + 2 * hr], dv[4 * nt + 2 * hr + 1]))
+                             : "memory");
             }
         }
+        fence_proxy_async();  // this thread's stores before the TMA stores (async proxy) read them
+        named_barrier_sync(BWD_BAR_WG0 + wg, FC_WG_THREADS);  // orders the warpgroup's stores before its TMA stores
+        if (t == 0 && key_w0 < p.Sk) {
+#pragma unroll
+            for (int sl = 0; sl < DH / FC_SLAB_COLS; ++sl) {
+                const int col = (dh_slab + sl) * FC_SLAB_COLS;
+                tma_store_4d(&args.dk_map, ek + sl * Tile::EPI_SLAB, col, key_w0, hk, b);
+                tma_store_4d(&args.dv_map, ev + sl * Tile::EPI_SLAB, col, key_w0, hk, b);
+            }
+            bulk_commit();
+        }
+        __syncwarp();  // the warp reconverged before the next item's wgmma instructions
     }
-    if (t == 0) bulk_wait<0>();  // the dQ reductions are done (their staging is read) before the CTA exits
+    if (t == 0) bulk_wait<0>();  // the dQ reductions and the TMA stores are done (their areas read) before the CTA exits
 #else
     __trap();  // built without sm_90a; dispatch never launches this
 #endif
 }
-
-// ---------------------------------------------------------------------------
-// Launcher and the C entry points of one padded head dim (see kernels.h)
-
-template <int DP, typename T>
-static fc_status attn_bwd_sm90_launch(const fc_attn_bwd_params* p, int num_sms, cudaStream_t stream) {
-    using Tile = BwdSm90Tile<DP>;
-    BwdSm90Args a;
-    a.p = *p;
-    a.sq_pad = (p->Sq + FC_BWD_ROW_PAD - 1) / FC_BWD_ROW_PAD * FC_BWD_ROW_PAD;
-    fc_status s = fc_sm90_tensor_map(&a.q_map, p->dtype, p->q, p->D, p->Sq, p->Hq, p->B, p->q_row_stride,
-                                     p->q_head_stride, p->q_batch_stride, Tile::BR);
-    if (s == FC_OK)
-        s = fc_sm90_tensor_map(&a.do_map, p->dtype, p->dout, p->D, p->Sq, p->Hq, p->B, p->do_row_stride,
-                               p->do_head_stride, p->do_batch_stride, Tile::BR);
-    if (s == FC_OK)
-        s = fc_sm90_tensor_map(&a.k_map, p->dtype, p->k, p->D, p->Sk, p->Hkv, p->B, p->k_row_stride,
-                               p->k_head_stride, p->k_batch_stride, Tile::BC);
-    if (s == FC_OK)
-        s = fc_sm90_tensor_map(&a.v_map, p->dtype, p->v, p->D, p->Sk, p->Hkv, p->B, p->v_row_stride,
-                               p->v_head_stride, p->v_batch_stride, Tile::BC);
-    if (s != FC_OK) return s;
-    // dispatch keeps the portable kernel's key blocks x B x Hkv (at least the items) <= 2^31 - 1;
-    // one persistent CTA per SM (the tile's shared memory allows no second); a deterministic call
-    // one CTA per item (the kernel's loop over items stops after one)
-    const unsigned items = (unsigned)((p->Sk + Tile::BC - 1) / Tile::BC) * (unsigned)(p->B * p->Hkv);
-    const unsigned main_ctas = p->deterministic || items < (unsigned)num_sms ? items : (unsigned)num_sms;
-
-    attn_bwd_prep_kernel<DP, T><<<bwd_row_grid<DP>((long long)p->B * p->Hq * a.sq_pad), BWD_ROW_THREADS, 0, stream>>>(
-        *p, a.sq_pad, true);
-    if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
-
-    if (p->deterministic) {
-        if (fc_smem_limit_once<attn_bwd_sm90_kernel<DP, T, true>>((int)Tile::SMEM_BYTES) != cudaSuccess)
-            return FC_ERR_CUDA;
-        attn_bwd_sm90_kernel<DP, T, true><<<main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(a);
-    } else {
-        if (fc_smem_limit_once<attn_bwd_sm90_kernel<DP, T, false>>((int)Tile::SMEM_BYTES) != cudaSuccess)
-            return FC_ERR_CUDA;
-        attn_bwd_sm90_kernel<DP, T, false><<<main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(a);
-    }
-    if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
-
-    attn_bwd_post_kernel<DP, T><<<bwd_row_grid<DP>((long long)p->B * p->Hq * p->Sq), BWD_ROW_THREADS, 0, stream>>>(
-        *p, a.sq_pad, true);
-    return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
-}
-
-#define FC_SM90_BWD_DEFINE(DP)                                                                      \
-    extern "C" fc_status fc_sm90_bwd_d##DP(const fc_attn_bwd_params* p, int num_sms, fc_stream_t stream) {     \
-        return p->dtype == FC_DTYPE_BF16 ? attn_bwd_sm90_launch<DP, __nv_bfloat16>(p, num_sms, (cudaStream_t)stream) \
-                                         : attn_bwd_sm90_launch<DP, __half>(p, num_sms, (cudaStream_t)stream);        \
-    }                                                                                               \
-    extern "C" size_t fc_sm90_bwd_smem_d##DP(void) { return BwdSm90Tile<DP>::SMEM_BYTES; }

@@ -1,4 +1,5 @@
-// Hopper backward kernels instantiated for head dims up to 64 (fp16 and bf16); see attn_bwd_sm90.cuh.
-#include "attn_bwd_sm90.cuh"
+// Hopper backward kernels instantiated for head dims up to 64 (fp16 and bf16); see attn_bwd_sm90.cuh
+// (the kernel) and attn_bwd_sm90_launch.cuh (its launcher).
+#include "attn_bwd_sm90_launch.cuh"
 
 FC_SM90_BWD_DEFINE(64)

@@ -89,6 +89,15 @@ FC_DEVICE void tma_load_4d(uint32_t dst, const void* tensor_map, uint32_t bar, i
         "l"((uint64_t)tensor_map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
         : "memory");
 }
+// One box from shared memory at src (laid out as tma_load_4d leaves it) into a 4-D tensor map,
+// as one bulk async operation of this thread's current bulk group (bulk_commit closes it).
+// Elements outside the tensor are not written.
+FC_DEVICE void tma_store_4d(const void* tensor_map, uint32_t src, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                     (uint64_t)tensor_map),
+                 "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
+}
 // The same load delivered to every CTA of `cta_mask` (bit r: cluster rank r), at
 // dst in each, each completing its bytes on the mbarrier at `bar` in that CTA.
 FC_DEVICE void tma_load_4d_multicast(uint32_t dst, const void* tensor_map, uint32_t bar, int c0, int c1, int c2,

@@ -1,8 +1,9 @@
-/* tensor_map.h -- builds the TMA tensor maps the Hopper kernel loads Q, K and V
- * through (host side). A (B, H, S, D) tensor with element strides becomes a
- * 4-D map (D, S, H, B) read in boxes of (64 columns, box_rows rows), stored in
- * shared memory with the 128-byte swizzle. Elements outside the tensor read as
- * zero, which pads D up to the tile width and masks the S tails. */
+/* tensor_map.h -- builds the TMA tensor maps the Hopper kernels load their
+ * inputs through, and the backward stores dK and dV through (host side). A
+ * (B, H, S, D) tensor with element strides becomes a 4-D map (D, S, H, B) read
+ * (or written) in boxes of (64 columns, box_rows rows), laid out in shared
+ * memory with the 128-byte swizzle. Elements outside the tensor read as zero,
+ * which pads D up to the tile width and masks the S tails, and are not written. */
 #ifndef FLASHCORE_SM90_TENSOR_MAP_H
 #define FLASHCORE_SM90_TENSOR_MAP_H
 
