@@ -502,7 +502,7 @@ static fc_attn_params bwd_forward_view(const fc_attn_bwd_params* p) {
 static size_t bwd_workspace_bytes(const fc_attn_bwd_params* p, fc_kernel k) {
     const size_t rows = (size_t)p->B * p->Hq * p->Sq;
     const size_t vec = (size_t)p->B * p->Hq * (((size_t)p->Sq + FC_BWD_ROW_PAD - 1) / FC_BWD_ROW_PAD * FC_BWD_ROW_PAD);
-    const size_t dp = p->D <= 64 ? 64 : p->D <= 128 ? 128 : 256;  /* the Hopper kernel's padded head dim */
+    const size_t dp = (size_t)64 << padded_dim_index(p->D);  /* the Hopper kernel's padded head dim: 64, 128, 256 */
     const size_t blocks = k == FC_KERNEL_SM90 ? vec / FC_BWD_PIECE_DIM * (dp / FC_BWD_PIECE_DIM)
                                               : (size_t)p->B * p->Hq * (((size_t)p->Sq + FC_BWD_ROWS_PER_BLOCK - 1) /
                                                                          FC_BWD_ROWS_PER_BLOCK);
