@@ -2,28 +2,32 @@
 
 One actor per warpgroup walks the kernel's sequence over a CTA's items (each item: K and V of its
 key block, then n_iter query blocks through a ring of two Q/dO slots; items that walk no block
-included): barrier waits, the CTA's named barriers, TMA loads (issued by warpgroup 0's thread 0),
+included). The ring runs across items: the last block of an item loads the next item's first block
+with its V (dP^T, V's last reader, retires before the block's CTA barrier) and, with two K
+buffers (`whole`), its K into the other buffer; with one (`whole1`, `split`) K loads after the
+item's end barrier, and after items that walk no block everything does. Modelled: barrier waits, the CTA's named barriers, TMA loads (issued by warpgroup 0's thread 0),
 the async reads of its wgmmas, dS^T (and P^T) stores, dQ staging and the bulk reductions that read
 it, the next item passed through shared memory, and the epilogue's dK, dV staged in the last
 block's slot (and at DP = 128 dK in the dQ staging) for TMA stores that read them asynchronously. A random scheduler interleaves the warpgroups;
 TMA loads land, and bulk reductions finish reading, in any order and often late. Each run checks:
   - no deadlock;
-  - every read finds the tile it expects, landed (K/V of its item, the slot of its block, the
+  - every read finds the tile it expects, landed (K, V of its item, the slot of its block, the
     dS^T buffer of its block from both warpgroups);
   - no write (TMA load, dS^T, staging or epilogue store) hits a buffer a wgmma, reduction or TMA
     store still reads;
   - every warpgroup reads the next item its thread 0 wrote, before the word is written again.
 mbarrier.try_wait.parity is modelled as in scripts/barrier_model.py (Barrier, shared with it).
 
-    python scripts/bwd_barrier_model.py          # both layouts, 2000 schedules each
+    python scripts/bwd_barrier_model.py          # every layout, 2000 schedules each
     python scripts/bwd_barrier_model.py 500 split
 
-Layouts: `whole` (DP <= 128: each warpgroup owns 64 keys; dV and dK from registers read the
-slot's dO and Q until the block's last wait; dQ staged in a buffer per warpgroup) and `split`
+Layouts: `whole` (DP = 64, two K buffers) and `whole1` (DP = 128, one K buffer): each warpgroup
+owns 64 keys; dV and dK from registers read the slot's dO and Q until the block's last wait; dQ
+staged in a buffer per warpgroup. `split`
 (DP = 256: the warpgroups share the keys; S^T, dP^T read the whole slot and retire before the CTA
 barrier, dV and dK after it read P^T, dS^T and the half of the slot that warpgroup's columns live
-in, and its dQ is staged over that half, as are its dK and dV). `whole` stages dK and dV as DP = 128
-does: dV in the warpgroup's tile of the last slot, dK in its dQ staging (DP = 64 uses the first
+in, and its dQ is staged over that half, as are its dK and dV). Both `whole` layouts stage dK and
+dV as DP = 128 does: dV in the warpgroup's tile of the last slot, dK in its dQ staging (DP = 64 uses the first
 alone, a subset). The model follows the kernel; change both together.
 """
 import random
@@ -31,59 +35,73 @@ import sys
 
 from barrier_model import Barrier, Violation, first_failure
 
-LAYOUTS = ["whole", "split"]
+LAYOUTS = ["whole", "whole1", "split"]
 SLOW = 0.2  # the share of loads and reductions that finish only when nothing else can move
 
 
 # Orders the kernel must not use, each of which the model must catch (in the layouts listed): the
-# next item passed through one word; the next item's K/V loaded at the last block's refill; the
+# next item passed through one word; the next item's K loaded at the last block's refill into the
+# buffer this item reads; the
 # ring's refill before the CTA barrier; a staging store without waiting for the last reductions'
 # reads; the epilogue's stores without that wait; the epilogue before the item's end barrier (in
 # `split` a warpgroup's half of the slot is its own after the last block's barrier); the epilogue
 # in the slot the next item's first block loads into.
 BAD = {"one_next_word": LAYOUTS, "early_kv": LAYOUTS, "early_refill": LAYOUTS, "no_bulk_wait": LAYOUTS,
-       "no_epi_wait": LAYOUTS, "early_epi": ["whole"],
+       "no_epi_wait": LAYOUTS, "early_epi": ["whole", "whole1"],
        "epi_next_slot": LAYOUTS}
 
 
 def warpgroup(w, items, layout, bad=None):
     """The sequence of warpgroup w over the CTA's items (n_iter of each). Thread 0 (w == 0) also
     issues the loads. bad: one of BAD instead of the kernel's order."""
-    split, next_slots, early_kv = layout == "split", 1 if bad == "one_next_word" else 2, bad == "early_kv"
+    split, next_slots = layout == "split", 1 if bad == "one_next_word" else 2
+    kbufs = 2 if layout == "whole" else 1  # K buffers (two at DP = 64 only)
+
+    def first_block(k, n, kb):
+        """Item k's first block (the CTA's block n) with its V, on the slot's barrier; K into
+        buffer kb first unless kb is None."""
+        if kb is not None:
+            yield ("tma", [(("K", kb), k)], ("kbar", kb))
+        yield ("tma", [(("V",), k), (("slot", n % 2), n)], ("full", n % 2))
+
     if w == 0 and items[0]:  # prologue: the first item's K, V and first block
-        yield ("tma", ("KV",), 0, "kv")
-        yield ("tma", ("slot", 0), 0, ("full", 0))
-    n0, kv = 0, 0
+        yield from first_block(0, 0, 0)
+    n0, busy = 0, 0
     for k, n_iter in enumerate(items):
         next_busy = k + 1 < len(items) and items[k + 1] > 0  # the next item walks a block
+        kb = busy % kbufs
         if n_iter:
-            yield ("wait", "kv", kv)
+            yield ("wait", ("kbar", kb), (busy // kbufs) & 1)
         for it in range(n_iter):
             n, slot, halves = n0 + it, (n0 + it) % 2, [("slot", (n0 + it) % 2, h) for h in (0, 1)]
             ds = [("dS", n % 2, h) for h in (0, 1)] + ([("PT", n % 2, h) for h in (0, 1)] if split else [])
             yield ("wait", ("full", slot), (n // 2) & 1)
-            yield ("read", ("KV",), k)       # S^T, dP^T (and dQ, later) read K and V
+            yield ("read", ("K", kb), k)     # S^T (and dQ, later) read K
+            yield ("read", ("V",), k)        # dP^T reads V
             for r in halves:
                 yield ("read", r, n)         # S^T, dP^T read Q and dO; dV, dK (whole) too
             if split:  # dP^T waited for before the barrier: the slot's reads, but this half's dV / dK
                 yield ("done", halves[1 - w])
+            yield ("done", ("V",))           # dP^T has retired before the barrier
             yield ("write", ("dS", n % 2, w), n)
             if split:
                 yield ("write", ("PT", n % 2, w), n)
             if bad != "no_bulk_wait":
                 yield ("bulk_wait", w)       # this warpgroup's reductions have read their staging
-            refill = [("tma", ("slot", (n + 1) % 2), n + 1, ("full", (n + 1) % 2))] if w == 0 and it + 1 < n_iter \
-                else []
+            refill = []
+            if w == 0 and it + 1 < n_iter:
+                refill = [("tma", [(("slot", (n + 1) % 2), n + 1)], ("full", (n + 1) % 2))]
+            elif w == 0 and next_busy:  # the last block: the next item's first block, V (and K)
+                nkb = kb if bad == "early_kv" else (busy + 1) % kbufs if kbufs > 1 else None
+                refill = list(first_block(k + 1, n + 1, nkb))
             if bad == "early_refill":
                 yield from refill
             yield ("named",)                 # BWD_BAR_CTA
             if bad != "early_refill":
                 yield from refill
-            if w == 0 and early_kv and it + 1 == n_iter and next_busy:
-                yield ("tma", ("KV",), k + 1, "kv")
             for r in ds:
                 yield ("read", r, n)         # dQ (and split: dV, dK) read both warpgroups' stores
-            for r in ds + [("KV",)] + halves[w:w + 1] + ([] if split else halves[1 - w:2 - w]):
+            for r in ds + [("K", kb)] + halves[w:w + 1] + ([] if split else halves[1 - w:2 - w]):
                 yield ("done", r)            # wgmma_wait<0>: this block's reads are over
             stage = halves[w] if split else ("stage", w)
             yield ("write", stage, n)
@@ -95,11 +113,12 @@ def warpgroup(w, items, layout, bad=None):
         yield ("next_write" if w == 0 else "nop", k % next_slots, k)
         yield ("named",)                     # the item's end barrier
         yield ("next_read", k % next_slots, k)
-        if w == 0 and next_busy:  # the next item's K, V (unless loaded early) and first block
-            if not (early_kv and n_iter):
-                yield ("tma", ("KV",), k + 1, "kv")
-            yield ("tma", ("slot", (n0 + n_iter) % 2), n0 + n_iter, ("full", (n0 + n_iter) % 2))
-        kv ^= 1 if n_iter else 0
+        if w == 0 and next_busy and (n_iter == 0 or kbufs == 1):  # what the last block did not load
+            nkb = (busy + (1 if n_iter else 0)) % kbufs
+            yield ("tma", [(("K", nkb), k + 1)], ("kbar", nkb))
+            if n_iter == 0:
+                yield from first_block(k + 1, n0, None)
+        busy += 1 if n_iter else 0
         n0 += n_iter
         if bad != "early_epi":
             yield from epi_stores(w, k, epilogue, bad)
@@ -119,7 +138,7 @@ def epi_stores(w, k, areas, bad):
 def run(layout, items, seed, bad=None):
     """One random schedule; returns "ok" or "deadlock ..."; raises Violation on a bad read or write."""
     rnd = random.Random(seed)
-    bars = {"kv": Barrier(1), ("full", 0): Barrier(1), ("full", 1): Barrier(1)}
+    bars = {("kbar", 0): Barrier(1), ("kbar", 1): Barrier(1), ("full", 0): Barrier(1), ("full", 1): Barrier(1)}
     actors = {w: warpgroup(w, items, layout, bad) for w in (0, 1)}
     cur = {a: next(g, None) for a, g in actors.items()}
     content, readers, loads, reductions = {}, {}, [], []
@@ -132,7 +151,7 @@ def run(layout, items, seed, bad=None):
         for x in res(r):
             if readers.get(x):
                 raise Violation(f"{who} writes {x} (for {tag}) while {sorted(map(str, readers[x]))} read it")
-            if any(x in res(lr) for lr, _, _, _ in loads):
+            if any(x in res(lr) for pairs, _, _ in loads for lr, _ in pairs):
                 raise Violation(f"{who} writes {x} (for {tag}) while a TMA load fills it")
 
     def runnable(a):
@@ -159,9 +178,10 @@ def run(layout, items, seed, bad=None):
         if pending and (not choices or rnd.random() < 0.3):
             i = rnd.choice(pending)
             if i < len(loads):
-                r, tag, bar, _ = loads.pop(i)
-                for x in res(r):
-                    content[x] = (tag, True)
+                pairs, bar, _ = loads.pop(i)
+                for r, tag in pairs:
+                    for x in res(r):
+                        content[x] = (tag, True)
                 bars[bar].complete_tx()
             else:
                 w, r, _ = reductions.pop(i - len(loads))
@@ -169,13 +189,14 @@ def run(layout, items, seed, bad=None):
             continue
         a = rnd.choice(choices)
         op = cur[a]
-        if op[0] == "tma":
-            _, r, tag, bar = op
-            write(r, tag, "TMA")
-            for x in res(r):
-                content[x] = (tag, False)
+        if op[0] == "tma":  # one arrival for (resource, tag) pairs that complete together
+            _, pairs, bar = op
+            for r, tag in pairs:
+                write(r, tag, "TMA")
+                for x in res(r):
+                    content[x] = (tag, False)
             bars[bar].arrive(1, tx=1)
-            loads.append((r, tag, bar, rnd.random() < SLOW))
+            loads.append((pairs, bar, rnd.random() < SLOW))
         elif op[0] == "read":
             _, r, tag = op
             if content.get(r) != (tag, True):

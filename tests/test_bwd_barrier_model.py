@@ -15,7 +15,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
 import bwd_barrier_model  # noqa: E402
 
 SCHEDULES = 400
-EXPECTED = {"one_next_word": "next-item word", "early_kv": "TMA writes ('KV',)", "early_refill": "TMA writes ('slot'",
+EXPECTED = {"one_next_word": "next-item word", "early_kv": "TMA writes ('K', ", "early_refill": "TMA writes (",
             "no_bulk_wait": "('R', ", "no_epi_wait": "('R', ", "early_epi": "('slot'",
             "epi_next_slot": "'epi'"}
 

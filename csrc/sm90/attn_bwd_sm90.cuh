@@ -11,9 +11,11 @@
 //     counter, each CTA its next one in the last block of the one before (a
 //     deterministic call: one CTA per item, as its instantiation at DP = 64
 //     spills with the loop over items). K and V arrive
-//     once per item by TMA, with the item's first Q / dO block, as soon as the
-//     CTA's previous item has done with them, so they load under its epilogue
-//     rather than after a CTA launch. Up to DP = 128, BC = 128 and two warpgroups
+//     once per item by TMA, V with the item's first Q / dO block, which the
+//     last block of the CTA's previous item loads as it would its own next
+//     block; K then too at DP = 64, into the other of two K buffers (at
+//     DP >= 128 once the previous item has ended: two K buffers cost DP = 128 5-10 %
+//     at S >= 4k on an H100, perf notes, session 63). Up to DP = 128, BC = 128 and two warpgroups
 //     own 64 keys each with all DP columns of their dK, dV accumulators (fp32)
 //     in registers; at DP = 256, BC = 64 and both warpgroups work on the same
 //     64 keys, each owning 128 of the columns of dK and dV (below). An item walks the
@@ -83,8 +85,8 @@
 // ---------------------------------------------------------------------------
 // Tile table, per padded head dim DP (two warpgroups; BC = 128 keys per item, 64 at DP = 256).
 //
-//  DP  | BR  | STAGES | smem: K,V + Q,dO ring + dS^T x 2 + dQ x 2 + LSE,Delta | registers per thread (255 max)
-//  64  | 128 |   2    | 32 + 64 + 64 + 32 + 2 = 194 KB                      | S^T 64 + dP^T 64 + P^T 32 + dS^T 32
+//  DP  | BR  | STAGES | smem: K x KBUF,V + Q,dO ring + dS^T x 2 + dQ x 2 + LSE,Delta | registers per thread (255 max)
+//  64  | 128 |   2    | 48 + 64 + 64 + 32 + 2 = 210 KB                      | S^T 64 + dP^T 64 + P^T 32 + dS^T 32
 //      |     |        |                                                     | + dK, dV 32 each; dQ 32 once S^T is done
 //  128 |  64 |   2    | 64 + 64 + 32 + 32 + 1 = 193 KB                      | S^T 32 + dP^T 32 + P^T 16 + dS^T 16
 //      |     |        |                                                     | + dK, dV 64 each; dQ 32 once S^T is done
@@ -108,6 +110,7 @@ struct BwdSm90Tile {
     static constexpr int BR = DP <= 64 ? 128 : 64;    // query rows per block
     static constexpr int QW = SPLIT_D ? BR / WGS : BR;  // query rows (S^T's columns) per warpgroup
     static constexpr int STAGES = 2;                  // Q / dO / LSE / Delta slots
+    static constexpr int KBUF = DP <= 64 ? 2 : 1;     // K buffers: two let the next item's K load under this one
     static constexpr int SLABS = DP / FC_SLAB_COLS;   // 64-column swizzle slabs of a K, V, Q or dO row
     static constexpr uint32_t ROWB = FC_SWZ_ROW_BYTES;
     static constexpr uint32_t KV_TILE = BC * DP * 2;  // bytes of K (or V)
@@ -126,7 +129,7 @@ struct BwdSm90Tile {
     static constexpr int DQ_PIECES = BR * DP / (WGS * BWD_PIECE);  // dQ pieces per warpgroup and block
     static constexpr uint32_t DQ_STAGE = BWD_PIECE * 4;  // bytes of one piece's staging
     static constexpr uint32_t OFF_K = 0;
-    static constexpr uint32_t OFF_V = OFF_K + KV_TILE;
+    static constexpr uint32_t OFF_V = OFF_K + KBUF * KV_TILE;
     static constexpr uint32_t OFF_Q = OFF_V + KV_TILE;
     static constexpr uint32_t OFF_DO = OFF_Q + DO_FROM_Q;
     static constexpr uint32_t OFF_DS = OFF_Q + 2 * STAGES * QDO_TILE;
@@ -134,11 +137,11 @@ struct BwdSm90Tile {
     static constexpr uint32_t OFF_DQ = OFF_PT + PT_BUFS * DS_TILE;
     static constexpr uint32_t OFF_LSE = OFF_DQ + (SPLIT_D ? 0 : WGS * DQ_STAGE);
     static constexpr uint32_t OFF_DELTA = OFF_LSE + STAGES * VEC;
-    static constexpr uint32_t OFF_BAR = OFF_DELTA + STAGES * VEC;  // K/V barrier, then one per slot
+    static constexpr uint32_t OFF_BAR = OFF_DELTA + STAGES * VEC;  // one barrier per K buffer, then one per slot
     static constexpr uint32_t EPI_SLAB = WG_KEYS * ROWB;  // bytes of a 64-column slab of a warpgroup's dK (or dV)
     static constexpr uint32_t EPI_TILE = DH / FC_SLAB_COLS * EPI_SLAB;  // bytes of its dK (or dV), 16-bit
     static constexpr int NEXT_SLOTS = 2;              // int32 words passing a CTA's next item (see the kernel)
-    static constexpr uint32_t OFF_NEXT = OFF_BAR + FC_MBAR_BYTES * (1 + STAGES);
+    static constexpr uint32_t OFF_NEXT = OFF_BAR + FC_MBAR_BYTES * (KBUF + STAGES);
     static constexpr uint32_t SMEM_BYTES = OFF_NEXT + NEXT_SLOTS * 4 + FC_SWZ_GROUP_BYTES;  // + alignment slack
     static_assert(SPLIT_D ? DQ_PIECES == DH / DQ_COLS && BR == DQ_ROWS : DQ_PIECES == 1,
                   "the dQ phase splits the block's dQ into pieces, one per warpgroup or (SPLIT_D) its columns'");
@@ -244,7 +247,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     extern __shared__ unsigned char smem_raw[];
     const uint32_t raw = smem_u32(smem_raw);
     const uint32_t base = (raw + FC_SWZ_GROUP_BYTES - 1) & ~(FC_SWZ_GROUP_BYTES - 1);  // swizzle atoms: 1 KB aligned
-    const uint32_t sK = base + Tile::OFF_K, sV = base + Tile::OFF_V;   // (BC, DP) each, slabs of BC rows
+    const uint32_t sK = base + Tile::OFF_K, sV = base + Tile::OFF_V;   // (KBUF, BC, DP), (BC, DP), slabs of BC rows
     const uint32_t sQ = base + Tile::OFF_Q, sdO = base + Tile::OFF_DO;  // STAGES slots of (BR, DP), slabs of BR rows
     const uint32_t sdS = base + Tile::OFF_DS;                           // (2, BC, BR) dS^T, slabs of BC rows
     const uint32_t sPT = base + Tile::OFF_PT;                           // SPLIT_D: (2, BC, BR) P^T, as dS^T
@@ -252,8 +255,8 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     const uint32_t sLse = base + Tile::OFF_LSE, sDelta = base + Tile::OFF_DELTA;  // (STAGES, BR) fp32
     const float* lse_s = reinterpret_cast<const float*>(smem_raw + (sLse - raw));
     const float* delta_s = reinterpret_cast<const float*>(smem_raw + (sDelta - raw));
-    const uint32_t kv_bar = base + Tile::OFF_BAR;
-    auto full_bar = [&](int slot) { return kv_bar + FC_MBAR_BYTES * (1 + slot); };
+    auto k_bar = [&](int kb) { return base + Tile::OFF_BAR + FC_MBAR_BYTES * kb; };
+    auto full_bar = [&](int slot) { return base + Tile::OFF_BAR + FC_MBAR_BYTES * (Tile::KBUF + slot); };
 
     const int tid = threadIdx.x, wg = tid / FC_WG_THREADS, t = tid % FC_WG_THREADS, warp = t / 32, lane = tid % 32;
     const unsigned n_items = (unsigned)((p.Sk + BC - 1) / BC) * (unsigned)(p.B * p.Hkv);  // bwd_walk's items
@@ -263,7 +266,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     const float* lse2_g = delta_g + (int64_t)p.B * p.Hq * args.sq_pad;
 
     if (tid == 0) {
-        mbar_init(kv_bar, 1);
+        for (int kb = 0; kb < Tile::KBUF; ++kb) mbar_init(k_bar(kb), 1);
         for (int s = 0; s < STAGES; ++s) mbar_init(full_bar(s), 1);
         mbar_init_fence();
     }
@@ -271,31 +274,34 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
 
     // The loads (thread 0). The ring holds the CTA's blocks in the order it walks them, over all its
     // items: block j of an item whose first block is the CTA's block n0 is the CTA's block n0 + j,
-    // in slot (n0 + j) % STAGES. Within an item the ring loads one block ahead; an item's first
-    // block loads with its K and V once the CTA's previous item is done with the slot and K, V.
-    // Q, dO, LSE and Delta of block j of walk v, the CTA's block n, into slot n % STAGES.
+    // in slot (n0 + j) % STAGES. The ring loads one block ahead, across items too: an item's first
+    // block loads with its V in the last block of the item before (V's last reader, dP^T, has
+    // retired by that block's CTA barrier), and with its K into the other K buffer (KBUF = 2; with
+    // one, K loads once the item before has ended). After items that walk no block (and for the
+    // CTA's first item) all of them load at the item's end.
+    // Q, dO, LSE and Delta of block j of walk v, the CTA's block n, into slot n % STAGES (and V if j = 0).
     auto load_block = [&](const BwdWalk& v, int j, unsigned n) {
         const int slot = n % STAGES, h = v.hk * v.G + j / v.per_head, row0 = (v.m_first + j % v.per_head) * BR;
         const uint32_t bar = full_bar(slot);
-        mbar_expect_tx(bar, 2 * Tile::QDO_TILE + 2 * Tile::VEC);
+        mbar_expect_tx(bar, 2 * Tile::QDO_TILE + 2 * Tile::VEC + (j == 0 ? Tile::KV_TILE : 0));
 #pragma unroll
         for (int s = 0; s < SLABS; ++s) {
             const uint32_t at = slot * Tile::SLOT_STEP + s * QDO_SLAB_STEP;
             tma_load_4d(sQ + at, &args.q_map, bar, s * FC_SLAB_COLS, row0, h, v.b);
             tma_load_4d(sdO + at, &args.do_map, bar, s * FC_SLAB_COLS, row0, h, v.b);
+            if (j == 0) tma_load_4d(sV + s * BC * ROWB, &args.v_map, bar, s * FC_SLAB_COLS, v.k0, v.hk, v.b);
         }
         const int64_t vec0 = ((int64_t)v.b * p.Hq + h) * args.sq_pad + row0;
         bulk_load(sLse + slot * Tile::VEC, lse2_g + vec0, Tile::VEC, bar);
         bulk_load(sDelta + slot * Tile::VEC, delta_g + vec0, Tile::VEC, bar);
     };
-    // K and V of walk v, completing on kv_bar.
-    auto load_kv = [&](const BwdWalk& v) {
-        mbar_expect_tx(kv_bar, 2 * Tile::KV_TILE);
+    // K of walk v into buffer kb, completing on k_bar(kb).
+    auto load_k = [&](const BwdWalk& v, int kb) {
+        mbar_expect_tx(k_bar(kb), Tile::KV_TILE);
 #pragma unroll
-        for (int s = 0; s < SLABS; ++s) {
-            tma_load_4d(sK + s * BC * ROWB, &args.k_map, kv_bar, s * FC_SLAB_COLS, v.k0, v.hk, v.b);
-            tma_load_4d(sV + s * BC * ROWB, &args.v_map, kv_bar, s * FC_SLAB_COLS, v.k0, v.hk, v.b);
-        }
+        for (int s = 0; s < SLABS; ++s)
+            tma_load_4d(sK + kb * Tile::KV_TILE + s * BC * ROWB, &args.k_map, k_bar(kb), s * FC_SLAB_COLS, v.k0,
+                        v.hk, v.b);
     };
     // Items: the first is blockIdx.x, the next from the counter (CTAs that finish early take more;
     // the protocol over items is modelled in scripts/bwd_barrier_model.py: change both together).
@@ -306,14 +312,14 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     if (tid == 0) {  // the first item's K, V and first block
         const BwdWalk v = bwd_walk(p, BC, BR, blockIdx.x);
         if (v.n_iter > 0) {
-            load_kv(v);
+            load_k(v, 0);
             load_block(v, 0, 0);
         }
     }
 
     const float scale_log2 = p.scale * FC_LOG2E;
     const int wg_key = SPLIT_D ? 0 : wg * Tile::WG_KEYS;  // this warpgroup's first key in the CTA's
-    const uint32_t k_rows = sK + wg_key * ROWB, v_rows = sV + wg_key * ROWB;
+    const uint32_t v_rows = sV + wg_key * ROWB;
     const int dh_slab = SPLIT_D ? wg * (DH / FC_SLAB_COLS) : 0;  // first slab of this warpgroup's dK, dV columns
     const int q_off = SPLIT_D ? wg * QW : 0;  // first query row (of a block) of this warpgroup's S^T columns
     // A 16-bit tile held as a (64 key rows x QW columns) accumulator's A fragments f into a (BC, BR) buffer at
@@ -340,7 +346,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     auto dq_col_slab = [&](int c) { return SPLIT_D ? wg * Tile::DQ_PIECES + c : DP == 128 ? wg : 0; };
 
     unsigned n0 = 0;        // the CTA's blocks before this item's
-    uint32_t kv_phase = 0;  // parity of kv_bar's next completion (one per item that walks any block)
+    unsigned busy = 0;      // the CTA's items before this one that walk any block (K buffer and k_bar parity)
     unsigned item = blockIdx.x;
     for (int k = 0; item < n_items; ++k) {  // the CTA's k-th item
         const BwdWalk w = bwd_walk(p, BC, BR, item);  // the query blocks this item visits
@@ -367,18 +373,21 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
 #pragma unroll
         for (int i = 0; i < DH / 2; ++i) dk[i] = dv[i] = 0.f;
         const int key_w0 = k0 + wg_key;
-        // Thread 0 takes the next item in this item's last block, after its CTA barrier (the add's
-        // latency hides under the block's dQ, and a CTA holds a taken item only until it ends).
+        const int kb = busy % Tile::KBUF;  // this item's K buffer
+        const uint32_t sKi = sK + kb * Tile::KV_TILE, k_rows = sKi + wg_key * ROWB;
+        // Thread 0 takes the next item one block before this item's last, after its CTA barrier (the
+        // add's latency hides under a block, and the last block's refill loads the next item's first
+        // block), at the item's start if it walks one block or none.
         unsigned ticket = 0;  // thread 0: the counter before its add
-        if (!DET && tid == 0 && n_iter == 0) ticket = atomicAdd(item_counter, 1);
-        if (n_iter > 0) mbar_wait(kv_bar, kv_phase);  // this item's K and V have landed (the loop's wgmmas read them)
+        if (!DET && tid == 0 && n_iter <= 1) ticket = atomicAdd(item_counter, 1);
+        if (n_iter > 0) mbar_wait(k_bar(kb), (busy / Tile::KBUF) & 1);  // this item's K has landed (V: with block 0)
 
         for (int it = 0; it < n_iter; ++it) {
             const unsigned n = n0 + it;  // the CTA's block: ring slot and phase, dS^T (P^T) buffer
             const int slot = n % STAGES;
             const int row0 = (m_first + it % per_head) * BR;
             const uint32_t q_s = sQ + slot * Tile::SLOT_STEP, do_s = sdO + slot * Tile::SLOT_STEP;
-            mbar_wait(full_bar(slot), (n / STAGES) & 1);  // block it's Q, dO, LSE and Delta have landed
+            mbar_wait(full_bar(slot), (n / STAGES) & 1);  // block it's Q, dO, LSE and Delta (block 0: V) have landed
             float s[QW / 2], dp[QW / 2];  // this warpgroup's 64 keys x QW query rows from q_off
             bwd_issue_kmajor<DP, BC, QW, QDO_SLAB_STEP, T>(s, k_rows, q_s + q_off * ROWB);    // S^T = K Q^T
             bwd_issue_kmajor<DP, BC, QW, QDO_SLAB_STEP, T>(dp, v_rows, do_s + q_off * ROWB);  // dP^T = V dO^T
@@ -454,11 +463,20 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
             named_barrier_sync(BWD_BAR_CTA, Tile::THREADS);  // orders both warpgroups' dS^T (and P^T) stores before
                                                    // either's dQ (dV, dK) wgmmas, both warpgroups' block it-1
                                                    // reads (all retired) before the refill of its slot below,
-                                                   // and the staging reads (SPLIT_D: from that slot) before
-                                                   // the stores to it
+                                                   // their dP^T reads of V (retired) before the next item's V
+                                                   // there, and the staging reads (SPLIT_D: from that slot)
+                                                   // before the stores to it
             if (tid == 0) {
-                if (it + 1 < n_iter) load_block(w, it + 1, n + 1);  // (the next item's first: below)
-                else if (!DET) ticket = atomicAdd(item_counter, 1);
+                if (it + 1 < n_iter) {
+                    load_block(w, it + 1, n + 1);
+                    if (!DET && it + 2 == n_iter) ticket = atomicAdd(item_counter, 1);
+                } else if (!DET && gridDim.x + ticket < n_items) {  // the next item's first block (and K)
+                    const BwdWalk v = bwd_walk(p, BC, BR, gridDim.x + ticket);
+                    if (v.n_iter > 0) {
+                        if (Tile::KBUF > 1) load_k(v, kb ^ 1);
+                        load_block(v, 0, n + 1);
+                    }
+                }
             }
             __syncwarp();  // warp 0 reconverged before the warpgroup-wide wgmma instructions below
             if constexpr (SPLIT_D) {
@@ -474,7 +492,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                 {
                     wgmma_fence();  // orders earlier register use of dq before the async writes
                     const uint64_t ad = wgmma_desc(ds_buf + dq_row_slab * BC * ROWB, BC * ROWB, FC_SWZ_GROUP_BYTES);
-                    const uint64_t bd = wgmma_desc(sK + dq_col_slab(c) * BC * ROWB, BC * ROWB, FC_SWZ_GROUP_BYTES);
+                    const uint64_t bd = wgmma_desc(sKi + dq_col_slab(c) * BC * ROWB, BC * ROWB, FC_SWZ_GROUP_BYTES);
 #pragma unroll
                     for (int kk = 0; kk < BC / 16; ++kk)
                         wgmma_ss_tt_n64<T>(dq, wgmma_desc_add(ad, kk * 16 * ROWB), wgmma_desc_add(bd, kk * 16 * ROWB),
@@ -514,24 +532,24 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         if (!DET && tid == 0) next_s[k % Tile::NEXT_SLOTS] = gridDim.x + ticket;
         named_barrier_sync(BWD_BAR_CTA, Tile::THREADS);  // orders thread 0's store of the next item before the
                                                    // reads below, and both warpgroups' last wgmmas of this item
-                                                   // (each waited for its last dQ: the last reads of K, V and
-                                                   // the last block's slot) before the next item's loads over
-                                                   // K and V and the epilogue's stores over the slot
+                                                   // (each waited for its last dQ: the last reads of K and of
+                                                   // the last block's slot) before the next item's K load over
+                                                   // it (KBUF = 1) and the epilogue's stores over the slot
         if constexpr (DET) {
             item = n_items;  // one item per CTA (see the launcher)
         } else {
             item = next_s[k % Tile::NEXT_SLOTS];
-            if (tid == 0 && item < n_items) {  // the next item's K, V and first block
+            if (tid == 0 && item < n_items && (n_iter == 0 || Tile::KBUF == 1)) {  // what the last block did not load
                 const BwdWalk v = bwd_walk(p, BC, BR, item);
                 if (v.n_iter > 0) {
-                    load_kv(v);
-                    load_block(v, 0, n0 + n_iter);
+                    load_k(v, (busy + (n_iter > 0)) % Tile::KBUF);
+                    if (n_iter == 0) load_block(v, 0, n0);
                 }
             }
             __syncwarp();  // warp 0 reconverged before the next item's wgmma instructions
         }
         if (n_iter > 0) {
-            kv_phase ^= 1;
+            ++busy;
             if (DET && t == 0) count_turns(n_iter - 1);  // this item's last block's
         }
         n0 += n_iter;
