@@ -120,10 +120,12 @@ def check_grads(q, k, v, mode, got, go, glse=None, scale=None, sdpa=True):
 
 # (B, Hq, Hkv, Sq, Sk): odd lengths, Sq != Sk both ways, GQA, one query row, one key
 SHAPES = [(2, 4, 2, 97, 203), (1, 2, 2, 203, 97), (1, 4, 1, 1, 17), (1, 2, 2, 17, 1), (2, 2, 2, 64, 64)]
-# the last two: more key blocks than an H100 has SMs, so the Hopper kernel's persistent CTAs take several
-# (top-left with Sq < Sk: the key blocks past Sq see no query)
+# the last three: more key blocks than an H100 has SMs, so the Hopper kernel's persistent CTAs take several
+# (top-left with Sq < Sk: the key blocks past Sq see no query; Sq = 100: at D = 64 one query block per head
+# (two above), so its items walk one block or none, and a CTA takes and loads the next item from an
+# item's only block)
 GPU_SHAPES = [(2, 8, 2, 512, 512), (1, 4, 4, 1024, 1023), (1, 2, 1, 1000, 1025), (2, 8, 8, 700, 2100),
-              (4, 8, 4, 1100, 1500)]
+              (4, 8, 4, 1100, 1500), (2, 8, 8, 100, 2100)]
 
 
 def shape_id(s):
@@ -497,11 +499,15 @@ def test_gpu_forced_forward_kernel(kernel):
 
 
 @requires_gpu
+@pytest.mark.parametrize("shape", [(2, 8, 2, 700, 900), (2, 8, 8, 100, 2100)], ids=shape_id)
 @pytest.mark.parametrize("D,kernel", [(D, k) for D in (64, 128, 256) for k in GPU_KERNELS])
-def test_gpu_reruns(D, kernel):
-    """dk and dv are bit-identical across reruns; dq (fp32 atomics across key blocks) within rounding."""
-    q, k, v = make_qkv(2, 8, 2, 700, 900, D, torch.float16, "cuda")
-    go = torch.randn(2, 8, 700, D, device="cuda").half()
+def test_gpu_reruns(D, kernel, shape):
+    """dk and dv are bit-identical across reruns; dq (fp32 atomics across key blocks) within rounding.
+    The second shape has more key blocks than an H100 has SMs: which CTA takes which item varies
+    between runs, and the gradients must not."""
+    B, Hq, Hkv, Sq, Sk = shape
+    q, k, v = make_qkv(B, Hq, Hkv, Sq, Sk, D, torch.float16, "cuda")
+    go = torch.randn(B, Hq, Sq, D, device="cuda").half()
     first = fc_grads(q, k, v, "bottom_right", go, kernel=kernel)
     for _ in range(5):
         again = fc_grads(q, k, v, "bottom_right", go, kernel=kernel)
