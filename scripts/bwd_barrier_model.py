@@ -28,7 +28,10 @@ staged in a buffer per warpgroup. `split`
 barrier, dV and dK after it read P^T, dS^T and the half of the slot that warpgroup's columns live
 in, and its dQ is staged over that half, as are its dK and dV). Both `whole` layouts stage dK and
 dV as DP = 128 does: dV in the warpgroup's tile of the last slot, dK in its dQ staging (DP = 64 uses the first
-alone, a subset). The model follows the kernel; change both together.
+alone, a subset). Not modelled: when thread 0 takes the next item from the counter (the model
+knows each CTA's item list; that the ticket is taken before the last block's refill reads it is
+checked by reading the kernel), and the deterministic mode (one item per CTA). The model follows
+the kernel; change both together.
 """
 import random
 import sys

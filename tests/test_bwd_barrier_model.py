@@ -1,6 +1,7 @@
 """The persistent Hopper backward's protocol, in scripts/bwd_barrier_model.py, under random schedules (CPU).
 
-Both layouts the kernel instantiates (DP <= 128 and DP = 256) must run over random item lists
+The three layouts the kernel instantiates (whole: DP = 64 with two K buffers; whole1: DP = 128 with
+one; split: DP = 256) must run over random item lists
 (items that walk no block included) without a deadlock, a read of a buffer that does not hold its
 tile, a write into a buffer still being read, or a next-item word overwritten before it was read.
 Each order in BAD breaks one of the kernel's rules: the model must catch every one of them, or it

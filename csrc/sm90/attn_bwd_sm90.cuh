@@ -8,14 +8,14 @@
 //     and the fp32 dQ accumulator zeroed.
 //  2. attn_bwd_sm90_kernel: an item is BC keys of one (batch, KV head); a
 //     persistent grid of one CTA per SM takes the items in order from a
-//     counter, each CTA its next one in the last block of the one before (a
-//     deterministic call: one CTA per item, as its instantiation at DP = 64
+//     counter, each CTA its next one in the block before the last of the one
+//     before (at its start if it walks one block or none) (a deterministic call: one CTA per item, as its instantiation at DP = 64
 //     spills with the loop over items). K and V arrive
 //     once per item by TMA, V with the item's first Q / dO block, which the
 //     last block of the CTA's previous item loads as it would its own next
 //     block; K then too at DP = 64, into the other of two K buffers (at
 //     DP >= 128 once the previous item has ended: two K buffers cost DP = 128 5-10 %
-//     at S >= 4k on an H100, perf notes, session 63). Up to DP = 128, BC = 128 and two warpgroups
+//     at S >= 4k on an H100, perf notes, session 63, and DP = 256 has no room). Up to DP = 128, BC = 128 and two warpgroups
 //     own 64 keys each with all DP columns of their dK, dV accumulators (fp32)
 //     in registers; at DP = 256, BC = 64 and both warpgroups work on the same
 //     64 keys, each owning 128 of the columns of dK and dV (below). An item walks the
@@ -152,7 +152,7 @@ struct BwdSm90Tile {
     static_assert(BC % FC_BWD_KEYS_PER_CTA == 0, "dispatch's grid check (FC_BWD_KEYS_PER_CTA keys per CTA) bounds the items");
     static_assert(FC_BWD_ROW_PAD % BR == 0, "the padded LSE and Delta must cover every block's rows");
     static_assert(SMEM_BYTES <= FC_SM90_SMEM_MAX, "the tile's shared memory fits a CTA");
-    static_assert(STAGES == 2, "the kernel's loads run one block ahead (an item's first block with its K, V)");
+    static_assert(STAGES == 2, "the kernel's loads run one block ahead (an item's first block with its V)");
     static_assert(SPLIT_D ? 2 * EPI_TILE <= SLOT_STEP / WGS
                           : (DP == 128 ? EPI_TILE <= QDO_TILE && EPI_TILE <= DQ_STAGE : 2 * EPI_TILE <= QDO_TILE),
                   "a warpgroup's dK and dV fit the epilogue's areas (see the kernel)");
@@ -277,8 +277,8 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     // in slot (n0 + j) % STAGES. The ring loads one block ahead, across items too: an item's first
     // block loads with its V in the last block of the item before (V's last reader, dP^T, has
     // retired by that block's CTA barrier), and with its K into the other K buffer (KBUF = 2; with
-    // one, K loads once the item before has ended). After items that walk no block (and for the
-    // CTA's first item) all of them load at the item's end.
+    // one, K loads once the item before has ended). After items that walk no block all of them
+    // load at that item's end; the CTA's first item's in the prologue.
     // Q, dO, LSE and Delta of block j of walk v, the CTA's block n, into slot n % STAGES (and V if j = 0).
     auto load_block = [&](const BwdWalk& v, int j, unsigned n) {
         const int slot = n % STAGES, h = v.hk * v.G + j / v.per_head, row0 = (v.m_first + j % v.per_head) * BR;
@@ -457,12 +457,15 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
             fence_proxy_async();  // this thread's dS^T (and P^T) stores before the wgmma (async proxy) reads below
             if constexpr (!DET) {
                 if (t == 0) bulk_wait_read<0>();  // this warpgroup's last dQ reductions have read their staging
+                                                  // (at an item's first block also the item before's epilogue
+                                                  // TMA stores, from the slot the refill below may load)
             } else if (t == 0 && it > 0) {
                 count_turns(it - 1);  // the last block's (before the barrier below)
             }
             named_barrier_sync(BWD_BAR_CTA, Tile::THREADS);  // orders both warpgroups' dS^T (and P^T) stores before
                                                    // either's dQ (dV, dK) wgmmas, both warpgroups' block it-1
-                                                   // reads (all retired) before the refill of its slot below,
+                                                   // reads (all retired; it = 0: the item before's, and its
+                                                   // epilogue's, waited above) before the refill of its slot below,
                                                    // their dP^T reads of V (retired) before the next item's V
                                                    // there, and the staging reads (SPLIT_D: from that slot)
                                                    // before the stores to it
