@@ -44,10 +44,11 @@ def leaves(q, k, v):
     return tuple(t.detach().requires_grad_(True) for t in (q, k, v))
 
 
-def fc_grads(q, k, v, mode, go, glse=None, scale=None, kernel="auto"):
+def fc_grads(q, k, v, mode, go, glse=None, scale=None, kernel="auto", num_splits=None):
     """(dq, dk, dv) of sum(out * go) [+ sum(lse * glse)] through flashcore."""
     q, k, v = leaves(q, k, v)
-    out, lse = flashcore.attention(q, k, v, scale=scale, return_lse=True, kernel=kernel, **kw_for(mode))
+    out, lse = flashcore.attention(q, k, v, scale=scale, return_lse=True, kernel=kernel, num_splits=num_splits,
+                                   **kw_for(mode))
     loss = (out.float() * go.float()).sum()
     if glse is not None:
         loss = loss + (lse * glse).sum()

@@ -10,6 +10,13 @@ Each case draws everything from its own generator, seeded by FC_FUZZ_SEED
 FC_FUZZ_CASES sets the GPU case count (default 120); the CPU cases (the C path,
 small shapes) are a quarter of that. On the GPU every case also reruns the call
 and requires bit-identical out and LSE.
+
+The backward cases (test_fuzz_bwd_*, FC_FUZZ_BWD_CASES, default 60 on the GPU)
+draw the same space plus the backward's own switches: torch's deterministic
+mode and a loss that uses the returned LSE. Each checks dq, dk and dv against
+the fp64 autograd reference by test_backward's rule, and reruns: dk and dv
+bit-identical always, dq too in the deterministic mode (by default its fp32
+adds across key blocks come in any order: within two ulps of its largest value).
 """
 import os
 import random
@@ -19,10 +26,13 @@ import torch
 
 from conftest import (CAUSAL_MODES, DTYPE_NAMES, GPU_KERNELS, GPU_OK, check_attention, make_qkv, mode_id,
                       run_poisoned)
+from test_backward import HALF_ULP, SM80_BWD_SMEM_D256, check_grads, deterministic, fc_grads
 
 SEED = int(os.environ.get("FC_FUZZ_SEED", "0"))
 GPU_CASES = int(os.environ.get("FC_FUZZ_CASES", "120"))
 CPU_CASES = max(1, GPU_CASES // 4)
+BWD_GPU_CASES = int(os.environ.get("FC_FUZZ_BWD_CASES", "60"))
+BWD_CPU_CASES = max(1, BWD_GPU_CASES // 4)
 # Reference cost bound: B * Hq * Sq * Sk scores (fp64 on the GPU, fp32 / fp64 on the CPU).
 GPU_SCORES = 128 * 2**20
 CPU_SCORES = 2**20
@@ -135,3 +145,110 @@ def test_fuzz_cpu(i):
 @pytest.mark.parametrize("i", range(GPU_CASES))
 def test_fuzz_gpu(i):
     run_case(draw_case(i, "cuda"), "cuda")
+
+
+# ---- the backward ----
+
+# Reference cost bound of a backward case (the fp64 autograd keeps several score-sized tensors).
+BWD_GPU_SCORES = 24 * 2**20
+BWD_CPU_SCORES = 2**18
+
+
+def draw_bwd_case(i, device):
+    """Backward case i's parameters: draw_case's space (its own generator) plus `det` (torch's
+    deterministic mode) and `glse` (the loss also uses the returned LSE)."""
+    rng = random.Random(SEED * 1_000_033 + i * 7907 + (0 if device == "cuda" else 1) + 500_009)
+    gpu = device == "cuda"
+    D = rng.choice([64, 128, 256] * 3 + [8 * rng.randint(1, 32)])
+    dtype = rng.choice([torch.float16, torch.bfloat16] + ([] if gpu else [torch.float32]))
+    wide = rng.random() < 0.3  # many (batch, KV head) pairs: the persistent backward's several items per CTA
+    Hkv = rng.randint(1, 8 if wide else 4)
+    Hq = Hkv * rng.choice([1, 1, 2, 3, 4])
+    B = rng.randint(1, 8 if wide else 3)
+    cap = 3000 if gpu else 200
+    Sq, Sk = draw_len(rng, cap), draw_len(rng, cap)
+    if rng.random() < 0.1:
+        Sq = rng.randint(1, 8)  # decode-like: the forward may take the split-KV path
+    budget = BWD_GPU_SCORES if gpu else BWD_CPU_SCORES
+    while B * Hq * Sq * Sk > budget:
+        if Sq >= Sk:
+            Sq = max(1, Sq // 2)
+        else:
+            Sk = max(1, Sk // 2)
+    layouts = (rng.choice(QO_LAYOUTS), rng.choice(KV_LAYOUTS), rng.choice(KV_LAYOUTS))
+    mode = rng.choice(CAUSAL_MODES)
+    scale = None if rng.random() < 0.6 else rng.uniform(0.03, 0.6)
+    kernel = rng.choice(["auto", "sm80", "sm90"])
+    if not gpu:
+        kernel = "cpu"
+    elif kernel not in GPU_KERNELS:
+        kernel = "auto"
+    splits = rng.choice([None, None, 1, rng.randint(2, 12)])
+    if kernel == "sm90" and splits not in (None, 1):
+        splits = None
+    det = rng.random() < 0.3
+    glse = rng.random() < 0.25
+    return dict(B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, dtype=dtype, layouts=layouts, mode=mode, scale=scale,
+                kernel=kernel, num_splits=splits, det=det, glse=glse, torch_seed=rng.getrandbits(31))
+
+
+def describe_bwd(c):
+    return describe(c).replace("FC_FUZZ_SEED", "backward FC_FUZZ_SEED") + f" det={c['det']} glse={c['glse']}"
+
+
+def run_bwd_case(c, device):
+    torch.manual_seed(c["torch_seed"])
+    q, k, v = make_qkv(c["B"], c["Hq"], c["Hkv"], c["Sq"], c["Sk"], c["D"], c["dtype"], device, layouts=c["layouts"])
+    go = torch.randn(c["B"], c["Hq"], c["Sq"], c["D"], device=device).to(c["dtype"])
+    glse = torch.randn(c["B"], c["Hq"], c["Sq"], device=device) if c["glse"] else None
+    kernel = "auto" if c["kernel"] == "cpu" else c["kernel"]
+    grads = lambda: fc_grads(q, k, v, c["mode"], go, glse, c["scale"], kernel,  # noqa: E731
+                             c["num_splits"])
+    try:
+        if (device == "cuda" and c["D"] > 128 and kernel == "sm80" and torch.cuda.get_device_properties(
+                q.device).shared_memory_per_block_optin < SM80_BWD_SMEM_D256):
+            with pytest.raises(ValueError, match=r"the backward at head dim \d+ needs \d+ bytes of shared memory"):
+                grads()
+            return
+        with deterministic(c["det"]):
+            first = grads()
+            again = grads() if device == "cuda" else first
+        check_grads(q, k, v, c["mode"], first, go, glse, c["scale"])
+        assert torch.equal(again[1], first[1]) and torch.equal(again[2], first[2]), "a rerun gave other dk, dv bits"
+        if c["det"]:
+            assert torch.equal(again[0], first[0]), "a deterministic rerun gave other dq bits"
+        else:
+            tol = 4 * HALF_ULP[c["dtype"]] * max(1.0, first[0].abs().max().item())
+            err = (again[0].float() - first[0].float()).abs().max().item() if first[0].numel() else 0.0
+            assert err <= tol, f"a rerun's dq moved by {err:.3e} > {tol:.1e}"
+    except AssertionError as e:
+        raise AssertionError(f"{describe_bwd(c)}: {e}") from None
+    except ValueError as e:
+        raise ValueError(f"{describe_bwd(c)}: {e}") from None
+
+
+def test_bwd_draws_cover_the_space():
+    """The backward generator reaches every kernel, dtype, mode, both switches, GQA and odd head dims."""
+    cases = [draw_bwd_case(i, "cuda") for i in range(BWD_GPU_CASES)] if BWD_GPU_CASES >= 50 else []
+    if not cases:
+        pytest.skip("FC_FUZZ_BWD_CASES < 50: too few draws to expect every kind")
+    seen = lambda f: {f(c) for c in cases}  # noqa: E731
+    assert seen(lambda c: c["kernel"]) == {"auto", *GPU_KERNELS}
+    assert seen(lambda c: c["dtype"]) == {torch.float16, torch.bfloat16}
+    assert seen(lambda c: c["mode"]) == set(CAUSAL_MODES)
+    assert seen(lambda c: c["det"]) == {True, False} and seen(lambda c: c["glse"]) == {True, False}
+    assert {64, 128, 256} <= seen(lambda c: c["D"]) and seen(lambda c: c["D"] not in (64, 128, 256)) == {True, False}
+    assert True in seen(lambda c: c["Hq"] > c["Hkv"])
+    assert True in seen(lambda c: c["layouts"] != ("contiguous",) * 3)
+    assert True in seen(lambda c: c["Sq"] != c["Sk"])
+
+
+@pytest.mark.parametrize("i", range(BWD_CPU_CASES))
+def test_fuzz_bwd_cpu(i):
+    run_bwd_case(draw_bwd_case(i, "cpu"), "cpu")
+
+
+@pytest.mark.skipif(not GPU_OK, reason="no usable CUDA device")
+@pytest.mark.parametrize("i", range(BWD_GPU_CASES))
+def test_fuzz_bwd_gpu(i):
+    run_bwd_case(draw_bwd_case(i, "cuda"), "cuda")
