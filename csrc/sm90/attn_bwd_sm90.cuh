@@ -388,17 +388,29 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
             const int row0 = (m_first + it % per_head) * BR;
             const uint32_t q_s = sQ + slot * Tile::SLOT_STEP, do_s = sdO + slot * Tile::SLOT_STEP;
             mbar_wait(full_bar(slot), (n / STAGES) & 1);  // block it's Q, dO, LSE and Delta (block 0: V) have landed
+            // DP = 128 (EARLY): this thread's columns' LSE is read before the wgmmas below queue their shared-
+            // memory reads (behind them, after S^T's wait, its latency was the softmax's largest stall: perf
+            // notes, session 65), Delta under the exponentials; DP = 64 lacks the registers, DP = 256 gained nothing.
+            constexpr bool EARLY = DP == 128;
+            constexpr int NV = EARLY ? QW / 8 : 1;
+            const float* lse_r = lse_s + slot * BR + q_off + (lane % 4) * 2;
+            const float* delta_r = delta_s + slot * BR + q_off + (lane % 4) * 2;
+            auto ld2 = [](const float* r, int nt) { return *reinterpret_cast<const float2*>(r + nt * 8); };
+            float2 lse_v[NV], delta_v[NV];
+#pragma unroll
+            for (int nt = 0; nt < (EARLY ? NV : 0); ++nt) lse_v[nt] = ld2(lse_r, nt);
             float s[QW / 2], dp[QW / 2];  // this warpgroup's 64 keys x QW query rows from q_off
             bwd_issue_kmajor<DP, BC, QW, QDO_SLAB_STEP, T>(s, k_rows, q_s + q_off * ROWB);    // S^T = K Q^T
             bwd_issue_kmajor<DP, BC, QW, QDO_SLAB_STEP, T>(dp, v_rows, do_s + q_off * ROWB);  // dP^T = V dO^T
             wgmma_wait<1>();  // S^T has landed (dP^T may still run)
             fence_regs(s);
+#pragma unroll
+            for (int nt = 0; nt < (EARLY ? NV : 0); ++nt) delta_v[nt] = ld2(delta_r, nt);
 
             // P^T in place; columns are query rows (padding rows have LSE +inf: P = 0).
-            const float* lse_r = lse_s + slot * BR + q_off + (lane % 4) * 2;
 #pragma unroll
             for (int nt = 0; nt < QW / 8; ++nt) {
-                const float2 l = *reinterpret_cast<const float2*>(lse_r + nt * 8);
+                const float2 l = EARLY ? lse_v[EARLY ? nt : 0] : ld2(lse_r, nt);
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
                     s[4 * nt + 2 * hr] = fast_exp2(fmaf(s[4 * nt + 2 * hr], scale_log2, -l.x));
@@ -436,10 +448,9 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
             }
             fence_regs(dp);
 
-            const float* delta_r = delta_s + slot * BR + q_off + (lane % 4) * 2;
 #pragma unroll
             for (int nt = 0; nt < QW / 8; ++nt) {
-                const float2 d = *reinterpret_cast<const float2*>(delta_r + nt * 8);
+                const float2 d = EARLY ? delta_v[EARLY ? nt : 0] : ld2(delta_r, nt);
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
                     dp[4 * nt + 2 * hr] = s[4 * nt + 2 * hr] * (dp[4 * nt + 2 * hr] - d.x);
