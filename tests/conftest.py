@@ -315,7 +315,7 @@ def check_attention(out, lse, q, k, v, scale, mode, *, sdpa=True, lse_atol=None,
             assert torch.allclose(out[:, :, rs], sd, atol=1e-3, rtol=1e-3), (
                 f"fp16 out vs sdpa: max diff {_maxerr(out[:, :, rs], sd):.3e}")
         elif dt == torch.float32:
-            # against the fp64 reference, not SDPA: SDPA's own fp32 error passes 2e-5 where scores are
+            # against the fp64 reference, not SDPA: SDPA's own fp32 error exceeds 2e-5 where scores are
             # large (3.8e-5 at D = 256, scale 0.58, against flashcore's 2.3e-7: FC_FUZZ_SEED=31337 cpu[28])
             assert torch.allclose(out.double(), ref_out, atol=2e-5, rtol=2e-5), (
                 f"fp32 out vs the reference: max diff {err:.3e}")

@@ -88,8 +88,8 @@
 //  DP  | BR  | STAGES | smem: K x KBUF,V + Q,dO ring + dS^T x 2 + dQ x 2 + LSE,Delta | registers per thread (255 max)
 //  64  | 128 |   2    | 48 + 64 + 64 + 32 + 2 = 210 KB                      | S^T 64 + dP^T 64 + P^T 32 + dS^T 32
 //      |     |        |                                                     | + dK, dV 32 each; dQ 32 once S^T is done
-//  128 |  64 |   2    | 64 + 64 + 32 + 32 + 1 = 193 KB                      | S^T 32 + dP^T 32 + P^T 16 + dS^T 16
-//      |     |        |                                                     | + dK, dV 64 each; dQ 32 once S^T is done
+//  128 |  64 |   2    | 64 + 64 + 32 + 32 + 1 = 193 KB                      | S^T 32 + dP^T 32 + P^T 16 + dS^T 16 + dK,
+//      |     |        |                                                     | dV 64 each + LSE, Delta 16 each; dQ 32
 //  256 |  64 |   2    | 64 + 128 + 16 + P^T x 2 16 + 0 (dQ staged in the   | S^T 16 + dP^T 16 + dK, dV 64 each (128 of
 //      |     |        | slot) + 1 = 225 KB                                  | the 256 columns) + dQ 32 (BC = 64 keys)
 // BR: the dQ phase gives each warpgroup one 64 x 64 wgmma tile of the
