@@ -53,21 +53,18 @@ def draw_len(rng, cap):
     return max(1, min(n, cap))
 
 
-def draw_case(i, device):
-    """Case i's parameters (a dict), from its own generator."""
-    rng = random.Random(SEED * 1_000_003 + i * 7919 + (0 if device == "cuda" else 1))
-    gpu = device == "cuda"
+def draw_call(rng, gpu, cap, budget, p_decode):
+    """A call's parameters (a dict) from rng: shape, dtype, layouts, causal mode, scale, kernel and
+    split count. Longer sides shrink until B * Hq * Sq * Sk <= budget (the reference's cost)."""
     D = rng.choice([64, 128, 256] * 3 + [8 * rng.randint(1, 32)])
     dtype = rng.choice([torch.float16, torch.bfloat16] + ([] if gpu else [torch.float32]))
     wide = rng.random() < 0.3  # many (batch, head) pairs: the persistent grids' several tiles per CTA
     Hkv = rng.randint(1, 8 if wide else 4)
     Hq = Hkv * rng.choice([1, 1, 2, 3, 4])
     B = rng.randint(1, 8 if wide else 3)
-    cap = 4500 if gpu else 300
     Sq, Sk = draw_len(rng, cap), draw_len(rng, cap)
-    if rng.random() < 0.15:
+    if rng.random() < p_decode:
         Sq = rng.randint(1, 8)  # decode-like: the split-KV path under auto
-    budget = GPU_SCORES if gpu else CPU_SCORES
     while B * Hq * Sq * Sk > budget:  # keep the reference affordable: shrink the longer side
         if Sq >= Sk:
             Sq = max(1, Sq // 2)
@@ -89,7 +86,15 @@ def draw_case(i, device):
     if kernel == "sm90" and splits not in (None, 1):
         splits = None
     return dict(B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, dtype=dtype, layouts=layouts, mode=mode, scale=scale,
-                kernel=kernel, num_splits=splits, torch_seed=rng.getrandbits(31))
+                kernel=kernel, num_splits=splits)
+
+
+def draw_case(i, device):
+    """Case i's parameters (a dict), from its own generator."""
+    rng = random.Random(SEED * 1_000_003 + i * 7919 + (0 if device == "cuda" else 1))
+    gpu = device == "cuda"
+    c = draw_call(rng, gpu, 4500 if gpu else 300, GPU_SCORES if gpu else CPU_SCORES, 0.15)
+    return dict(c, torch_seed=rng.getrandbits(31))
 
 
 def describe(c):
@@ -155,41 +160,14 @@ BWD_CPU_SCORES = 2**18
 
 
 def draw_bwd_case(i, device):
-    """Backward case i's parameters: draw_case's space (its own generator) plus `det` (torch's
+    """Backward case i's parameters: draw_call's (its own generator) plus `det` (torch's
     deterministic mode) and `glse` (the loss also uses the returned LSE)."""
     rng = random.Random(SEED * 1_000_033 + i * 7907 + (0 if device == "cuda" else 1) + 500_009)
     gpu = device == "cuda"
-    D = rng.choice([64, 128, 256] * 3 + [8 * rng.randint(1, 32)])
-    dtype = rng.choice([torch.float16, torch.bfloat16] + ([] if gpu else [torch.float32]))
-    wide = rng.random() < 0.3  # many (batch, KV head) pairs: the persistent backward's several items per CTA
-    Hkv = rng.randint(1, 8 if wide else 4)
-    Hq = Hkv * rng.choice([1, 1, 2, 3, 4])
-    B = rng.randint(1, 8 if wide else 3)
-    cap = 3000 if gpu else 200
-    Sq, Sk = draw_len(rng, cap), draw_len(rng, cap)
-    if rng.random() < 0.1:
-        Sq = rng.randint(1, 8)  # decode-like: the forward may take the split-KV path
-    budget = BWD_GPU_SCORES if gpu else BWD_CPU_SCORES
-    while B * Hq * Sq * Sk > budget:
-        if Sq >= Sk:
-            Sq = max(1, Sq // 2)
-        else:
-            Sk = max(1, Sk // 2)
-    layouts = (rng.choice(QO_LAYOUTS), rng.choice(KV_LAYOUTS), rng.choice(KV_LAYOUTS))
-    mode = rng.choice(CAUSAL_MODES)
-    scale = None if rng.random() < 0.6 else rng.uniform(0.03, 0.6)
-    kernel = rng.choice(["auto", "sm80", "sm90"])
-    if not gpu:
-        kernel = "cpu"
-    elif kernel not in GPU_KERNELS:
-        kernel = "auto"
-    splits = rng.choice([None, None, 1, rng.randint(2, 12)])
-    if kernel == "sm90" and splits not in (None, 1):
-        splits = None
+    c = draw_call(rng, gpu, 3000 if gpu else 200, BWD_GPU_SCORES if gpu else BWD_CPU_SCORES, 0.1)
     det = rng.random() < 0.3
     glse = rng.random() < 0.25
-    return dict(B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, dtype=dtype, layouts=layouts, mode=mode, scale=scale,
-                kernel=kernel, num_splits=splits, det=det, glse=glse, torch_seed=rng.getrandbits(31))
+    return dict(c, det=det, glse=glse, torch_seed=rng.getrandbits(31))
 
 
 def describe_bwd(c):
