@@ -138,18 +138,24 @@ def shape_id(s):
 SM80_BWD_SMEM_D256 = 147968
 
 
-def check_or_refused(q, k, v, mode, go, kernel):
-    """check_grads of flashcore's gradients; where the GPU has no backward at q's head dim (the portable
-    one above 128 on a GPU without the shared memory), the refusal that names the cause and the fix
-    instead."""
+def refused_here(q, call):
+    """Where the GPU has no backward at q's head dim (the portable one above 128 on a GPU without the
+    shared memory, whatever kernel is asked for), checks that call() raises the refusal that names the
+    cause and the fix, and returns True; elsewhere returns False."""
     D = q.shape[-1]
-    if (q.is_cuda and D > 128
+    if not (q.is_cuda and D > 128
             and torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin < SM80_BWD_SMEM_D256):
-        with pytest.raises(ValueError, match=rf"device: the backward at head dim {D} needs \d+ bytes of shared "
-                                             r"memory per block, this GPU allows \d+.*q requires grad"):
-            fc_grads(q, k, v, mode, go, kernel=kernel)
-        return
-    check_grads(q, k, v, mode, fc_grads(q, k, v, mode, go, kernel=kernel), go)
+        return False
+    with pytest.raises(ValueError, match=rf"device: the backward at head dim {D} needs \d+ bytes of shared "
+                                         r"memory per block, this GPU allows \d+.*q requires grad"):
+        call()
+    return True
+
+
+def check_or_refused(q, k, v, mode, go, kernel):
+    """check_grads of flashcore's gradients, or the refusal where the GPU has no backward (refused_here)."""
+    if not refused_here(q, lambda: fc_grads(q, k, v, mode, go, kernel=kernel)):
+        check_grads(q, k, v, mode, fc_grads(q, k, v, mode, go, kernel=kernel), go)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)

@@ -26,7 +26,7 @@ import torch
 
 from conftest import (CAUSAL_MODES, DTYPE_NAMES, GPU_KERNELS, GPU_OK, check_attention, make_qkv, mode_id,
                       run_poisoned)
-from test_backward import HALF_ULP, SM80_BWD_SMEM_D256, check_grads, deterministic, fc_grads
+from test_backward import HALF_ULP, check_grads, deterministic, fc_grads, refused_here
 
 SEED = int(os.environ.get("FC_FUZZ_SEED", "0"))
 GPU_CASES = int(os.environ.get("FC_FUZZ_CASES", "120"))
@@ -179,16 +179,10 @@ def run_bwd_case(c, device):
     q, k, v = make_qkv(c["B"], c["Hq"], c["Hkv"], c["Sq"], c["Sk"], c["D"], c["dtype"], device, layouts=c["layouts"])
     go = torch.randn(c["B"], c["Hq"], c["Sq"], c["D"], device=device).to(c["dtype"])
     glse = torch.randn(c["B"], c["Hq"], c["Sq"], device=device) if c["glse"] else None
-    kernel = "auto" if c["kernel"] == "cpu" else c["kernel"]
-    grads = lambda: fc_grads(q, k, v, c["mode"], go, glse, c["scale"], kernel,  # noqa: E731
+    grads = lambda: fc_grads(q, k, v, c["mode"], go, glse, c["scale"], c["kernel"],  # noqa: E731
                              c["num_splits"])
     try:
-        # a GPU without the portable backward's shared memory at D > 128 runs no other (sm90 draws run as
-        # auto there) and refuses it, as test_backward's check_or_refused expects
-        if (device == "cuda" and c["D"] > 128 and torch.cuda.get_device_properties(
-                q.device).shared_memory_per_block_optin < SM80_BWD_SMEM_D256):
-            with pytest.raises(ValueError, match=r"the backward at head dim \d+ needs \d+ bytes of shared memory"):
-                grads()
+        if refused_here(q, grads):
             return
         with deterministic(c["det"]):
             first = grads()
