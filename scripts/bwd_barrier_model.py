@@ -21,7 +21,10 @@ mbarrier.try_wait.parity is modelled as in scripts/barrier_model.py (Barrier, sh
     python scripts/bwd_barrier_model.py          # every layout, 2000 schedules each
     python scripts/bwd_barrier_model.py 500 split
 
-Layouts: `whole` (DP = 64, two K buffers) and `whole1` (DP = 128, one K buffer): each warpgroup
+Layouts: `whole` (DP = 64, two K buffers, the early refill: each warpgroup arrives on the slot's
+empty barrier after its block's last wgmma wait, and thread 0 loads block n + 2 at block n's end if
+both have, else at block n + 1's CTA barrier as the others do) and `whole1` (DP = 128, one K
+buffer): each warpgroup
 owns 64 keys; dV and dK from registers read the slot's dO and Q until the block's last wait; dQ
 staged in a buffer per warpgroup. `split`
 (DP = 256: the warpgroups share the keys; S^T, dP^T read the whole slot and retire before the CTA
@@ -48,10 +51,13 @@ SLOW = 0.2  # the share of loads and reductions that finish only when nothing el
 # ring's refill before the CTA barrier; a staging store without waiting for the last reductions'
 # reads; the epilogue's stores without that wait; the epilogue before the item's end barrier (in
 # `split` a warpgroup's half of the slot is its own after the last block's barrier); the epilogue
-# in the slot the next item's first block loads into.
+# in the slot the next item's first block loads into; (`whole`) block n + 2 loaded at block n's end
+# without testing the slot's empty barrier, a warpgroup's arrival on it before its block's last wgmma
+# wait, and the test of the phase before (which a fresh barrier passes).
 BAD = {"one_next_word": LAYOUTS, "early_kv": LAYOUTS, "early_refill": LAYOUTS, "no_bulk_wait": LAYOUTS,
        "no_epi_wait": LAYOUTS, "early_epi": ["whole", "whole1"],
-       "epi_next_slot": LAYOUTS}
+       "epi_next_slot": LAYOUTS, "unguarded_ahead": ["whole"], "early_release": ["whole"],
+       "stale_parity": ["whole"]}
 
 
 def warpgroup(w, items, layout, bad=None):
@@ -59,6 +65,7 @@ def warpgroup(w, items, layout, bad=None):
     issues the loads. bad: one of BAD instead of the kernel's order."""
     split, next_slots = layout == "split", 1 if bad == "one_next_word" else 2
     kbufs = 2 if layout == "whole" else 1  # K buffers (two at DP = 64 only)
+    ahead_ok = layout == "whole"  # DP = 64 refills a slot as soon as both warpgroups arrive on its empty barrier
 
     def first_block(k, n, kb):
         """Item k's first block (the CTA's block n) with its V, on the slot's barrier; K into
@@ -75,6 +82,7 @@ def warpgroup(w, items, layout, bad=None):
         kb = busy % kbufs
         if n_iter:
             yield ("wait", ("kbar", kb), (busy // kbufs) & 1)
+        ahead = {"done": False}  # block it + 1 is loading already
         for it in range(n_iter):
             n, slot, halves = n0 + it, (n0 + it) % 2, [("slot", (n0 + it) % 2, h) for h in (0, 1)]
             ds = [("dS", n % 2, h) for h in (0, 1)] + ([("PT", n % 2, h) for h in (0, 1)] if split else [])
@@ -92,23 +100,38 @@ def warpgroup(w, items, layout, bad=None):
             if bad != "no_bulk_wait":
                 yield ("bulk_wait", w)       # this warpgroup's reductions have read their staging
             refill = []
-            if w == 0 and it + 1 < n_iter:
+            if w == 0 and it + 1 < n_iter and ahead["done"]:
+                pass
+            elif w == 0 and it + 1 < n_iter:
                 refill = [("tma", [(("slot", (n + 1) % 2), n + 1)], ("full", (n + 1) % 2))]
             elif w == 0 and next_busy:  # the last block: the next item's first block, V (and K)
                 nkb = kb if bad == "early_kv" else (busy + 1) % kbufs if kbufs > 1 else None
                 refill = list(first_block(k + 1, n + 1, nkb))
             if bad == "early_refill":
                 yield from refill
+            if bad == "early_release":
+                yield ("arrive", ("empty", slot))
             yield ("named",)                 # BWD_BAR_CTA
             if bad != "early_refill":
                 yield from refill
+            ahead = {"done": False}
             for r in ds:
                 yield ("read", r, n)         # dQ (and split: dV, dK) read both warpgroups' stores
             for r in ds + [("K", kb)] + halves[w:w + 1] + ([] if split else halves[1 - w:2 - w]):
                 yield ("done", r)            # wgmma_wait<0>: this block's reads are over
             stage = halves[w] if split else ("stage", w)
             yield ("write", stage, n)
+            if ahead_ok and bad != "early_release":
+                yield ("arrive", ("empty", slot))  # after the warpgroup barrier that follows every wait
             yield ("bulk", w, stage)         # the bulk reduction reads the staging, asynchronously
+            if ahead_ok and w == 0 and it + 2 < n_iter:  # block n + 2 into this slot if both have arrived
+                load = ("tma", [(("slot", slot), n + 2)], ("full", slot))
+                if bad == "unguarded_ahead":
+                    yield load
+                    ahead["done"] = True
+                else:
+                    parity = ((n // 2) & 1) ^ (1 if bad == "stale_parity" else 0)
+                    yield ("try", ("empty", slot), parity, load, ahead)
         last = (n0 + n_iter - (0 if bad == "epi_next_slot" else 1)) % 2  # the last block's slot (or the one before)
         epilogue = [("slot", last, w)] + ([] if split else [("stage", w)])
         if bad == "early_epi":
@@ -141,7 +164,8 @@ def epi_stores(w, k, areas, bad):
 def run(layout, items, seed, bad=None):
     """One random schedule; returns "ok" or "deadlock ..."; raises Violation on a bad read or write."""
     rnd = random.Random(seed)
-    bars = {("kbar", 0): Barrier(1), ("kbar", 1): Barrier(1), ("full", 0): Barrier(1), ("full", 1): Barrier(1)}
+    bars = {("kbar", 0): Barrier(1), ("kbar", 1): Barrier(1), ("full", 0): Barrier(1), ("full", 1): Barrier(1),
+            ("empty", 0): Barrier(2), ("empty", 1): Barrier(2)}
     actors = {w: warpgroup(w, items, layout, bad) for w in (0, 1)}
     cur = {a: next(g, None) for a, g in actors.items()}
     content, readers, loads, reductions = {}, {}, [], []
@@ -192,7 +216,8 @@ def run(layout, items, seed, bad=None):
             continue
         a = rnd.choice(choices)
         op = cur[a]
-        if op[0] == "tma":  # one arrival for (resource, tag) pairs that complete together
+
+        def tma(op):  # one arrival for (resource, tag) pairs that complete together
             _, pairs, bar = op
             for r, tag in pairs:
                 write(r, tag, "TMA")
@@ -200,6 +225,16 @@ def run(layout, items, seed, bad=None):
                     content[x] = (tag, False)
             bars[bar].arrive(1, tx=1)
             loads.append((pairs, bar, rnd.random() < SLOW))
+
+        if op[0] == "tma":
+            tma(op)
+        elif op[0] == "try":  # mbarrier.test_wait: the load if the phase has completed, else nothing
+            _, bar, parity, load, state = op
+            if bars[bar].passes(parity):
+                tma(load)
+                state["done"] = True
+        elif op[0] == "arrive":
+            bars[op[1]].arrive(1)
         elif op[0] == "read":
             _, r, tag = op
             if content.get(r) != (tag, True):

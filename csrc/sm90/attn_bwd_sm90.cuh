@@ -23,7 +23,9 @@
 //     rows that see any of its keys (causal: from the block of the first key's
 //     diagonal on). Thread 0 loads each block's Q, dO (TMA, 128-byte swizzle)
 //     and its rows' LSE and Delta (bulk copies) into a ring of STAGES slots,
-//     completing on one mbarrier per slot, one block ahead. Per block,
+//     completing on one mbarrier per slot, one block ahead (DP = 64: as soon as
+//     both warpgroups have arrived on the slot's empty mbarrier, up to two blocks
+//     ahead). Per block,
 //     each warpgroup runs, for its 64 keys x BR rows,
 //       S^T = K Q^T, dP^T = V dO^T        wgmma, both operands in shared memory
 //       P^T = exp2(S^T scale log2e - LSE log2e)   (masked: keys >= Sk, causal)
@@ -112,6 +114,11 @@ struct BwdSm90Tile {
     static constexpr int QW = SPLIT_D ? BR / WGS : BR;  // query rows (S^T's columns) per warpgroup
     static constexpr int STAGES = 2;                  // Q / dO / LSE / Delta slots
     static constexpr int KBUF = DP <= 64 ? 2 : 1;     // K buffers: two let the next item's K load under this one
+    // The ring refills a slot as soon as both warpgroups are done with it, not at the next block's CTA
+    // barrier: DP = 64 only (+1-4 % on an H100; at DP = 128 every earlier refill cost 3-10 %, perf notes,
+    // session 66; DP = 256 stages its dQ in the slot). One empty barrier per slot.
+    static constexpr bool EARLY_REFILL = DP == 64;
+    static constexpr int EMPTY_BARS = EARLY_REFILL ? STAGES : 0;
     static constexpr int SLABS = DP / FC_SLAB_COLS;   // 64-column swizzle slabs of a K, V, Q or dO row
     static constexpr uint32_t ROWB = FC_SWZ_ROW_BYTES;
     static constexpr uint32_t KV_TILE = BC * DP * 2;  // bytes of K (or V)
@@ -138,11 +145,11 @@ struct BwdSm90Tile {
     static constexpr uint32_t OFF_DQ = OFF_PT + PT_BUFS * DS_TILE;
     static constexpr uint32_t OFF_LSE = OFF_DQ + (SPLIT_D ? 0 : WGS * DQ_STAGE);
     static constexpr uint32_t OFF_DELTA = OFF_LSE + STAGES * VEC;
-    static constexpr uint32_t OFF_BAR = OFF_DELTA + STAGES * VEC;  // one barrier per K buffer, then one per slot
+    static constexpr uint32_t OFF_BAR = OFF_DELTA + STAGES * VEC;  // per K buffer, per slot, then EMPTY_BARS
     static constexpr uint32_t EPI_SLAB = WG_KEYS * ROWB;  // bytes of a 64-column slab of a warpgroup's dK (or dV)
     static constexpr uint32_t EPI_TILE = DH / FC_SLAB_COLS * EPI_SLAB;  // bytes of its dK (or dV), 16-bit
     static constexpr int NEXT_SLOTS = 2;              // int32 words passing a CTA's next item (see the kernel)
-    static constexpr uint32_t OFF_NEXT = OFF_BAR + FC_MBAR_BYTES * (KBUF + STAGES);
+    static constexpr uint32_t OFF_NEXT = OFF_BAR + FC_MBAR_BYTES * (KBUF + STAGES + EMPTY_BARS);
     static constexpr uint32_t SMEM_BYTES = OFF_NEXT + NEXT_SLOTS * 4 + FC_SWZ_GROUP_BYTES;  // + alignment slack
     static_assert(SPLIT_D ? DQ_PIECES == DH / DQ_COLS && BR == DQ_ROWS : DQ_PIECES == 1,
                   "the dQ phase splits the block's dQ into pieces, one per warpgroup or (SPLIT_D) its columns'");
@@ -209,6 +216,8 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     const float* delta_s = reinterpret_cast<const float*>(smem_raw + (sDelta - raw));
     auto k_bar = [&](int kb) { return base + Tile::OFF_BAR + FC_MBAR_BYTES * kb; };
     auto full_bar = [&](int slot) { return base + Tile::OFF_BAR + FC_MBAR_BYTES * (Tile::KBUF + slot); };
+    auto empty_bar = [&](int slot) { return base + Tile::OFF_BAR + FC_MBAR_BYTES * (Tile::KBUF + STAGES + slot); };
+    constexpr bool EARLY_REFILL = Tile::EARLY_REFILL && !DET;  // (DET: one item per CTA, refills as before)
 
     const int tid = threadIdx.x, wg = tid / FC_WG_THREADS, t = tid % FC_WG_THREADS, warp = t / 32, lane = tid % 32;
     const unsigned n_items = (unsigned)((p.Sk + BC - 1) / BC) * (unsigned)(p.B * p.Hkv);  // bwd_walk's items
@@ -220,6 +229,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     if (tid == 0) {
         for (int kb = 0; kb < Tile::KBUF; ++kb) mbar_init(k_bar(kb), 1);
         for (int s = 0; s < STAGES; ++s) mbar_init(full_bar(s), 1);
+        for (int s = 0; s < (EARLY_REFILL ? Tile::EMPTY_BARS : 0); ++s) mbar_init(empty_bar(s), Tile::WGS);  // per warpgroup
         mbar_init_fence();
     }
     __syncthreads();  // the initialized barriers before any wait on them or TMA completion
@@ -334,6 +344,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         if (!DET && tid == 0 && n_iter <= 1) ticket = atomicAdd(item_counter, 1);
         if (n_iter > 0) mbar_wait(k_bar(kb), (busy / Tile::KBUF) & 1);  // this item's K has landed (V: with block 0)
 
+        bool ahead = false;  // thread 0, EARLY_REFILL: block it + 1 is loading already (see the block's end)
         for (int it = 0; it < n_iter; ++it) {
             const unsigned n = n0 + it;  // the CTA's block: ring slot and phase, dS^T (P^T) buffer
             const int slot = n % STAGES;
@@ -434,7 +445,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                                                    // before the stores to it
             if (tid == 0) {
                 if (it + 1 < n_iter) {
-                    load_block(w, it + 1, n + 1);
+                    if (!ahead) load_block(w, it + 1, n + 1);
                     if (!DET && it + 2 == n_iter) ticket = atomicAdd(item_counter, 1);
                 } else if (!DET && gridDim.x + ticket < n_items) {  // the next item's first block (and K)
                     const BwdWalk v = bwd_walk(p, BC, BR, gridDim.x + ticket);
@@ -445,6 +456,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                 }
             }
             __syncwarp();  // warp 0 reconverged before the warpgroup-wide wgmma instructions below
+            ahead = false;
             if constexpr (SPLIT_D) {
                 bwd_issue_acc_ss<BR, BC, QDO_SLAB_STEP, T>(dv, pt_buf, do_s + dh_slab * QDO_SLAB_STEP);  // dV += P^T dO
                 bwd_issue_acc_ss<BR, BC, QDO_SLAB_STEP, T>(dk, ds_buf, q_s + dh_slab * QDO_SLAB_STEP);   // dK += dS^T Q
@@ -479,8 +491,10 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                                  : "memory");
                 fence_proxy_async();  // this thread's staging stores before the bulk reduction (async proxy) reads them
                 named_barrier_sync(BWD_BAR_WG0 + wg, FC_WG_THREADS);  // orders the warpgroup's staging stores before
-                                                                       // the reduction below
+                                                                       // the reduction below, and every warp's
+                                                                       // wgmma wait above before the arrival
                 if (t == 0) {
+                    if constexpr (EARLY_REFILL) mbar_arrive(empty_bar(slot));  // this warpgroup is done with the slot
                     const int64_t piece = piece_index(it, c);
                     if constexpr (DET) {
                         // Wait until the key blocks after this one have added into the piece. (No __syncwarp
@@ -493,6 +507,15 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                     bulk_reduce_add_f32(dq_acc + piece * BWD_PIECE, stage, Tile::DQ_STAGE);
                     bulk_commit();
                 }
+            }
+            if constexpr (EARLY_REFILL) {
+                // Block it + 2 into this block's slot if the other warpgroup is done with it too (else at block
+                // it + 1's CTA barrier). The phase cannot be two ahead: the next arrivals need that load.
+                if (tid == 0 && it + 2 < n_iter && mbar_test(empty_bar(slot), (n / STAGES) & 1)) {
+                    load_block(w, it + 2, n + 2);
+                    ahead = true;
+                }
+                __syncwarp();  // warp 0 reconverged before the next block's wgmma instructions
             }
         }
         if (!DET && tid == 0) next_s[k % Tile::NEXT_SLOTS] = gridDim.x + ticket;

@@ -40,6 +40,20 @@ FC_DEVICE void mbar_wait(uint32_t bar, uint32_t parity) {
         : "memory");
 }
 
+// Whether the phase of parity `parity` has completed, without waiting.
+FC_DEVICE bool mbar_test(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    return done != 0;
+}
+
 // ---------------------------------------------------------------------------
 // Clusters (thread block clusters of CTAs on neighbouring SMs)
 
