@@ -100,7 +100,8 @@
 // columns 64 * wg at DP = 128, so each reads whole 128-byte swizzle slabs;
 // at DP = 256 two (columns 128 * wg + 64 c).
 // Two dS^T buffers: a warpgroup may store block i+1's dS^T while the other
-// still reads block i's. STAGES: the ring loads one block ahead; at DP = 64 a
+// still reads block i's. STAGES: the ring loads one block ahead (DP = 64: up to two,
+// EARLY_REFILL below); at DP = 64 a
 // third slot and the dQ staging would pass the 227 KB a CTA may have.
 template <int DP>
 struct BwdSm90Tile {
@@ -161,6 +162,8 @@ struct BwdSm90Tile {
     static_assert(FC_BWD_ROW_PAD % BR == 0, "the padded LSE and Delta must cover every block's rows");
     static_assert(SMEM_BYTES <= FC_SM90_SMEM_MAX, "the tile's shared memory fits a CTA");
     static_assert(STAGES == 2, "the kernel's loads run one block ahead (an item's first block with its V)");
+    static_assert(!EARLY_REFILL || (!SPLIT_D && DQ_PIECES == 1),
+                  "one arrival per warpgroup and block (the kernel arrives per dQ piece); no dQ staged in the slot");
     static_assert(SPLIT_D ? 2 * EPI_TILE <= SLOT_STEP / WGS
                           : (DP == 128 ? EPI_TILE <= QDO_TILE && EPI_TILE <= DQ_STAGE : 2 * EPI_TILE <= QDO_TILE),
                   "a warpgroup's dK and dV fit the epilogue's areas (see the kernel)");
@@ -217,7 +220,9 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     auto k_bar = [&](int kb) { return base + Tile::OFF_BAR + FC_MBAR_BYTES * kb; };
     auto full_bar = [&](int slot) { return base + Tile::OFF_BAR + FC_MBAR_BYTES * (Tile::KBUF + slot); };
     auto empty_bar = [&](int slot) { return base + Tile::OFF_BAR + FC_MBAR_BYTES * (Tile::KBUF + STAGES + slot); };
-    constexpr bool EARLY_REFILL = Tile::EARLY_REFILL && !DET;  // (DET: one item per CTA, refills as before)
+    // Not in a deterministic call: there it cost 0.6-6 % at DP = 64 (its CTAs wait their dQ turns; perf
+    // notes, session 66), so DET refills at the CTA barrier.
+    constexpr bool EARLY_REFILL = Tile::EARLY_REFILL && !DET;
 
     const int tid = threadIdx.x, wg = tid / FC_WG_THREADS, t = tid % FC_WG_THREADS, warp = t / 32, lane = tid % 32;
     const unsigned n_items = (unsigned)((p.Sk + BC - 1) / BC) * (unsigned)(p.B * p.Hkv);  // bwd_walk's items
@@ -236,11 +241,12 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
 
     // The loads (thread 0). The ring holds the CTA's blocks in the order it walks them, over all its
     // items: block j of an item whose first block is the CTA's block n0 is the CTA's block n0 + j,
-    // in slot (n0 + j) % STAGES. The ring loads one block ahead, across items too: an item's first
-    // block loads with its V in the last block of the item before (V's last reader, dP^T, has
-    // retired by that block's CTA barrier), and with its K into the other K buffer (KBUF = 2; with
-    // one, K loads once the item before has ended). After items that walk no block all of them
-    // load at that item's end; the CTA's first item's in the prologue.
+    // in slot (n0 + j) % STAGES. The ring loads one block ahead (EARLY_REFILL: up to two within an
+    // item, see the block's end), across items too: an item's first block loads with its V in the
+    // last block of the item before (V's last reader, dP^T, has retired by that block's CTA barrier),
+    // and with its K into the other K buffer (KBUF = 2; with one, K loads once the item before has
+    // ended). After items that walk no block all of them load at that item's end; the CTA's first
+    // item's in the prologue.
     // Q, dO, LSE and Delta of block j of walk v, the CTA's block n, into slot n % STAGES (and V if j = 0).
     auto load_block = [&](const BwdWalk& v, int j, unsigned n) {
         const int slot = n % STAGES, h = v.hk * v.G + j / v.per_head, row0 = (v.m_first + j % v.per_head) * BR;
@@ -492,7 +498,8 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                 fence_proxy_async();  // this thread's staging stores before the bulk reduction (async proxy) reads them
                 named_barrier_sync(BWD_BAR_WG0 + wg, FC_WG_THREADS);  // orders the warpgroup's staging stores before
                                                                        // the reduction below, and every warp's
-                                                                       // wgmma wait above before the arrival
+                                                                       // wgmma wait above and LSE / Delta reads
+                                                                       // of the slot before the arrival
                 if (t == 0) {
                     if constexpr (EARLY_REFILL) mbar_arrive(empty_bar(slot));  // this warpgroup is done with the slot
                     const int64_t piece = piece_index(it, c);
@@ -510,7 +517,8 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
             }
             if constexpr (EARLY_REFILL) {
                 // Block it + 2 into this block's slot if the other warpgroup is done with it too (else at block
-                // it + 1's CTA barrier). The phase cannot be two ahead: the next arrivals need that load.
+                // it + 1's CTA barrier). The phase cannot be two ahead (the next arrivals need that load) nor
+                // one behind (the other warpgroup arrived for block it - 2 before block it - 1's CTA barrier).
                 if (tid == 0 && it + 2 < n_iter && mbar_test(empty_bar(slot), (n / STAGES) & 1)) {
                     load_block(w, it + 2, n + 2);
                     ahead = true;

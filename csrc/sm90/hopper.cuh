@@ -40,7 +40,9 @@ FC_DEVICE void mbar_wait(uint32_t bar, uint32_t parity) {
         : "memory");
 }
 
-// Whether the phase of parity `parity` has completed, without waiting.
+// Whether the phase of parity `parity` has completed, without waiting (a fresh
+// barrier passes parity 1 at once, as in mbar_wait). A true result acquires what
+// the phase's arrivals released, as a completed wait does.
 FC_DEVICE bool mbar_test(uint32_t bar, uint32_t parity) {
     uint32_t done;
     asm volatile(
