@@ -1,5 +1,5 @@
 // tool_util.h -- host helpers shared by the standalone microbenchmarks in
-// csrc/tools/ (wgmma_queue.cu, loop_sched.cu): CUDA error reporting and the
+// csrc/tools/ (wgmma_queue.cu, smem_rate.cu, loop_sched.cu): CUDA error reporting and the
 // one-CTA-per-SM grid they all launch.
 #pragma once
 
