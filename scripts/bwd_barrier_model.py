@@ -5,11 +5,13 @@ key block, then n_iter query blocks through a ring of two Q/dO slots; items that
 included). The ring runs across items: the last block of an item loads the next item's first block
 with its V (dP^T, V's last reader, retires before the block's CTA barrier) and, with two K
 buffers (`whole`), its K into the other buffer; with one (`whole1`, `split`) K loads after the
-item's end barrier, and after items that walk no block everything does. Modelled: barrier waits, the CTA's named barriers, TMA loads (issued by warpgroup 0's thread 0),
-the async reads of its wgmmas, dS^T (and P^T) stores, dQ staging and the bulk reductions that read
-it, the next item passed through shared memory, and the epilogue's dK, dV staged in the last
-block's slot (and at DP = 128 dK in the dQ staging) for TMA stores that read them asynchronously. A random scheduler interleaves the warpgroups;
-TMA loads land, and bulk reductions finish reading, in any order and often late. Each run checks:
+item's end barrier, and after items that walk no block everything does. Modelled: barrier waits,
+the CTA's named barriers, TMA loads (issued by warpgroup 0's thread 0), the async reads of its
+wgmmas, dS^T (and P^T) stores, dQ staging and the bulk reductions that read it, the next item
+passed through shared memory, and the epilogue's dK, dV staged in the last block's slot (and at
+DP = 128 dK in the dQ staging) for TMA stores that read them asynchronously. A random scheduler
+interleaves the warpgroups; TMA loads land, and bulk reductions finish reading, in any order and
+often late. Each run checks:
   - no deadlock;
   - every read finds the tile it expects, landed (K, V of its item, the slot of its block, the
     dS^T buffer of its block from both warpgroups);
@@ -24,17 +26,15 @@ mbarrier.try_wait.parity is modelled as in scripts/barrier_model.py (Barrier, sh
 Layouts: `whole` (DP = 64, two K buffers, the early refill: each warpgroup arrives on the slot's
 empty barrier after its block's last wgmma wait, and thread 0 loads block n + 2 at block n's end if
 both have, else at block n + 1's CTA barrier as the others do) and `whole1` (DP = 128, one K
-buffer): each warpgroup
-owns 64 keys; dV and dK from registers read the slot's dO and Q until the block's last wait; dQ
-staged in a buffer per warpgroup. `split`
-(DP = 256: the warpgroups share the keys; S^T, dP^T read the whole slot and retire before the CTA
-barrier, dV and dK after it read P^T, dS^T and the half of the slot that warpgroup's columns live
-in, and its dQ is staged over that half, as are its dK and dV). Both `whole` layouts stage dK and
-dV as DP = 128 does: dV in the warpgroup's tile of the last slot, dK in its dQ staging (DP = 64 uses the first
-alone, a subset). Not modelled: when thread 0 takes the next item from the counter (the model
-knows each CTA's item list; that the ticket is taken before the last block's refill reads it is
-checked by reading the kernel), and the deterministic mode (one item per CTA). The model follows
-the kernel; change both together.
+buffer): each warpgroup owns 64 keys; dV and dK from registers read the slot's dO and Q until the
+block's last wait; dQ staged in a buffer per warpgroup. `split` (DP = 256: the warpgroups share the
+keys; S^T, dP^T read the whole slot and retire before the CTA barrier, dV and dK after it read P^T,
+dS^T and the half of the slot that warpgroup's columns live in, and its dQ is staged over that half,
+as are its dK and dV). Both `whole` layouts stage dK and dV as DP = 128 does: dV in the warpgroup's
+tile of the last slot, dK in its dQ staging (DP = 64 uses the first alone, a subset). Not modelled:
+when thread 0 takes the next item from the counter (the model knows each CTA's item list; that the
+ticket is taken before the last block's refill reads it is checked by reading the kernel), and the
+deterministic mode (one item per CTA). The model follows the kernel; change both together.
 """
 import random
 import sys
@@ -100,10 +100,8 @@ def warpgroup(w, items, layout, bad=None):
             if bad != "no_bulk_wait":
                 yield ("bulk_wait", w)       # this warpgroup's reductions have read their staging
             refill = []
-            if w == 0 and it + 1 < n_iter and ahead["done"]:
-                pass
-            elif w == 0 and it + 1 < n_iter:
-                refill = [("tma", [(("slot", (n + 1) % 2), n + 1)], ("full", (n + 1) % 2))]
+            if w == 0 and it + 1 < n_iter:  # block n + 1, unless it loads already (`whole`)
+                refill = [] if ahead["done"] else [("tma", [(("slot", (n + 1) % 2), n + 1)], ("full", (n + 1) % 2))]
             elif w == 0 and next_busy:  # the last block: the next item's first block, V (and K)
                 nkb = kb if bad == "early_kv" else (busy + 1) % kbufs if kbufs > 1 else None
                 refill = list(first_block(k + 1, n + 1, nkb))
@@ -181,6 +179,15 @@ def run(layout, items, seed, bad=None):
             if any(x in res(lr) for pairs, _, _ in loads for lr, _ in pairs):
                 raise Violation(f"{who} writes {x} (for {tag}) while a TMA load fills it")
 
+    def tma(op):  # one arrival for (resource, tag) pairs that complete together
+        _, pairs, bar = op
+        for r, tag in pairs:
+            write(r, tag, "TMA")
+            for x in res(r):
+                content[x] = (tag, False)
+        bars[bar].arrive(1, tx=1)
+        loads.append((pairs, bar, rnd.random() < SLOW))
+
     def runnable(a):
         op = cur[a]
         if op is None:
@@ -216,16 +223,6 @@ def run(layout, items, seed, bad=None):
             continue
         a = rnd.choice(choices)
         op = cur[a]
-
-        def tma(op):  # one arrival for (resource, tag) pairs that complete together
-            _, pairs, bar = op
-            for r, tag in pairs:
-                write(r, tag, "TMA")
-                for x in res(r):
-                    content[x] = (tag, False)
-            bars[bar].arrive(1, tx=1)
-            loads.append((pairs, bar, rnd.random() < SLOW))
-
         if op[0] == "tma":
             tma(op)
         elif op[0] == "try":  # mbarrier.test_wait: the load if the phase has completed, else nothing

@@ -123,12 +123,9 @@ def run_case(c, device):
         raise ValueError(f"{describe(c)}: {e}") from None
 
 
-def test_draws_cover_the_space():
-    """The generator reaches what the cases are for: every kernel, dtype, mode and
-    head-dim kind, GQA, strided layouts, forced splits and tile-edge lengths."""
-    cases = [draw_case(i, "cuda") for i in range(GPU_CASES)] if GPU_CASES >= 100 else []
-    if not cases:
-        pytest.skip("FC_FUZZ_CASES < 100: too few draws to expect every kind")
+def assert_calls_cover(cases):
+    """Asserts that draw_call's draws in cases reach every kernel, dtype, mode and head-dim kind, GQA,
+    strided layouts and Sq != Sk; returns seen (f -> the set of f over the cases) for more."""
     seen = lambda f: {f(c) for c in cases}  # noqa: E731
     assert seen(lambda c: c["kernel"]) == {"auto", *GPU_KERNELS}
     assert seen(lambda c: c["dtype"]) == {torch.float16, torch.bfloat16}
@@ -136,8 +133,18 @@ def test_draws_cover_the_space():
     assert {64, 128, 256} <= seen(lambda c: c["D"]) and seen(lambda c: c["D"] not in (64, 128, 256)) == {True, False}
     assert True in seen(lambda c: c["Hq"] > c["Hkv"])
     assert True in seen(lambda c: c["layouts"] != ("contiguous",) * 3)
-    assert True in seen(lambda c: (c["num_splits"] or 0) > 1)
     assert True in seen(lambda c: c["Sq"] != c["Sk"])
+    return seen
+
+
+def test_draws_cover_the_space():
+    """The generator reaches what the cases are for: every kernel, dtype, mode and
+    head-dim kind, GQA, strided layouts, forced splits and tile-edge lengths."""
+    cases = [draw_case(i, "cuda") for i in range(GPU_CASES)] if GPU_CASES >= 100 else []
+    if not cases:
+        pytest.skip("FC_FUZZ_CASES < 100: too few draws to expect every kind")
+    seen = assert_calls_cover(cases)
+    assert True in seen(lambda c: (c["num_splits"] or 0) > 1)
     assert True in seen(lambda c: any(n % 64 in (63, 1) for n in (c["Sq"], c["Sk"])))
 
 
@@ -207,15 +214,8 @@ def test_bwd_draws_cover_the_space():
     cases = [draw_bwd_case(i, "cuda") for i in range(BWD_GPU_CASES)] if BWD_GPU_CASES >= 60 else []
     if not cases:
         pytest.skip("FC_FUZZ_BWD_CASES < 60: too few draws to expect every kind")
-    seen = lambda f: {f(c) for c in cases}  # noqa: E731
-    assert seen(lambda c: c["kernel"]) == {"auto", *GPU_KERNELS}
-    assert seen(lambda c: c["dtype"]) == {torch.float16, torch.bfloat16}
-    assert seen(lambda c: c["mode"]) == set(CAUSAL_MODES)
+    seen = assert_calls_cover(cases)
     assert seen(lambda c: c["det"]) == {True, False} and seen(lambda c: c["glse"]) == {True, False}
-    assert {64, 128, 256} <= seen(lambda c: c["D"]) and seen(lambda c: c["D"] not in (64, 128, 256)) == {True, False}
-    assert True in seen(lambda c: c["Hq"] > c["Hkv"])
-    assert True in seen(lambda c: c["layouts"] != ("contiguous",) * 3)
-    assert True in seen(lambda c: c["Sq"] != c["Sk"])
 
 
 @pytest.mark.parametrize("i", range(BWD_CPU_CASES))

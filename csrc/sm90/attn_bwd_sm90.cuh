@@ -9,13 +9,14 @@
 //  2. attn_bwd_sm90_kernel: an item is BC keys of one (batch, KV head); a
 //     persistent grid of one CTA per SM takes the items in order from a
 //     counter, each CTA its next one in the block before the last of the one
-//     before (at its start if it walks one block or none) (a deterministic call: one CTA per item, as its instantiation at DP = 64
-//     spills with the loop over items). K and V arrive
-//     once per item by TMA, V with the item's first Q / dO block, which the
-//     last block of the CTA's previous item loads as it would its own next
-//     block; K then too at DP = 64, into the other of two K buffers (at
-//     DP >= 128 once the previous item has ended: two K buffers cost DP = 128 5-10 %
-//     at S >= 4k on an H100, perf notes, session 63, and DP = 256 has no room). Up to DP = 128, BC = 128 and two warpgroups
+//     before, or at its start if it walks one block or none (a deterministic
+//     call: one CTA per item, as its instantiation at DP = 64 spills with the
+//     loop over items). K and V arrive once per item by TMA, V with the item's
+//     first Q / dO block, which the last block of the CTA's previous item loads
+//     as it would its own next block; K then too at DP = 64, into the other of
+//     two K buffers (at DP >= 128 once the previous item has ended: two K
+//     buffers cost DP = 128 5-10 % at S >= 4k on an H100, perf notes, session
+//     63, and DP = 256 has no room). Up to DP = 128, BC = 128 and two warpgroups
 //     own 64 keys each with all DP columns of their dK, dV accumulators (fp32)
 //     in registers; at DP = 256, BC = 64 and both warpgroups work on the same
 //     64 keys, each owning 128 of the columns of dK and dV (below). An item walks the
@@ -234,7 +235,8 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     if (tid == 0) {
         for (int kb = 0; kb < Tile::KBUF; ++kb) mbar_init(k_bar(kb), 1);
         for (int s = 0; s < STAGES; ++s) mbar_init(full_bar(s), 1);
-        for (int s = 0; s < (EARLY_REFILL ? Tile::EMPTY_BARS : 0); ++s) mbar_init(empty_bar(s), Tile::WGS);  // per warpgroup
+        for (int s = 0; s < (EARLY_REFILL ? Tile::EMPTY_BARS : 0); ++s)
+            mbar_init(empty_bar(s), Tile::WGS);  // one arrival per warpgroup
         mbar_init_fence();
     }
     __syncthreads();  // the initialized barriers before any wait on them or TMA completion
