@@ -28,9 +28,11 @@ empty barrier after its block's last wgmma wait, and thread 0 loads block n + 2 
 both have, else at block n + 1's CTA barrier as the others do) and `whole1` (DP = 128, one K
 buffer): each warpgroup owns 64 keys; dV and dK from registers read the slot's dO and Q until the
 block's last wait; dQ staged in a buffer per warpgroup. `split` (DP = 256: the warpgroups share the
-keys; S^T, dP^T read the whole slot and retire before the CTA barrier, dV and dK after it read P^T,
-dS^T and the half of the slot that warpgroup's columns live in, and its dQ is staged over that half,
-as are its dK and dV). Both `whole` layouts stage dK and dV as DP = 128 does: dV in the warpgroup's
+keys; S^T (warpgroup 0) and dP^T (1) read the whole slot and retire before the warpgroups pass each
+other half of their columns through an exchange buffer, a named barrier between the stores and the
+reads; dV and dK after the CTA barrier read P^T, dS^T (one buffer of each: the exchange's barrier
+follows both warpgroups' last reads of the block before) and the half of the slot that warpgroup's
+columns live in, and its dQ is staged over that half, as are its dK and dV). Both `whole` layouts stage dK and dV as DP = 128 does: dV in the warpgroup's
 tile of the last slot, dK in its dQ staging (DP = 64 uses the first alone, a subset). Not modelled:
 when thread 0 takes the next item from the counter (the model knows each CTA's item list; that the
 ticket is taken before the last block's refill reads it is checked by reading the kernel), and the
@@ -53,11 +55,12 @@ SLOW = 0.2  # the share of loads and reductions that finish only when nothing el
 # `split` a warpgroup's half of the slot is its own after the last block's barrier); the epilogue
 # in the slot the next item's first block loads into; (`whole`) block n + 2 loaded at block n's end
 # without testing the slot's empty barrier, a warpgroup's arrival on it before its block's last wgmma
-# wait, and the test of the phase before (which a fresh barrier passes).
+# wait, and the test of the phase before (which a fresh barrier passes); (`split`) the exchange
+# without its barrier.
 BAD = {"one_next_word": LAYOUTS, "early_kv": LAYOUTS, "early_refill": LAYOUTS, "no_bulk_wait": LAYOUTS,
        "no_epi_wait": LAYOUTS, "early_epi": ["whole", "whole1"],
        "epi_next_slot": LAYOUTS, "unguarded_ahead": ["whole"], "early_release": ["whole"],
-       "stale_parity": ["whole"]}
+       "stale_parity": ["whole"], "no_xchg": ["split"]}
 
 
 def warpgroup(w, items, layout, bad=None):
@@ -85,7 +88,8 @@ def warpgroup(w, items, layout, bad=None):
         ahead = {"done": False}  # block it + 1 is loading already
         for it in range(n_iter):
             n, slot, halves = n0 + it, (n0 + it) % 2, [("slot", (n0 + it) % 2, h) for h in (0, 1)]
-            ds = [("dS", n % 2, h) for h in (0, 1)] + ([("PT", n % 2, h) for h in (0, 1)] if split else [])
+            d = 0 if split else n % 2  # the dS^T (and P^T) buffer: one at DP = 256
+            ds = [("dS", d, h) for h in (0, 1)] + ([("PT", d, h) for h in (0, 1)] if split else [])
             yield ("wait", ("full", slot), (n // 2) & 1)
             yield ("read", ("K", kb), k)     # S^T (and dQ, later) read K
             yield ("read", ("V",), k)        # dP^T reads V
@@ -94,9 +98,15 @@ def warpgroup(w, items, layout, bad=None):
             if split:  # dP^T waited for before the barrier: the slot's reads, but this half's dV / dK
                 yield ("done", halves[1 - w])
             yield ("done", ("V",))           # dP^T has retired before the barrier
-            yield ("write", ("dS", n % 2, w), n)
+            if split:  # S^T or dP^T columns to the other warpgroup, fp32
+                yield ("write", ("X", w), n)
+                if bad != "no_xchg":
+                    yield ("named",)         # BWD_BAR_XCHG
+                yield ("read", ("X", 1 - w), n)
+                yield ("done", ("X", 1 - w))
+            yield ("write", ("dS", d, w), n)
             if split:
-                yield ("write", ("PT", n % 2, w), n)
+                yield ("write", ("PT", d, w), n)
             if bad != "no_bulk_wait":
                 yield ("bulk_wait", w)       # this warpgroup's reductions have read their staging
             refill = []

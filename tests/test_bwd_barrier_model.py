@@ -19,7 +19,7 @@ SCHEDULES = 400
 EXPECTED = {"one_next_word": "next-item word", "early_kv": "TMA writes ('K', ", "early_refill": "TMA writes (",
             "no_bulk_wait": "('R', ", "no_epi_wait": "('R', ", "early_epi": "('slot'",
             "epi_next_slot": "'epi'", "unguarded_ahead": "TMA writes (", "early_release": "TMA writes (",
-            "stale_parity": "TMA writes ("}
+            "stale_parity": "TMA writes (", "no_xchg": "('X', "}
 
 
 @pytest.mark.parametrize("layout", bwd_barrier_model.LAYOUTS)

@@ -44,9 +44,11 @@
 //     has done with and writes them with TMA stores, which run under the next item.
 //     DP = 256 (SPLIT_D): 256 columns of dK and dV for 64 keys are 256 fp32
 //     registers per thread of a warpgroup, so each warpgroup keeps 128 of them.
-//     The block's S^T and dP^T are split by query rows instead: a warpgroup
-//     computes 64 keys x 32 rows of each (wgmma N = 32, all 256 columns) and
-//     stores its P^T and dS^T columns (16-bit) into shared memory; after the
+//     The block's elementwise work is split by query rows instead: warpgroup 0
+//     computes S^T and warpgroup 1 dP^T (wgmma N = 64: N = 32, 32 rows of both,
+//     runs at 2/3 of the tensor rate, bound by shared-memory reads), they pass
+//     each other half of the columns (fp32, through shared memory), and each
+//     stores the P^T and dS^T of its 32 rows (16-bit) into shared memory; after the
 //     CTA barrier dV += P^T dO and dK += dS^T Q read both operands from shared
 //     memory (its 128 columns of dO and Q), and its dQ is two 64 x 64 pieces
 //     (its 128 columns), staged in the block's own Q / dO slot: there Q's and
@@ -94,14 +96,15 @@
 //      |     |        |                                                     | + dK, dV 32 each; dQ 32 once S^T is done
 //  128 |  64 |   2    | 64 + 64 + 32 + 32 + 1 = 193 KB                      | S^T 32 + dP^T 32 + P^T 16 + dS^T 16 + dK,
 //      |     |        |                                                     | dV 64 each + LSE, Delta 16 each; dQ 32
-//  256 |  64 |   2    | 64 + 128 + 16 + P^T x 2 16 + 0 (dQ staged in the   | S^T 16 + dP^T 16 + dK, dV 64 each (128 of
-//      |     |        | slot) + 1 = 225 KB                                  | the 256 columns) + dQ 32 (BC = 64 keys)
+//  256 |  64 |   2    | 64 + 128 + 8 + P^T 8 + exchange 16 + 0 (dQ staged  | S^T or dP^T 32 + dK, dV 64 each (128 of
+//      |     |        | in the slot) + 1 = 225 KB                           | the 256 columns) + dQ 32 (BC = 64 keys)
 // BR: the dQ phase gives each warpgroup one 64 x 64 wgmma tile of the
 // block's dQ (BR x DP = 128 x 64 or 64 x 128): rows 64 * wg at DP = 64,
 // columns 64 * wg at DP = 128, so each reads whole 128-byte swizzle slabs;
 // at DP = 256 two (columns 128 * wg + 64 c).
 // Two dS^T buffers: a warpgroup may store block i+1's dS^T while the other
-// still reads block i's. STAGES: the ring loads one block ahead (DP = 64: up to two,
+// still reads block i's (DP = 256: one of each, as the exchange's barrier
+// comes after both warpgroups' last reads of block i). STAGES: the ring loads one block ahead (DP = 64: up to two,
 // EARLY_REFILL below); at DP = 64 a
 // third slot and the dQ staging would pass the 227 KB a CTA may have.
 template <int DP>
@@ -132,8 +135,10 @@ struct BwdSm90Tile {
     static constexpr uint32_t DO_FROM_Q = SPLIT_D ? SLAB : STAGES * QDO_TILE;
     static constexpr uint32_t DS_TILE = BC * BR * 2;  // bytes of one dS^T buffer (BC key rows, BR columns)
     static constexpr uint32_t VEC = BR * 4;           // bytes of one slot's LSE (or Delta)
-    static constexpr int DS_BUFS = 2;                 // dS^T buffers (see above)
-    static constexpr int PT_BUFS = SPLIT_D ? DS_BUFS : 0;  // P^T buffers (SPLIT_D: P^T is stored as dS^T is)
+    static constexpr int DS_BUFS = SPLIT_D ? 1 : 2;   // dS^T buffers (see above)
+    static constexpr int PT_BUFS = SPLIT_D ? 1 : 0;   // P^T buffers (SPLIT_D: P^T is stored as dS^T is)
+    // SPLIT_D: the fp32 columns of S^T (or dP^T) a warpgroup passes to the other (64 keys x QW rows).
+    static constexpr uint32_t XCHG_HALF = SPLIT_D ? WG_KEYS * QW * 4 : 0;
     static constexpr int DQ_ROWS = BWD_PIECE_ROWS;    // rows of a dQ piece (one wgmma M)
     static constexpr int DQ_COLS = BWD_PIECE_COLS;    // columns of a dQ piece (one wgmma N)
     static constexpr int DQ_PIECES = BR * DP / (WGS * BWD_PIECE);  // dQ pieces per warpgroup and block
@@ -144,7 +149,8 @@ struct BwdSm90Tile {
     static constexpr uint32_t OFF_DO = OFF_Q + DO_FROM_Q;
     static constexpr uint32_t OFF_DS = OFF_Q + 2 * STAGES * QDO_TILE;
     static constexpr uint32_t OFF_PT = OFF_DS + DS_BUFS * DS_TILE;
-    static constexpr uint32_t OFF_DQ = OFF_PT + PT_BUFS * DS_TILE;
+    static constexpr uint32_t OFF_X = OFF_PT + PT_BUFS * DS_TILE;   // SPLIT_D: the exchange, one half per warpgroup
+    static constexpr uint32_t OFF_DQ = OFF_X + WGS * XCHG_HALF;
     static constexpr uint32_t OFF_LSE = OFF_DQ + (SPLIT_D ? 0 : WGS * DQ_STAGE);
     static constexpr uint32_t OFF_DELTA = OFF_LSE + STAGES * VEC;
     static constexpr uint32_t OFF_BAR = OFF_DELTA + STAGES * VEC;  // per K buffer, per slot, then EMPTY_BARS
@@ -173,6 +179,7 @@ struct BwdSm90Tile {
 // Named barriers (0 is __syncthreads).
 static constexpr int BWD_BAR_CTA = 1;  // both warpgroups, once per block and at an item's end
 static constexpr int BWD_BAR_WG0 = 2;  // + wg: one warpgroup's dQ staging
+static constexpr int BWD_BAR_XCHG = 4; // SPLIT_D: both warpgroups, once per block (S^T and dP^T columns exchanged)
 
 struct BwdSm90Args {
     CUtensorMap q_map;   // Q as (D, Sq, Hq, B), box (64, BR)
@@ -213,7 +220,8 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     const uint32_t sK = base + Tile::OFF_K, sV = base + Tile::OFF_V;   // (KBUF, BC, DP), (BC, DP), slabs of BC rows
     const uint32_t sQ = base + Tile::OFF_Q, sdO = base + Tile::OFF_DO;  // STAGES slots of (BR, DP), slabs of BR rows
     const uint32_t sdS = base + Tile::OFF_DS;                           // (2, BC, BR) dS^T, slabs of BC rows
-    const uint32_t sPT = base + Tile::OFF_PT;                           // SPLIT_D: (2, BC, BR) P^T, as dS^T
+    const uint32_t sPT = base + Tile::OFF_PT;                           // SPLIT_D: (BC, BR) P^T, as dS^T
+    const uint32_t sX = base + Tile::OFF_X;  // SPLIT_D: (WGS, 64 x QW) fp32, fragment order (each the sender's)
     const uint32_t sDQ = base + Tile::OFF_DQ;  // (WGS, BWD_PIECE) fp32, fragment order (SPLIT_D: in the slot)
     const uint32_t sLse = base + Tile::OFF_LSE, sDelta = base + Tile::OFF_DELTA;  // (STAGES, BR) fp32
     const float* lse_s = reinterpret_cast<const float*>(smem_raw + (sLse - raw));
@@ -371,10 +379,50 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
 #pragma unroll
             for (int nt = 0; nt < (EARLY ? NV : 0); ++nt) lse_v[nt] = ld2(lse_r, nt);
             float s[QW / 2], dp[QW / 2];  // this warpgroup's 64 keys x QW query rows from q_off
-            bwd_issue_kmajor<DP, BC, QW, QDO_SLAB_STEP, T>(s, k_rows, q_s + q_off * ROWB);    // S^T = K Q^T
-            bwd_issue_kmajor<DP, BC, QW, QDO_SLAB_STEP, T>(dp, v_rows, do_s + q_off * ROWB);  // dP^T = V dO^T
-            wgmma_wait<1>();  // S^T has landed (dP^T may still run)
-            fence_regs(s);
+            if constexpr (SPLIT_D) {
+                // Warpgroup 0 computes S^T = K Q^T and warpgroup 1 dP^T = V dO^T, each over all BR rows (wgmma
+                // N = 64 at the full rate: N = 32, the QW rows of both, is bound by shared-memory reads to 2/3 of
+                // it; perf notes, session 67), then each passes the other its columns of the other's rows
+                // (warpgroup 0 S^T's from QW, warpgroup 1 dP^T's below QW), so each holds both at its QW rows.
+                float x[BR / 2];
+                bwd_issue_kmajor<DP, BC, BR, QDO_SLAB_STEP, T>(x, wg ? v_rows : k_rows, wg ? do_s : q_s);
+                wgmma_wait<0>();
+                fence_regs(x);
+                constexpr int HALF = QW / 2;  // accumulator floats per warpgroup's columns
+                static_assert(2 * QW == BR && HALF % 4 == 0, "two warpgroups, columns passed as float4");
+                const uint32_t mine = sX + wg * Tile::XCHG_HALF, theirs = sX + (1 - wg) * Tile::XCHG_HALF;
+#pragma unroll
+                for (int j = 0; j < HALF / 4; ++j) {
+                    float o[4];
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) o[e] = wg ? x[4 * j + e] : x[HALF + 4 * j + e];
+                    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(mine + (j * FC_WG_THREADS + t) * 16),
+                                 "f"(o[0]), "f"(o[1]), "f"(o[2]), "f"(o[3])
+                                 : "memory");
+                }
+                named_barrier_sync(BWD_BAR_XCHG, Tile::THREADS);  // orders both warpgroups' exchange stores before
+                                                                 // the reads below, and their last wgmma waits of
+                                                                 // block n - 1 (whose dV, dK and dQ read P^T and
+                                                                 // dS^T) before this block's stores to them
+#pragma unroll
+                for (int j = 0; j < HALF / 4; ++j) {
+                    float o[4];
+                    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                                 : "=f"(o[0]), "=f"(o[1]), "=f"(o[2]), "=f"(o[3])
+                                 : "r"(theirs + (j * FC_WG_THREADS + t) * 16)
+                                 : "memory");
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        s[4 * j + e] = wg ? o[e] : x[4 * j + e];
+                        dp[4 * j + e] = wg ? x[HALF + 4 * j + e] : o[e];
+                    }
+                }
+            } else {
+                bwd_issue_kmajor<DP, BC, QW, QDO_SLAB_STEP, T>(s, k_rows, q_s);    // S^T = K Q^T
+                bwd_issue_kmajor<DP, BC, QW, QDO_SLAB_STEP, T>(dp, v_rows, do_s);  // dP^T = V dO^T
+                wgmma_wait<1>();  // S^T has landed (dP^T may still run)
+                fence_regs(s);
+            }
 #pragma unroll
             for (int nt = 0; nt < (EARLY ? NV : 0); ++nt) delta_v[nt] = ld2(delta_r, nt);
 
@@ -412,7 +460,6 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
             const uint32_t pt_buf = sPT + (n % Tile::DS_BUFS) * Tile::DS_TILE;
             if constexpr (SPLIT_D) {
                 store_t(pt_buf, pa);  // (dV after the CTA barrier, from shared memory)
-                wgmma_wait<0>();      // dP^T has landed
             } else {
                 bwd_issue_acc<DH, BR, QDO_SLAB_STEP, T>(dv, pa, do_s);  // dV += P^T dO
                 wgmma_wait<1>();                                          // dP^T has landed (dV may still run)

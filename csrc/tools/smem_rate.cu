@@ -5,6 +5,13 @@
 //   nvcc -O3 -std=c++17 -Icsrc -gencode=arch=compute_90a,code=sm_90a -cudart static \
 //        -o build/smem_rate csrc/tools/smem_rate.cu
 //   build/smem_rate          # on the GPU machine
+//   build/smem_rate burn KIND SECONDS   # one kind (0-4, the enum below), two warpgroups, back to back
+//
+// burn: launches of 2^14 groups each for SECONDS, then TFLOP/s over them. Run
+// it beside `nvidia-smi --query-gpu=power.draw,clocks.sm -lms 100`: at the
+// power limit the sustained rate of SS against RS at the same FLOP per wgmma
+// is their energy per FLOP, the question the forward's D = 256 lead left
+// (perf notes, session 40: fewer shared-memory bytes per key).
 //
 // The question (perf notes, session 66). At 4096 FLOP and 128 bytes of shared
 // memory per clock and SM, an m64n64k16 with both operands in shared memory
@@ -22,9 +29,13 @@
 // in flight into a region of its own until the warpgroups are done. Per case:
 // cycles per wgmma and warpgroup, the SM's FLOP per clock (and its share of
 // 4096), the wgmmas' operand bytes per clock, and the copier's bytes per clock.
-// Shared memory holds whatever it held: the timing does not depend on values.
+// The operands are filled with fp16 values of random bits (exponent capped) first:
+// the rate does not depend on values, but the power does.
 #include <cuda_fp16.h>
 #include <stdio.h>
+#include <stdlib.h>
+
+#include <string>
 
 #include "common/ptx.cuh"
 #include "sm90/hopper.cuh"
@@ -35,6 +46,7 @@ static constexpr int MAX_SMS = 1024;        // output slots; the grid is one CTA
 static constexpr int GROUP = 8;             // wgmmas per commit group (k steps, as the kernels issue them)
 static constexpr int ITERS = 256;           // timed groups per warpgroup
 static constexpr int WARMUP = 8;            // groups before the clock starts
+static constexpr int BURN_ITERS = 1 << 14;  // groups per warpgroup and launch in burn mode
 static constexpr int COPIES = 4;            // bulk copies the copier keeps in flight
 static constexpr uint32_t CHUNK = 16384;    // bytes per bulk copy
 static constexpr uint32_t SRC_BYTES = 256 * 1024;  // the global buffer the copies read (cycled)
@@ -69,17 +81,24 @@ __device__ __forceinline__ void group(float (&d)[64], uint64_t da, uint64_t db, 
 
 // Block: warpgroups x 128 threads, then the copier warp. out[cta * OUT + e], see OUT.
 template <int KIND>
-__global__ void smem_rate_kernel(const uint4* src, int copy, long long* out) {
+__global__ void smem_rate_kernel(const uint4* src, int copy, int iters, long long* out) {
     extern __shared__ unsigned char smem[];
     const uint32_t base = (smem_u32(smem) + FC_SWZ_GROUP_BYTES - 1) & ~(FC_SWZ_GROUP_BYTES - 1);
     const int wgs = (blockDim.x - 32) / FC_WG_THREADS, tid = threadIdx.x;
     volatile int* done = reinterpret_cast<volatile int*>(smem + (base + OFF_DONE - smem_u32(smem)));
+    for (uint32_t i = tid; i < (A_BYTES + B_BYTES) / 4; i += blockDim.x) {  // operands: random fp16 pairs
+        uint32_t h = (i + 1) * 2654435761u;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(base + 4 * i), "r"(h & 0xbbffbbffu) : "memory");  // |x| < 1
+    }
     if (tid == 0) {
         *done = 0;
         for (int c = 0; c < COPIES; ++c) mbar_init(base + OFF_BAR + c * FC_MBAR_BYTES, 1);
         mbar_init_fence();
     }
-    __syncthreads();  // the barriers and the done count before any use
+    __syncthreads();  // the barriers, the done count and the operands before any use
     long long* o = out + blockIdx.x * OUT;
     if (tid >= wgs * FC_WG_THREADS) {  // the copier warp
         if (copy && tid % 32 == 0) {
@@ -110,9 +129,9 @@ __global__ void smem_rate_kernel(const uint4* src, int copy, long long* out) {
     float d[64];
     uint32_t pa[4];
     for (int i = 0; i < 64; ++i) d[i] = 0.f;
-    for (int r = 0; r < 4; ++r) pa[r] = 0x3c003c00u;  // (1.0, 1.0) in fp16
+    for (int r = 0; r < 4; ++r) pa[r] = ((tid * 4 + r + 1) * 2654435761u) & 0xbbffbbffu;  // as the operands
     long long t0 = 0;
-    for (int it = 0; it < ITERS + WARMUP; ++it) {
+    for (int it = 0; it < iters + WARMUP; ++it) {
         if (it == WARMUP) {
             wgmma_wait<0>();
             t0 = clock64();
@@ -128,7 +147,7 @@ __global__ void smem_rate_kernel(const uint4* src, int copy, long long* out) {
     float sum = 0.f;
     for (int i = 0; i < 64; ++i) sum += d[i];
     if (tid % FC_WG_THREADS == 0) {
-        atomicAdd(reinterpret_cast<unsigned long long*>(&o[0]), (unsigned long long)(cycles / ITERS));
+        atomicAdd(reinterpret_cast<unsigned long long*>(&o[0]), (unsigned long long)(cycles / iters));
         atomicAdd(reinterpret_cast<unsigned long long*>(&o[3]), (unsigned long long)(sum != 0.f));  // keeps d live
         atomicAdd((int*)done, 1);
     }
@@ -143,7 +162,7 @@ static int run(const uint4* src, long long* dout, int grid, int wgs, int copy) {
               "smem attribute") ||
         check(cudaMemset(dout, 0, sizeof(h)), "memset"))
         return 1;
-    smem_rate_kernel<KIND><<<grid, wgs * FC_WG_THREADS + 32, SMEM_BYTES>>>(src, copy, dout);
+    smem_rate_kernel<KIND><<<grid, wgs * FC_WG_THREADS + 32, SMEM_BYTES>>>(src, copy, ITERS, dout);
     if (check(cudaGetLastError(), "launch") || check(cudaDeviceSynchronize(), "kernel") ||
         check(cudaMemcpy(h, dout, sizeof(h), cudaMemcpyDeviceToHost), "copy"))
         return 1;
@@ -164,7 +183,33 @@ static int run(const uint4* src, long long* dout, int grid, int wgs, int copy) {
     return 0;
 }
 
-int main() {
+// burn: two warpgroups of the kind, no copier, launched back to back for `seconds`.
+template <int KIND>
+static int burn(const uint4* src, long long* dout, int grid, double seconds) {
+    const int wgs = 2, n = KIND_N[KIND];
+    if (check(cudaFuncSetAttribute(smem_rate_kernel<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES),
+              "smem attribute"))
+        return 1;
+    cudaEvent_t e0, e1;
+    if (check(cudaEventCreate(&e0), "event") || check(cudaEventCreate(&e1), "event")) return 1;
+    long launches = 0;
+    float ms = 0.f;
+    cudaEventRecord(e0);
+    while (ms < 1000.0 * seconds) {
+        for (int i = 0; i < 50; ++i, ++launches)
+            smem_rate_kernel<KIND><<<grid, wgs * FC_WG_THREADS + 32, SMEM_BYTES>>>(src, 0, BURN_ITERS, dout);
+        cudaEventRecord(e1);
+        if (check(cudaGetLastError(), "launch") || check(cudaEventSynchronize(e1), "kernel") ||
+            check(cudaEventElapsedTime(&ms, e0, e1), "elapsed"))
+            return 1;
+    }
+    const double flop = 2.0 * 64 * n * 16 * GROUP * (double)(BURN_ITERS + WARMUP) * wgs * grid * launches;
+    printf("burn %s m64n%dk16 warpgroups %d: %ld launches in %.2f s, %.1f TFLOP/s\n", KIND_SS[KIND] ? "SS" : "RS", n,
+           wgs, launches, ms / 1000.0, flop / (ms * 1e9));
+    return 0;
+}
+
+int main(int argc, char** argv) {
     long long* dout = nullptr;
     uint4* src = nullptr;
     int grid = 0;
@@ -172,6 +217,19 @@ int main() {
     if (check(cudaMalloc(&dout, MAX_SMS * OUT * sizeof(long long)), "malloc") ||
         check(cudaMalloc(&src, SRC_BYTES), "malloc") || check(cudaMemset(src, 0, SRC_BYTES), "memset"))
         return 1;
+    if (argc == 4 && std::string(argv[1]) == "burn") {
+        const int kind = atoi(argv[2]);
+        const double seconds = atof(argv[3]);
+        const int r = kind == SS_N32 ? burn<SS_N32>(src, dout, grid, seconds)
+                      : kind == SS_N64 ? burn<SS_N64>(src, dout, grid, seconds)
+                      : kind == SS_N128 ? burn<SS_N128>(src, dout, grid, seconds)
+                      : kind == RS_N64 ? burn<RS_N64>(src, dout, grid, seconds)
+                      : kind == RS_N128 ? burn<RS_N128>(src, dout, grid, seconds)
+                                        : (fprintf(stderr, "smem_rate: burn KIND (0-%d) SECONDS\n", KINDS - 1), 2);
+        cudaFree(dout);
+        cudaFree(src);
+        return r;
+    }
     int bad = 0;
     for (int wgs = 1; wgs <= 2; ++wgs)
         for (int copy = 0; copy <= 1; ++copy) {
