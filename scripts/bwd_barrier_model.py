@@ -32,8 +32,9 @@ keys; S^T (warpgroup 0) and dP^T (1) read the whole slot and retire before the w
 other half of their columns through an exchange buffer, a named barrier between the stores and the
 reads; dV and dK after the CTA barrier read P^T, dS^T (one buffer of each: the exchange's barrier
 follows both warpgroups' last reads of the block before) and the half of the slot that warpgroup's
-columns live in, and its dQ is staged over that half, as are its dK and dV). Both `whole` layouts stage dK and dV as DP = 128 does: dV in the warpgroup's
-tile of the last slot, dK in its dQ staging (DP = 64 uses the first alone, a subset). Not modelled:
+columns live in, and its dQ is staged over that half, as are its dK and dV). Both `whole` layouts
+stage dK and dV as DP = 128 does: dV in the warpgroup's tile of the last slot, dK in its dQ staging
+(DP = 64 uses the first alone, a subset). Not modelled:
 when thread 0 takes the next item from the counter (the model knows each CTA's item list; that the
 ticket is taken before the last block's refill reads it is checked by reading the kernel), and the
 deterministic mode (one item per CTA). The model follows the kernel; change both together.

@@ -96,17 +96,17 @@
 //      |     |        |                                                     | + dK, dV 32 each; dQ 32 once S^T is done
 //  128 |  64 |   2    | 64 + 64 + 32 + 32 + 1 = 193 KB                      | S^T 32 + dP^T 32 + P^T 16 + dS^T 16 + dK,
 //      |     |        |                                                     | dV 64 each + LSE, Delta 16 each; dQ 32
-//  256 |  64 |   2    | 64 + 128 + 8 + P^T 8 + exchange 16 + 0 (dQ staged  | S^T or dP^T 32 + dK, dV 64 each (128 of
-//      |     |        | in the slot) + 1 = 225 KB                           | the 256 columns) + dQ 32 (BC = 64 keys)
+//  256 |  64 |   2    | 64 + 128 + 8 (one) + P^T 8 + exchange 16 + 0 (dQ   | S^T or dP^T 32 + dK, dV 64 each (128 of
+//      |     |        | staged in the slot) + 1 = 225 KB                    | the 256 columns) + dQ 32 (BC = 64 keys)
 // BR: the dQ phase gives each warpgroup one 64 x 64 wgmma tile of the
 // block's dQ (BR x DP = 128 x 64 or 64 x 128): rows 64 * wg at DP = 64,
 // columns 64 * wg at DP = 128, so each reads whole 128-byte swizzle slabs;
 // at DP = 256 two (columns 128 * wg + 64 c).
 // Two dS^T buffers: a warpgroup may store block i+1's dS^T while the other
 // still reads block i's (DP = 256: one of each, as the exchange's barrier
-// comes after both warpgroups' last reads of block i). STAGES: the ring loads one block ahead (DP = 64: up to two,
-// EARLY_REFILL below); at DP = 64 a
-// third slot and the dQ staging would pass the 227 KB a CTA may have.
+// comes after both warpgroups' last reads of block i). STAGES: the ring loads
+// one block ahead (DP = 64: up to two, EARLY_REFILL below); at DP = 64 a third
+// slot and the dQ staging would pass the 227 KB a CTA may have.
 template <int DP>
 struct BwdSm90Tile {
     static constexpr int WGS = 2;                     // warpgroups
@@ -138,7 +138,7 @@ struct BwdSm90Tile {
     static constexpr int DS_BUFS = SPLIT_D ? 1 : 2;   // dS^T buffers (see above)
     static constexpr int PT_BUFS = SPLIT_D ? 1 : 0;   // P^T buffers (SPLIT_D: P^T is stored as dS^T is)
     // SPLIT_D: the fp32 columns of S^T (or dP^T) a warpgroup passes to the other (64 keys x QW rows).
-    static constexpr uint32_t XCHG_HALF = SPLIT_D ? WG_KEYS * QW * 4 : 0;
+    static constexpr uint32_t XCHG_HALF = SPLIT_D ? WG_KEYS * QW * 4 : 0;  // (bwd_exchange_cols' part)
     static constexpr int DQ_ROWS = BWD_PIECE_ROWS;    // rows of a dQ piece (one wgmma M)
     static constexpr int DQ_COLS = BWD_PIECE_COLS;    // columns of a dQ piece (one wgmma N)
     static constexpr int DQ_PIECES = BR * DP / (WGS * BWD_PIECE);  // dQ pieces per warpgroup and block
@@ -179,7 +179,7 @@ struct BwdSm90Tile {
 // Named barriers (0 is __syncthreads).
 static constexpr int BWD_BAR_CTA = 1;  // both warpgroups, once per block and at an item's end
 static constexpr int BWD_BAR_WG0 = 2;  // + wg: one warpgroup's dQ staging
-static constexpr int BWD_BAR_XCHG = 4; // SPLIT_D: both warpgroups, once per block (S^T and dP^T columns exchanged)
+// (4: the DP = 256 column exchange's, BWD_BAR_XCHG in attn_bwd_sm90_mma.cuh)
 
 struct BwdSm90Args {
     CUtensorMap q_map;   // Q as (D, Sq, Hq, B), box (64, BR)
@@ -219,7 +219,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     const uint32_t base = (raw + FC_SWZ_GROUP_BYTES - 1) & ~(FC_SWZ_GROUP_BYTES - 1);  // swizzle atoms: 1 KB aligned
     const uint32_t sK = base + Tile::OFF_K, sV = base + Tile::OFF_V;   // (KBUF, BC, DP), (BC, DP), slabs of BC rows
     const uint32_t sQ = base + Tile::OFF_Q, sdO = base + Tile::OFF_DO;  // STAGES slots of (BR, DP), slabs of BR rows
-    const uint32_t sdS = base + Tile::OFF_DS;                           // (2, BC, BR) dS^T, slabs of BC rows
+    const uint32_t sdS = base + Tile::OFF_DS;                           // (DS_BUFS, BC, BR) dS^T, slabs of BC rows
     const uint32_t sPT = base + Tile::OFF_PT;                           // SPLIT_D: (BC, BR) P^T, as dS^T
     const uint32_t sX = base + Tile::OFF_X;  // SPLIT_D: (WGS, 64 x QW) fp32, fragment order (each the sender's)
     const uint32_t sDQ = base + Tile::OFF_DQ;  // (WGS, BWD_PIECE) fp32, fragment order (SPLIT_D: in the slot)
@@ -388,35 +388,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                 bwd_issue_kmajor<DP, BC, BR, QDO_SLAB_STEP, T>(x, wg ? v_rows : k_rows, wg ? do_s : q_s);
                 wgmma_wait<0>();
                 fence_regs(x);
-                constexpr int HALF = QW / 2;  // accumulator floats per warpgroup's columns
-                static_assert(2 * QW == BR && HALF % 4 == 0, "two warpgroups, columns passed as float4");
-                const uint32_t mine = sX + wg * Tile::XCHG_HALF, theirs = sX + (1 - wg) * Tile::XCHG_HALF;
-#pragma unroll
-                for (int j = 0; j < HALF / 4; ++j) {
-                    float o[4];
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) o[e] = wg ? x[4 * j + e] : x[HALF + 4 * j + e];
-                    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(mine + (j * FC_WG_THREADS + t) * 16),
-                                 "f"(o[0]), "f"(o[1]), "f"(o[2]), "f"(o[3])
-                                 : "memory");
-                }
-                named_barrier_sync(BWD_BAR_XCHG, Tile::THREADS);  // orders both warpgroups' exchange stores before
-                                                                 // the reads below, and their last wgmma waits of
-                                                                 // block n - 1 (whose dV, dK and dQ read P^T and
-                                                                 // dS^T) before this block's stores to them
-#pragma unroll
-                for (int j = 0; j < HALF / 4; ++j) {
-                    float o[4];
-                    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                                 : "=f"(o[0]), "=f"(o[1]), "=f"(o[2]), "=f"(o[3])
-                                 : "r"(theirs + (j * FC_WG_THREADS + t) * 16)
-                                 : "memory");
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        s[4 * j + e] = wg ? o[e] : x[4 * j + e];
-                        dp[4 * j + e] = wg ? x[HALF + 4 * j + e] : o[e];
-                    }
-                }
+                bwd_exchange_cols<BR>(x, s, dp, sX, wg, t);  // (its barrier: BWD_BAR_XCHG, see the helper)
             } else {
                 bwd_issue_kmajor<DP, BC, QW, QDO_SLAB_STEP, T>(s, k_rows, q_s);    // S^T = K Q^T
                 bwd_issue_kmajor<DP, BC, QW, QDO_SLAB_STEP, T>(dp, v_rows, do_s);  // dP^T = V dO^T

@@ -1,5 +1,6 @@
 // attn_bwd_sm90_mma.cuh -- the Hopper backward's (attn_bwd_sm90.cuh) wgmma groups: one
-// helper per operand form, each a fence, the k16 steps of one 64-row tile and a commit.
+// helper per operand form, each a fence, the k16 steps of one 64-row tile and a commit;
+// and, at DP = 256, the exchange of S^T and dP^T columns between the two warpgroups.
 // Operands in shared memory are 16-bit tiles in 128-byte swizzle slabs of 64 columns.
 #pragma once
 
@@ -55,4 +56,47 @@ FC_DEVICE void bwd_issue_acc_ss(float (&acc)[64], uint32_t a_tile, uint32_t b_ti
         wgmma_ss_tb_n128<T>(acc, wgmma_desc_add(ad, (kk / 4) * A_ROWS * FC_SWZ_ROW_BYTES + (kk % 4) * 32),
                             wgmma_desc_add(bd, kk * 16 * FC_SWZ_ROW_BYTES), 1);
     wgmma_commit();
+}
+
+// Named barrier of the exchange below (the kernel's: 1, 2 and 3).
+static constexpr int BWD_BAR_XCHG = 4;
+
+// DP = 256: warpgroup 0 holds S^T and warpgroup 1 dP^T, 64 keys x BR query rows each in x (an
+// accumulator's fragment layout); each owns BR / 2 of the rows for the elementwise work
+// (warpgroup w from row w * BR / 2). Each passes the other, through 2 x 8 KB of fp32 at xchg (its
+// half at w * 8 KB, fragment order: 16-byte stores, a warp's 512 contiguous bytes), the columns
+// of the other's rows, and ends with s (S^T) and dp (dP^T) at its own rows. Its barrier, over
+// both warpgroups, orders the stores before the reads, and (it comes after each warpgroup's last
+// wgmma wait of the block before) that block's reads of P^T and dS^T before this block's stores.
+template <int BR>
+FC_DEVICE void bwd_exchange_cols(const float (&x)[BR / 2], float (&s)[BR / 4], float (&dp)[BR / 4], uint32_t xchg,
+                                 int wg, int t) {
+    constexpr int HALF = BR / 4;  // accumulator floats of a warpgroup's rows
+    static_assert(HALF % 4 == 0, "columns pass as float4");
+    constexpr uint32_t PART = HALF * 4 * FC_WG_THREADS;  // bytes one warpgroup passes
+    const uint32_t mine = xchg + wg * PART, theirs = xchg + (1 - wg) * PART;
+#pragma unroll
+    for (int j = 0; j < HALF / 4; ++j) {  // warpgroup 0 passes S^T's columns from BR / 2, 1 dP^T's below
+        float o[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[e] = wg ? x[4 * j + e] : x[HALF + 4 * j + e];
+        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(mine + (j * FC_WG_THREADS + t) * 16),
+                     "f"(o[0]), "f"(o[1]), "f"(o[2]), "f"(o[3])
+                     : "memory");
+    }
+    named_barrier_sync(BWD_BAR_XCHG, 2 * FC_WG_THREADS);  // orders both warpgroups' stores above (and, before
+                                                           // them, their last wgmma waits) before the reads below
+#pragma unroll
+    for (int j = 0; j < HALF / 4; ++j) {
+        float o[4];
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=f"(o[0]), "=f"(o[1]), "=f"(o[2]), "=f"(o[3])
+                     : "r"(theirs + (j * FC_WG_THREADS + t) * 16)
+                     : "memory");
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[4 * j + e] = wg ? o[e] : x[4 * j + e];
+            dp[4 * j + e] = wg ? x[HALF + 4 * j + e] : o[e];
+        }
+    }
 }
