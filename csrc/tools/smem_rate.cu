@@ -23,8 +23,8 @@
 // lose rate to any write that lands in shared memory while they run.
 //
 // One CTA per SM: one or two warpgroups, each issuing groups of GROUP wgmmas
-// into one accumulator (the next group issues while one is in flight), and a
-// copier warp whose lane 0, when on, keeps COPIES bulk copies of CHUNK bytes
+// into one accumulator (the next group issues while one is in flight), and, when
+// on, a copier warp whose lane 0 keeps COPIES bulk copies of CHUNK bytes
 // (cp.async.bulk from a 256 KB global buffer, L2-resident: how a TMA load lands)
 // in flight into a region of its own until the warpgroups are done. Per case:
 // cycles per wgmma and warpgroup, the SM's FLOP per clock (and its share of
@@ -79,12 +79,15 @@ __device__ __forceinline__ void group(float (&d)[64], uint64_t da, uint64_t db, 
     }
 }
 
-// Block: warpgroups x 128 threads, then the copier warp. out[cta * OUT + e], see OUT.
+// Block: warpgroups x 128 threads, then the copier warp if copy. out[cta * OUT + e], see OUT.
+// RS m64n128k16 takes 170 registers: with two warpgroups and the copier (nine warps, three on one
+// SM sub-partition, whose register file holds 16384) it does not launch, and says so; capping its
+// registers (launch bounds) makes ptxas serialize the wgmmas, which would time something else.
 template <int KIND>
 __global__ void smem_rate_kernel(const uint4* src, int copy, int iters, long long* out) {
     extern __shared__ unsigned char smem[];
     const uint32_t base = (smem_u32(smem) + FC_SWZ_GROUP_BYTES - 1) & ~(FC_SWZ_GROUP_BYTES - 1);
-    const int wgs = (blockDim.x - 32) / FC_WG_THREADS, tid = threadIdx.x;
+    const int wgs = blockDim.x / FC_WG_THREADS, tid = threadIdx.x;  // (the copier warp, if any, after them)
     volatile int* done = reinterpret_cast<volatile int*>(smem + (base + OFF_DONE - smem_u32(smem)));
     for (uint32_t i = tid; i < (A_BYTES + B_BYTES) / 4; i += blockDim.x) {  // operands: random fp16 pairs
         uint32_t h = (i + 1) * 2654435761u;
@@ -162,7 +165,7 @@ static int run(const uint4* src, long long* dout, int grid, int wgs, int copy) {
               "smem attribute") ||
         check(cudaMemset(dout, 0, sizeof(h)), "memset"))
         return 1;
-    smem_rate_kernel<KIND><<<grid, wgs * FC_WG_THREADS + 32, SMEM_BYTES>>>(src, copy, ITERS, dout);
+    smem_rate_kernel<KIND><<<grid, wgs * FC_WG_THREADS + (copy ? 32 : 0), SMEM_BYTES>>>(src, copy, ITERS, dout);
     if (check(cudaGetLastError(), "launch") || check(cudaDeviceSynchronize(), "kernel") ||
         check(cudaMemcpy(h, dout, sizeof(h), cudaMemcpyDeviceToHost), "copy"))
         return 1;
@@ -197,7 +200,7 @@ static int burn(const uint4* src, long long* dout, int grid, double seconds) {
     cudaEventRecord(e0);
     while (ms < 1000.0 * seconds) {
         for (int i = 0; i < 50; ++i, ++launches)
-            smem_rate_kernel<KIND><<<grid, wgs * FC_WG_THREADS + 32, SMEM_BYTES>>>(src, 0, BURN_ITERS, dout);
+            smem_rate_kernel<KIND><<<grid, wgs * FC_WG_THREADS, SMEM_BYTES>>>(src, 0, BURN_ITERS, dout);
         cudaEventRecord(e1);
         if (check(cudaGetLastError(), "launch") || check(cudaEventSynchronize(e1), "kernel") ||
             check(cudaEventElapsedTime(&ms, e0, e1), "elapsed"))
