@@ -137,8 +137,8 @@ struct BwdSm90Tile {
     static constexpr uint32_t VEC = BR * 4;           // bytes of one slot's LSE (or Delta)
     static constexpr int DS_BUFS = SPLIT_D ? 1 : 2;   // dS^T buffers (see above)
     static constexpr int PT_BUFS = SPLIT_D ? 1 : 0;   // P^T buffers (SPLIT_D: P^T is stored as dS^T is)
-    // SPLIT_D: the fp32 columns of S^T (or dP^T) a warpgroup passes to the other (64 keys x QW rows).
-    static constexpr uint32_t XCHG_HALF = SPLIT_D ? WG_KEYS * QW * 4 : 0;  // (bwd_exchange_cols' part)
+    // SPLIT_D: the fp32 columns of S^T and dP^T the warpgroups pass each other (bwd_exchange_cols).
+    static constexpr uint32_t XCHG_BYTES = SPLIT_D ? BWD_XCHG_BYTES<BR> : 0;
     static constexpr int DQ_ROWS = BWD_PIECE_ROWS;    // rows of a dQ piece (one wgmma M)
     static constexpr int DQ_COLS = BWD_PIECE_COLS;    // columns of a dQ piece (one wgmma N)
     static constexpr int DQ_PIECES = BR * DP / (WGS * BWD_PIECE);  // dQ pieces per warpgroup and block
@@ -150,7 +150,7 @@ struct BwdSm90Tile {
     static constexpr uint32_t OFF_DS = OFF_Q + 2 * STAGES * QDO_TILE;
     static constexpr uint32_t OFF_PT = OFF_DS + DS_BUFS * DS_TILE;
     static constexpr uint32_t OFF_X = OFF_PT + PT_BUFS * DS_TILE;   // SPLIT_D: the exchange, one half per warpgroup
-    static constexpr uint32_t OFF_DQ = OFF_X + WGS * XCHG_HALF;
+    static constexpr uint32_t OFF_DQ = OFF_X + XCHG_BYTES;
     static constexpr uint32_t OFF_LSE = OFF_DQ + (SPLIT_D ? 0 : WGS * DQ_STAGE);
     static constexpr uint32_t OFF_DELTA = OFF_LSE + STAGES * VEC;
     static constexpr uint32_t OFF_BAR = OFF_DELTA + STAGES * VEC;  // per K buffer, per slot, then EMPTY_BARS

@@ -14,6 +14,7 @@
 // are B_SLAB bytes apart, both K-major (a k16 step moves 32 bytes inside a slab).
 template <int DP, int A_ROWS, int N, uint32_t B_SLAB, typename T>
 FC_DEVICE void bwd_issue_kmajor(float (&acc)[N / 2], uint32_t a_rows, uint32_t b_rows) {
+    static_assert(N == 64 || N == 128, "S^T and dP^T tiles are 64 or 128 query rows wide");
     wgmma_fence();  // orders earlier register use of acc before the async writes
     const uint64_t ad = wgmma_desc(a_rows, 16, FC_SWZ_GROUP_BYTES), bd = wgmma_desc(b_rows, 16, FC_SWZ_GROUP_BYTES);
 #pragma unroll
@@ -21,7 +22,6 @@ FC_DEVICE void bwd_issue_kmajor(float (&acc)[N / 2], uint32_t a_rows, uint32_t b
         const uint64_t a = wgmma_desc_add(ad, (kk / 4) * A_ROWS * FC_SWZ_ROW_BYTES + (kk % 4) * 32);
         const uint64_t b = wgmma_desc_add(bd, (kk / 4) * B_SLAB + (kk % 4) * 32);
         if constexpr (N == 64) wgmma_ss_n64<T>(acc, a, b, kk > 0);
-        else if constexpr (N == 32) wgmma_ss_n32<T>(acc, a, b, kk > 0);
         else wgmma_ss_n128<T>(acc, a, b, kk > 0);
     }
     wgmma_commit();
@@ -61,6 +61,11 @@ FC_DEVICE void bwd_issue_acc_ss(float (&acc)[64], uint32_t a_tile, uint32_t b_ti
 // Named barrier of the exchange below (the kernel's: 1, 2 and 3).
 static constexpr int BWD_BAR_XCHG = 4;
 
+// Bytes of shared memory the exchange below takes at xchg for BR query rows: a warpgroup's part,
+// BR / 4 fp32 per thread, for each of the two warpgroups.
+template <int BR>
+constexpr uint32_t BWD_XCHG_BYTES = 2 * (BR / 4) * 4 * FC_WG_THREADS;
+
 // DP = 256: warpgroup 0 holds S^T and warpgroup 1 dP^T, 64 keys x BR query rows each in x (an
 // accumulator's fragment layout); each owns BR / 2 of the rows for the elementwise work
 // (warpgroup w from row w * BR / 2). Each passes the other, through 2 x 8 KB of fp32 at xchg (its
@@ -73,26 +78,21 @@ FC_DEVICE void bwd_exchange_cols(const float (&x)[BR / 2], float (&s)[BR / 4], f
                                  int wg, int t) {
     constexpr int HALF = BR / 4;  // accumulator floats of a warpgroup's rows
     static_assert(HALF % 4 == 0, "columns pass as float4");
-    constexpr uint32_t PART = HALF * 4 * FC_WG_THREADS;  // bytes one warpgroup passes
+    constexpr uint32_t PART = BWD_XCHG_BYTES<BR> / 2;  // bytes one warpgroup passes
     const uint32_t mine = xchg + wg * PART, theirs = xchg + (1 - wg) * PART;
 #pragma unroll
     for (int j = 0; j < HALF / 4; ++j) {  // warpgroup 0 passes S^T's columns from BR / 2, 1 dP^T's below
-        float o[4];
+        int o[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o[e] = wg ? x[4 * j + e] : x[HALF + 4 * j + e];
-        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(mine + (j * FC_WG_THREADS + t) * 16),
-                     "f"(o[0]), "f"(o[1]), "f"(o[2]), "f"(o[3])
-                     : "memory");
+        for (int e = 0; e < 4; ++e) o[e] = __float_as_int(wg ? x[4 * j + e] : x[HALF + 4 * j + e]);
+        st_shared_v4_s32(mine + (j * FC_WG_THREADS + t) * 16, o[0], o[1], o[2], o[3]);
     }
     named_barrier_sync(BWD_BAR_XCHG, 2 * FC_WG_THREADS);  // orders both warpgroups' stores above (and, before
                                                            // them, their last wgmma waits) before the reads below
 #pragma unroll
     for (int j = 0; j < HALF / 4; ++j) {
-        float o[4];
-        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=f"(o[0]), "=f"(o[1]), "=f"(o[2]), "=f"(o[3])
-                     : "r"(theirs + (j * FC_WG_THREADS + t) * 16)
-                     : "memory");
+        const int4 v = ld_shared_v4_s32(theirs + (j * FC_WG_THREADS + t) * 16);
+        const float o[4] = {__int_as_float(v.x), __int_as_float(v.y), __int_as_float(v.z), __int_as_float(v.w)};
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             s[4 * j + e] = wg ? o[e] : x[4 * j + e];

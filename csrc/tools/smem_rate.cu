@@ -158,13 +158,20 @@ __global__ void smem_rate_kernel(const uint4* src, int copy, int iters, long lon
 
 static int check(cudaError_t e, const char* what) { return tool_check("smem_rate", e, what); }
 
+// FLOP of one m64nNk16 wgmma.
+static double wgmma_flop(int n) { return 2.0 * 64 * n * 16; }
+
+// The kernel of the kind allowed SMEM_BYTES of dynamic shared memory (before any launch of it).
+template <int KIND>
+static int allow_smem() {
+    return check(cudaFuncSetAttribute(smem_rate_kernel<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES),
+                 "smem attribute");
+}
+
 template <int KIND>
 static int run(const uint4* src, long long* dout, int grid, int wgs, int copy) {
     static long long h[MAX_SMS * OUT];
-    if (check(cudaFuncSetAttribute(smem_rate_kernel<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES),
-              "smem attribute") ||
-        check(cudaMemset(dout, 0, sizeof(h)), "memset"))
-        return 1;
+    if (allow_smem<KIND>() || check(cudaMemset(dout, 0, sizeof(h)), "memset")) return 1;
     smem_rate_kernel<KIND><<<grid, wgs * FC_WG_THREADS + (copy ? 32 : 0), SMEM_BYTES>>>(src, copy, ITERS, dout);
     if (check(cudaGetLastError(), "launch") || check(cudaDeviceSynchronize(), "kernel") ||
         check(cudaMemcpy(h, dout, sizeof(h), cudaMemcpyDeviceToHost), "copy"))
@@ -177,7 +184,7 @@ static int run(const uint4* src, long long* dout, int grid, int wgs, int copy) {
     }
     per_group /= grid;
     const int n = KIND_N[KIND];
-    const double per_wgmma = per_group / GROUP, flop = 2.0 * 64 * n * 16 * wgs / per_wgmma;
+    const double per_wgmma = per_group / GROUP, flop = wgmma_flop(n) * wgs / per_wgmma;
     const double operand = ((KIND_SS[KIND] ? 64 * 16 * 2 : 0) + n * 16 * 2) * wgs / per_wgmma;
     printf("%s m64n%dk16  warpgroups %d  copier %-3s: %6.1f cycles per wgmma  %5.0f FLOP/clock (%3.0f %%)  "
            "operands %4.0f B/clock  copier %4.0f B/clock\n",
@@ -190,26 +197,26 @@ static int run(const uint4* src, long long* dout, int grid, int wgs, int copy) {
 template <int KIND>
 static int burn(const uint4* src, long long* dout, int grid, double seconds) {
     const int wgs = 2, n = KIND_N[KIND];
-    if (check(cudaFuncSetAttribute(smem_rate_kernel<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES),
-              "smem attribute"))
-        return 1;
-    cudaEvent_t e0, e1;
-    if (check(cudaEventCreate(&e0), "event") || check(cudaEventCreate(&e1), "event")) return 1;
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    int bad = allow_smem<KIND>() || check(cudaEventCreate(&e0), "event") || check(cudaEventCreate(&e1), "event");
     long launches = 0;
     float ms = 0.f;
-    cudaEventRecord(e0);
-    while (ms < 1000.0 * seconds) {
+    if (!bad) cudaEventRecord(e0);
+    while (!bad && ms < 1000.0 * seconds) {
         for (int i = 0; i < 50; ++i, ++launches)
             smem_rate_kernel<KIND><<<grid, wgs * FC_WG_THREADS, SMEM_BYTES>>>(src, 0, BURN_ITERS, dout);
         cudaEventRecord(e1);
-        if (check(cudaGetLastError(), "launch") || check(cudaEventSynchronize(e1), "kernel") ||
-            check(cudaEventElapsedTime(&ms, e0, e1), "elapsed"))
-            return 1;
+        bad = check(cudaGetLastError(), "launch") || check(cudaEventSynchronize(e1), "kernel") ||
+              check(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
     }
-    const double flop = 2.0 * 64 * n * 16 * GROUP * (double)(BURN_ITERS + WARMUP) * wgs * grid * launches;
-    printf("burn %s m64n%dk16 warpgroups %d: %ld launches in %.2f s, %.1f TFLOP/s\n", KIND_SS[KIND] ? "SS" : "RS", n,
-           wgs, launches, ms / 1000.0, flop / (ms * 1e9));
-    return 0;
+    if (!bad) {
+        const double flop = wgmma_flop(n) * GROUP * (double)(BURN_ITERS + WARMUP) * wgs * grid * launches;
+        printf("burn %s m64n%dk16 warpgroups %d: %ld launches in %.2f s, %.1f TFLOP/s\n", KIND_SS[KIND] ? "SS" : "RS",
+               n, wgs, launches, ms / 1000.0, flop / (ms * 1e9));
+    }
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    return bad;
 }
 
 int main(int argc, char** argv) {
