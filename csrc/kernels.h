@@ -32,16 +32,19 @@ size_t fc_sm80_smem_d256(void);
  * deterministic call, one int32 turn counter per piece), with Sq_pad = Sq
  * rounded up to FC_BWD_ROW_PAD and DP = D padded to 64, 128 or 256. The
  * launchers fill them (no memset needed). */
-#define FC_BWD_KEYS_PER_CTA 64 /* keys per CTA of the portable main kernel (its grid: key blocks x B x Hkv) */
+#define FC_BWD_KEYS_PER_CTA 64 /* fewest keys per CTA of the portable main kernel (its grid: key blocks x B x Hkv;
+                                  64 or 128 keys) */
 #define FC_BWD_ROW_PAD 128     /* rows per head of the padded per-row vectors are a multiple of this */
 #define FC_BWD_PIECE_DIM 64    /* rows and columns of a piece of the Hopper kernel's dQ accumulator */
 #define FC_BWD_ROWS_PER_BLOCK 64 /* query rows per block of the portable main kernel (a deterministic
                                     call's turn counters: one per (batch, query head, block)) */
 fc_status fc_sm80_bwd_d64(const fc_attn_bwd_params* p, fc_stream_t stream);   /* D <= 64 */
 fc_status fc_sm80_bwd_d128(const fc_attn_bwd_params* p, fc_stream_t stream);  /* 64 < D <= 128 */
+fc_status fc_sm80_bwd_wide_d128(const fc_attn_bwd_params* p, fc_stream_t stream);  /* the same, 128-key CTAs */
 fc_status fc_sm80_bwd_d256(const fc_attn_bwd_params* p, fc_stream_t stream);  /* 128 < D <= 256 */
 size_t fc_sm80_bwd_smem_d64(void);   /* dynamic shared memory per CTA of the main kernel, bytes */
 size_t fc_sm80_bwd_smem_d128(void);
+size_t fc_sm80_bwd_smem_wide_d128(void);
 size_t fc_sm80_bwd_smem_d256(void);
 /* num_sms sizes the Hopper main kernel's persistent grid */
 fc_status fc_sm90_bwd_d64(const fc_attn_bwd_params* p, int num_sms, fc_stream_t stream);   /* D <= 64 */

@@ -6,7 +6,7 @@
 //     (minus dlse_i) per query row, and the fp32 dQ accumulator zeroed.
 //  2. attn_bwd_sm80_kernel: one CTA owns BC keys of one (batch, KV head) and
 //     keeps their K and V tiles in swizzled shared memory; each of its
-//     KEY_WARPS = 4 warps (per column half at DP = 256, see below) owns 16
+//     KEY_WARPS = 4 or 8 warps (per column half at DP = 256; tile table) owns 16
 //     of the keys and their dK, dV accumulators (fp32, in registers). The
 //     CTA walks the Hq/Hkv query heads that read the KV head and, for each,
 //     the query blocks of BR rows that see any of its keys
@@ -17,9 +17,9 @@
 //       dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T (dP^T - Delta),  dK += dS^T Q
 //     with mma.sync m16n8k16 (the C fragments of P^T and dS^T are the A
 //     fragments of the next mma). dS^T goes through shared memory; after a
-//     barrier each warp computes 16 rows of dQ_i += dS K (its column half at
-//     DP = 256) over all BC keys and adds them to the fp32 accumulator with
-//     global reductions (unscaled).
+//     barrier each warp computes a tile of dQ_i += dS K (16 rows x its column
+//     half with 4 key warps, 32 x DP/4 with 8) over all BC keys and adds it to
+//     the fp32 accumulator with global reductions (unscaled).
 //     The epilogue writes dK * scale and dV, staged through the K/V tiles.
 //  3. attn_bwd_post_kernel (bwd_rows.cuh): dQ = scale * accumulator, in dtype.
 // dK and dV are reduced inside one CTA in a fixed order, so they are
@@ -57,22 +57,29 @@
 #include "../kernels.h"
 
 // ---------------------------------------------------------------------------
-// Tile table, per padded head dim DP (main kernel).
+// Tile table, per padded head dim DP and key warps KW (main kernel).
 //
-//  DP  | WARPS | BC | BR | Q/dO stages | smem                      | why
-//  64  |   4   | 64 | 64 |      2      | K,V 16 + Q,dO 32 + dS 8   | dK, dV 64 fp32 regs/thread; two Q/dO
-//      |       |    |    |             | + LSE/Delta 1 = 57 KB     | slots: block i+1 loads during all of i;
-//      |       |    |    |             |                           | two CTAs per SM (241 registers)
-//  128 |   4   | 64 | 64 |      1      | K,V 32 + Q,dO 32 + dS 8   | dK, dV 128 fp32 regs/thread + S^T, dP^T
-//      |       |    |    |             | + LSE/Delta 0.5 = 72.5 KB | 32 each; a second Q/dO slot (104.5 KB)
-//      |       |    |    |             |                           | would not fit sm86/89's 99 KB, so block
-//      |       |    |    |             |                           | i+1 loads during i's dQ phase only
-//  256 |   8   | 64 | 64 |      1      | K,V 64 + Q,dO 64 + dS 8   | dK, dV 128 fp32 regs/thread per column
-//      |       |    |    |             | + LSE/Delta 0.5 + P 8     | half (HALVES = 2, see above); one CTA per
-//      |       |    |    |             | = 144.5 KB                | SM (sm80, sm90; sm86/89 allow 99 KB:
-//      |       |    |    |             |                           | dispatch refuses)
-// 16 keys per warp: one m16 tile of S^T rows; BC = 64 keys is the k extent of dQ = dS K.
-// BR = 64 makes the dS^T tile rows 128 bytes, as the swizzle needs.
+//  DP  | KW | WARPS | BC  | BR | Q/dO stages | smem                       | why
+//  64  | 4  |   4   | 64  | 64 |      2      | K,V 16 + Q,dO 32 + dS 8    | dK, dV 64 fp32 regs/thread; two Q/dO
+//      |    |       |     |    |             | + LSE/Delta 1 = 57 KB      | slots: block i+1 loads during all of i;
+//      |    |       |     |    |             |                            | two CTAs per SM (241 registers)
+//  128 | 8  |   8   | 128 | 64 |      2      | K,V 64 + Q,dO 64 + dS 16   | GPUs with 145 KB per block (sm80,
+//      |    |       |     |    |             | + LSE/Delta 1 = 145 KB     | sm90; dispatch picks): dK, dV 128 fp32
+//      |    |       |     |    |             |                            | regs/thread, one CTA per SM
+//  128 | 4  |   4   | 64  | 64 |      1      | K,V 32 + Q,dO 32 + dS 8    | the others (sm86/89: 99 KB): dK, dV 128
+//      |    |       |     |    |             | + LSE/Delta 0.5 = 72.5 KB  | fp32 regs/thread + S^T, dP^T 32 each; a
+//      |    |       |     |    |             |                            | second Q/dO slot would not fit, so block
+//      |    |       |     |    |             |                            | i+1 loads during i's dQ phase only
+//  256 | 4  |   8   | 64  | 64 |      1      | K,V 64 + Q,dO 64 + dS 8    | dK, dV 128 fp32 regs/thread per column
+//      |    |       |     |    |             | + LSE/Delta 0.5 + P 8      | half (HALVES = 2, see above); one CTA per
+//      |    |       |     |    |             | = 144.5 KB                 | SM (sm80, sm90; sm86/89 allow 99 KB:
+//      |    |       |     |    |             |                            | dispatch refuses)
+// 16 keys per warp: one m16 tile of S^T rows. BR = 64 makes the dS^T tile rows 128 bytes, as the
+// swizzle needs. The kernel is bound by its shared-memory wavefronts (ldmatrix) and latency (ncu on
+// an H100, perf notes session 68). 128-key CTAs (KW = 8) halve, per FLOP, the dQ reductions and the
+// Q/dO loads, and tile dQ = dS K in 32 x 32 pieces per warp over 128 keys (16 x 128 over 64 with
+// KW = 4), which reads fewer shared-memory bytes: 3-10 % faster at DP = 128 on an H100 (0-4 % slower
+// for causal S = 1k); at DP = 64 the same change was -5 to +4 %, so DP = 64 keeps 64-key CTAs.
 // PARTS (DP >= 128): S^T and dP^T are computed for 32 of the 64 rows at a time
 // (16 + 16 fp32 regs instead of 32 + 32); with all 64 at once ptxas spills
 // 12 bytes (sm_80) and 60 bytes (sm_90a) at 255 registers. At DP = 256 the
@@ -82,31 +89,39 @@
 // were 3-7 % faster on an H200, but with the deterministic turns the cap
 // spills 20-36 bytes; on Hopper this kernel runs at DP = 64 only when forced
 // (perf notes, sessions 59-60), so the cap is gone.
-template <int DP>
+template <int DP, int KW>
 struct BwdTile {
     static constexpr int HALVES = DP <= 128 ? 1 : 2;  // column halves of dK, dV, dQ: a warp group each
-    static constexpr int KEY_WARPS = 4;               // warps of a group, 16 keys each
+    static constexpr int KEY_WARPS = KW;              // warps of a group, 16 keys each
     static constexpr int WARPS = KEY_WARPS * HALVES;
     static constexpr int THREADS = WARPS * 32;
     static constexpr int KEYS_PER_WARP = 16;
     static constexpr int BC = KEY_WARPS * KEYS_PER_WARP;  // keys per CTA
     static constexpr int BR = 64;                     // query rows per block
-    static constexpr int STAGES = DP <= 64 ? 2 : 1;   // Q/dO (and LSE/Delta) slots
+    static constexpr int STAGES = DP <= 64 || KW == 8 ? 2 : 1;  // Q/dO (and LSE/Delta) slots
     static constexpr int PARTS = DP <= 64 ? 1 : 2;    // S^T, dP^T computed in parts of BR / PARTS rows
     static constexpr int DV = DP / HALVES;            // columns of dK, dV, dQ a warp computes
     static constexpr int CHUNKS = DP / 8;             // 16-byte chunks per row
     static constexpr int K_UNROLL = 8;                // k steps of S^T, dP^T unrolled (all of them up to DP = 128)
+    // dQ = dS K: a group's warps tile the block's BR rows x DV columns, DQ_WR warps down the rows
+    // (DQ_RT m16 tiles each) and DQ_WC across the columns (DQ_COLS each).
+    static constexpr int DQ_WR = KW == 8 ? 2 : 4;
+    static constexpr int DQ_WC = KW / DQ_WR;
+    static constexpr int DQ_RT = BR / 16 / DQ_WR;
+    static constexpr int DQ_COLS = DV / DQ_WC;
     static constexpr size_t KV_BYTES = (size_t)2 * BC * DP * 2;
     static constexpr size_t QDO_BYTES = (size_t)STAGES * 2 * BR * DP * 2;
     static constexpr size_t DS_BYTES = (size_t)BC * BR * 2;
     static constexpr size_t VEC_BYTES = (size_t)STAGES * 2 * BR * 4;  // LSE and Delta of the rows
     static constexpr size_t P_BYTES = HALVES == 2 ? (size_t)BC * BR * 2 : 0;  // P^T, passed between the halves
     static constexpr size_t SMEM_BYTES = KV_BYTES + QDO_BYTES + DS_BYTES + VEC_BYTES + P_BYTES;
-    static_assert(KEY_WARPS * 32 == 2 * BR, "one thread of the first group copies each row's LSE or Delta");
+    static_assert(KW == 4 || (KW == 8 && HALVES == 1), "64-key CTAs, or 128-key ones at DP <= 128");
+    static_assert(THREADS >= 2 * BR, "one thread copies each row's LSE or Delta");
     static_assert(BR * 2 == 128, "the dS^T tile's rows must be 8 chunks for swz");
-    static_assert(BC == FC_BWD_KEYS_PER_CTA, "dispatch sizes the grid with FC_BWD_KEYS_PER_CTA");
+    static_assert(BC % FC_BWD_KEYS_PER_CTA == 0, "dispatch bounds the grid with FC_BWD_KEYS_PER_CTA");
     static_assert(BR == FC_BWD_ROWS_PER_BLOCK, "dispatch sizes the turn counters with FC_BWD_ROWS_PER_BLOCK");
     static_assert(DV % 64 == 0, "a half starts at a multiple of 8 chunks, outside the swizzle");
+    static_assert(DQ_COLS % 16 == 0 && DQ_RT >= 1, "a dQ warp tile is whole m16 x 16-column pieces");
     static_assert(HALVES == 1 || PARTS == HALVES, "with two halves, part h of the rows is group h's");
 };
 
@@ -135,10 +150,10 @@ FC_DEVICE void bwd_red_add2(float* addr, float x, float y) {
 // ---------------------------------------------------------------------------
 // Kernel 2: dK, dV and the dQ accumulator.
 
-template <int DP, typename T>
-__global__ void __launch_bounds__(BwdTile<DP>::THREADS)
+template <int DP, int KW, typename T>
+__global__ void __launch_bounds__(BwdTile<DP, KW>::THREADS)
 attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
-    using Tile = BwdTile<DP>;
+    using Tile = BwdTile<DP, KW>;
     constexpr int BR = Tile::BR, BC = Tile::BC, THREADS = Tile::THREADS, STAGES = Tile::STAGES;
     constexpr int CHUNKS = Tile::CHUNKS;
     constexpr int D_TILES = Tile::DV / 8;  // 8-wide column tiles of this warp's dK, dV half
@@ -195,7 +210,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
         const int64_t vec0 = ((int64_t)b * p.Hq + h) * p.Sq + row0;  // first row in (B, Hq, Sq)
         const int r = tid % BR;
         const float* src = (tid < BR ? p.lse : delta) + vec0 + (r < rows ? r : 0);
-        if (Tile::HALVES == 1 || tid < 2 * BR)  // the first group's threads
+        if (THREADS == 2 * BR || tid < 2 * BR)  // the first 2 BR threads
             bwd_cp_async_4((tid < BR ? sLse : sDelta) + slot * BR + r, src, r < rows);
     };
     if (n_iter > 0) load_block(0, 0);
@@ -213,14 +228,24 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     //  q_b:      B = Q (dO) rows as n, d as k, for S^T (dP^T); dO is at +QDO_OFF.
     //  q_t:      B = Q (dO) with rows as k (.trans), for dK += dS^T Q (dV += P^T dO), at the half.
     //  k_t:      B = K with keys as k (.trans), for dQ = dS K, at the half.
-    //  ds_a:     A = dS (query rows, key k) read transposed from the dS^T tile.
+    //  ds_a:     A = dS (query rows, key k) read transposed from the dS^T tile, at the warp's first dQ row.
     // The half's column offset (a multiple of 128 bytes) lies outside the swizzle: a plain add.
     const uint32_t k_a = smem_u32(sK + swz<DP>(kw * Tile::KEYS_PER_WARP + lane % 16, lane / 16));
     const uint32_t v_a = k_a + BC * ROW_BYTES;
     const uint32_t q_b = smem_u32(sQ + swz<DP>((lane / 16) * 8 + lane % 8, (lane / 8) % 2));
     const uint32_t q_t = smem_u32(sQ + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16) + c_base);
+    // This warp's dQ tile: its row group and column group (constants where a group's warps split rows only).
+    const int dq_rg = Tile::DQ_WC == 1 ? kw : kw % Tile::DQ_WR, dq_cg = Tile::DQ_WC == 1 ? 0 : kw / Tile::DQ_WR;
     const uint32_t k_t = smem_u32(sK + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16) + c_base);
-    const uint32_t ds_a = smem_u32(sdS + swz<BR>((lane / 16) * 8 + lane % 8, kw * 2 + (lane / 8) % 2));
+    // k_t at this warp's first dQ column pair: chunk_step composes here, as the pair count per warp is 1, 2 or a
+    // multiple of 4 (the steps' XOR-ed bits do not overlap).
+    static_assert(Tile::DQ_COLS / 16 <= 2 || Tile::DQ_COLS / 16 % 4 == 0, "k_tw + dt2 must compose");
+    const uint32_t k_tw = chunk_step(k_t, dq_cg * (Tile::DQ_COLS / 16));
+    // ds_a at the warp's first dQ row tile; chunk_step(ds_a, rt) reaches tile rt (rt < DQ_RT <= 2, and the
+    // first tile's chunk pair is a multiple of DQ_RT, so the XOR adds).
+    static_assert(Tile::DQ_RT <= 2, "chunk_step(ds_a, rt) must compose");
+    const uint32_t ds_a =
+        smem_u32(sdS + swz<BR>((lane / 16) * 8 + lane % 8, dq_rg * Tile::DQ_RT * 2 + (lane / 8) % 2));
     //  pt_a, dst_a: A = this warp's 16 rows of P^T (dS^T), row-major (HALVES = 2: dV, dK from shared memory).
     const uint32_t pt_a = smem_u32(sP + swz<BR>(kw * Tile::KEYS_PER_WARP + lane % 16, lane / 16));
     const uint32_t dst_a = smem_u32(sdS + swz<BR>(kw * Tile::KEYS_PER_WARP + lane % 16, lane / 16));
@@ -393,41 +418,72 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
             cp_async_commit();
         }
 
-        // dQ rows row0 + kw*16 .. +15, this warp's column half, += dS K (all BC keys), unscaled,
-        // into the accumulator (deterministic: in this CTA's turn, waited for above).
+        // dQ rows row0 + dq_rg*16*DQ_RT .. (DQ_RT m16 tiles), DQ_COLS columns of this warp's half from
+        // dq_cg*DQ_COLS, += dS K (all BC keys), unscaled, into the accumulator (deterministic: in this CTA's
+        // turn, waited for above). With one row tile, dS's fragments for all BC keys are loaded once and the
+        // column pairs run one at a time; with more, the keys run outermost, each key step's dS fragments
+        // used by all of the warp's pairs (64 registers of fragments would spill at 128 keys).
         {
-            constexpr int DQ_ROWS = BR / Tile::KEY_WARPS;  // query rows per warp: one m16 tile
-            static_assert(DQ_ROWS == 16, "the dQ phase gives each warp one m16 tile of rows");
-            uint32_t a[BC / 16][4];
+            constexpr int DQ_RT = Tile::DQ_RT, DQ_PAIRS = Tile::DQ_COLS / 16;
+            constexpr bool A_ALL = DQ_RT == 1;             // dS fragments of all keys loaded up front
+            constexpr int PG = A_ALL ? 1 : DQ_PAIRS;       // column pairs accumulated at a time
+            uint32_t a_all[A_ALL ? BC / 16 : 1][4];
+            if constexpr (A_ALL)
 #pragma unroll
-            for (int kk = 0; kk < BC / 16; ++kk) ldmatrix_x4_trans(a[kk], ds_a + kk * 16 * DS_ROW_BYTES);
-            float* dq_row[2];
-            bool row_ok[2];
+                for (int kk = 0; kk < BC / 16; ++kk) ldmatrix_x4_trans(a_all[kk], ds_a + kk * 16 * DS_ROW_BYTES);
+            float* dq_row[DQ_RT][2];
+            bool row_ok[DQ_RT][2];
 #pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-                const int r = row0 + kw * DQ_ROWS + lane / 4 + hr * 8;
-                row_ok[hr] = r < p.Sq;
-                dq_row[hr] = dq_acc + (((int64_t)b * p.Hq + h) * p.Sq + (row_ok[hr] ? r : 0)) * p.D + c_base +
-                             (lane % 4) * 2;
-            }
+            for (int rt = 0; rt < DQ_RT; ++rt)
 #pragma unroll
-            for (int dt2 = 0; dt2 < D_TILES / 2; ++dt2) {
-                float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+                for (int hr = 0; hr < 2; ++hr) {
+                    const int r = row0 + (dq_rg * DQ_RT + rt) * 16 + lane / 4 + hr * 8;
+                    row_ok[rt][hr] = r < p.Sq;
+                    dq_row[rt][hr] = dq_acc + (((int64_t)b * p.Hq + h) * p.Sq + (row_ok[rt][hr] ? r : 0)) * p.D +
+                                     c_base + (lane % 4) * 2;
+                }
+#pragma unroll
+            for (int pg = 0; pg < DQ_PAIRS; pg += PG) {
+                float acc[PG][DQ_RT][2][4];
+#pragma unroll
+                for (int pp = 0; pp < PG; ++pp)
+#pragma unroll
+                    for (int rt = 0; rt < DQ_RT; ++rt)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) acc[pp][rt][0][e] = acc[pp][rt][1][e] = 0.f;
 #pragma unroll
                 for (int kk = 0; kk < BC / 16; ++kk) {
-                    uint32_t bf[4];  // K keys kk*16..: {d 0-7 k 0-7, d 0-7 k 8-15, d 8-15 k 0-7, d 8-15 k 8-15}
-                    ldmatrix_x4_trans(bf, chunk_step(k_t, dt2) + kk * 16 * ROW_BYTES);
-                    mma_16816<T>(acc[0], a[kk], bf[0], bf[1]);
-                    mma_16816<T>(acc[1], a[kk], bf[2], bf[3]);
+                    uint32_t a_k[A_ALL ? 1 : DQ_RT][4];
+                    if constexpr (!A_ALL)
+#pragma unroll
+                        for (int rt = 0; rt < DQ_RT; ++rt)
+                            ldmatrix_x4_trans(a_k[rt], chunk_step(ds_a, rt) + kk * 16 * DS_ROW_BYTES);
+#pragma unroll
+                    for (int pp = 0; pp < PG; ++pp) {
+                        uint32_t bf[4];  // K keys kk*16..: {d 0-7 k 0-7, d 0-7 k 8-15, d 8-15 k 0-7, d 8-15 k 8-15}
+                        ldmatrix_x4_trans(bf, chunk_step(k_tw, pg + pp) + kk * 16 * ROW_BYTES);
+#pragma unroll
+                        for (int rt = 0; rt < DQ_RT; ++rt) {
+                            const uint32_t(&a)[4] = A_ALL ? a_all[kk] : a_k[rt];
+                            mma_16816<T>(acc[pp][rt][0], a, bf[0], bf[1]);
+                            mma_16816<T>(acc[pp][rt][1], a, bf[2], bf[3]);
+                        }
+                    }
                 }
 #pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    const int col = (2 * dt2 + j) * 8;  // inside the half
-                    if (c_base + col < p.D)
+                for (int pp = 0; pp < PG; ++pp)
 #pragma unroll
-                        for (int hr = 0; hr < 2; ++hr)
-                            if (row_ok[hr]) bwd_red_add2(dq_row[hr] + col, acc[j][2 * hr], acc[j][2 * hr + 1]);
-                }
+                    for (int j = 0; j < 2; ++j) {
+                        const int col = (2 * (dq_cg * DQ_PAIRS + pg + pp) + j) * 8;  // inside the half
+                        if (c_base + col < p.D)
+#pragma unroll
+                            for (int rt = 0; rt < DQ_RT; ++rt)
+#pragma unroll
+                                for (int hr = 0; hr < 2; ++hr)
+                                    if (row_ok[rt][hr])
+                                        bwd_red_add2(dq_row[rt][hr] + col, acc[pp][rt][j][2 * hr],
+                                                     acc[pp][rt][j][2 * hr + 1]);
+                    }
             }
         }
     }
@@ -475,9 +531,9 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
 // ---------------------------------------------------------------------------
 // Launcher and the C entry points of one padded head dim (see kernels.h)
 
-template <int DP, typename T>
+template <int DP, int KW, typename T>
 static fc_status attn_bwd_sm80_launch(const fc_attn_bwd_params* p, cudaStream_t stream) {
-    using Tile = BwdTile<DP>;
+    using Tile = BwdTile<DP, KW>;
     // dispatch keeps the key blocks x B x Hkv <= 2^31 - 1
     const unsigned main_ctas = (unsigned)((p->Sk + Tile::BC - 1) / Tile::BC) * (unsigned)(p->B * p->Hkv);
     const unsigned row_grid = bwd_row_grid<DP>((long long)p->B * p->Hq * p->Sq);
@@ -485,17 +541,18 @@ static fc_status attn_bwd_sm80_launch(const fc_attn_bwd_params* p, cudaStream_t 
     attn_bwd_prep_kernel<DP, T><<<row_grid, BWD_ROW_THREADS, 0, stream>>>(*p, p->Sq, false);  // Delta unpadded
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
-    if (fc_smem_limit_once<attn_bwd_sm80_kernel<DP, T>>((int)Tile::SMEM_BYTES) != cudaSuccess) return FC_ERR_CUDA;
-    attn_bwd_sm80_kernel<DP, T><<<main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(*p);
+    if (fc_smem_limit_once<attn_bwd_sm80_kernel<DP, KW, T>>((int)Tile::SMEM_BYTES) != cudaSuccess) return FC_ERR_CUDA;
+    attn_bwd_sm80_kernel<DP, KW, T><<<main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(*p);
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
     attn_bwd_post_kernel<DP, T><<<row_grid, BWD_ROW_THREADS, 0, stream>>>(*p, p->Sq, false);
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 
-#define FC_SM80_BWD_DEFINE(DP)                                                                     \
-    extern "C" fc_status fc_sm80_bwd_d##DP(const fc_attn_bwd_params* p, fc_stream_t stream) {     \
-        return p->dtype == FC_DTYPE_BF16 ? attn_bwd_sm80_launch<DP, __nv_bfloat16>(p, (cudaStream_t)stream) \
-                                         : attn_bwd_sm80_launch<DP, __half>(p, (cudaStream_t)stream);        \
+// fc_sm80_bwd_<NAME> and fc_sm80_bwd_smem_<NAME> (kernels.h) for padded head dim DP and KW key warps.
+#define FC_SM80_BWD_DEFINE(NAME, DP, KW)                                                           \
+    extern "C" fc_status fc_sm80_bwd_##NAME(const fc_attn_bwd_params* p, fc_stream_t stream) {     \
+        return p->dtype == FC_DTYPE_BF16 ? attn_bwd_sm80_launch<DP, KW, __nv_bfloat16>(p, (cudaStream_t)stream) \
+                                         : attn_bwd_sm80_launch<DP, KW, __half>(p, (cudaStream_t)stream);        \
     }                                                                                              \
-    extern "C" size_t fc_sm80_bwd_smem_d##DP(void) { return BwdTile<DP>::SMEM_BYTES; }
+    extern "C" size_t fc_sm80_bwd_smem_##NAME(void) { return BwdTile<DP, KW>::SMEM_BYTES; }

@@ -1,4 +1,6 @@
-// Portable backward kernels instantiated for head dims up to 128 (fp16 and bf16).
+// Portable backward kernels instantiated for head dims up to 128 (fp16 and bf16): 128-key CTAs where
+// the GPU has the shared memory (dispatch picks), 64-key CTAs elsewhere.
 #include "attn_bwd_sm80.cuh"
 
-FC_SM80_BWD_DEFINE(128)
+FC_SM80_BWD_DEFINE(d128, 128, 4)
+FC_SM80_BWD_DEFINE(wide_d128, 128, 8)
