@@ -672,8 +672,12 @@ fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream) {
              : p->D <= 128 ? fc_sm90_bwd_d128(p, dev->sm_count, stream)
                            : fc_sm90_bwd_d256(p, dev->sm_count, stream);
 #endif
-    if (p->D > 64 && p->D <= 128)  /* 128-key CTAs where the GPU has their shared memory (sm80, sm90) */
-        return (size_t)dev->smem_optin >= fc_sm80_bwd_smem_wide_d128() ? fc_sm80_bwd_wide_d128(p, stream)
-                                                                       : fc_sm80_bwd_d128(p, stream);
+    /* D <= 128: 128-key CTAs where the GPU has their shared memory (sm80, sm90), except causal calls of
+     * short rows, where a 128-key CTA's first query block is mostly masked (attn_bwd_sm80.cuh's tile table) */
+    if (p->D > 64 && p->D <= 128)
+        return (size_t)dev->smem_optin >= fc_sm80_bwd_smem_wide_d128() &&
+                       (p->causal == FC_CAUSAL_NONE || p->Sq >= FC_SM80_BWD_WIDE_MIN_CAUSAL_SQ)
+                   ? fc_sm80_bwd_wide_d128(p, stream)
+                   : fc_sm80_bwd_d128(p, stream);
     return p->D <= 64 ? fc_sm80_bwd_d64(p, stream) : fc_sm80_bwd_d256(p, stream);
 }

@@ -78,8 +78,10 @@
 // swizzle needs. The kernel is bound by its shared-memory wavefronts (ldmatrix) and latency (ncu on
 // an H100, perf notes session 68). 128-key CTAs (KW = 8) halve, per FLOP, the dQ reductions and the
 // Q/dO loads, and tile dQ = dS K in 32 x 32 pieces per warp over 128 keys (16 x 128 over 64 with
-// KW = 4), which reads fewer shared-memory bytes: 3-10 % faster at DP = 128 on an H100 (0-4 % slower
-// for causal S = 1k); at DP = 64 the same change was -5 to +4 %, so DP = 64 keeps 64-key CTAs.
+// KW = 4), which reads fewer shared-memory bytes: 3-10 % faster at DP = 128 on an H100, but 2-6 %
+// slower for causal calls of S <= 1k (a 128-key CTA's first query block is mostly masked), which
+// dispatch keeps on 64-key CTAs (FC_SM80_BWD_WIDE_MIN_CAUSAL_SQ); at DP = 64 the same change was -5 to
+// +4 %, so DP = 64 keeps 64-key CTAs.
 // PARTS (DP >= 128): S^T and dP^T are computed for 32 of the 64 rows at a time
 // (16 + 16 fp32 regs instead of 32 + 32); with all 64 at once ptxas spills
 // 12 bytes (sm_80) and 60 bytes (sm_90a) at 255 registers. At DP = 256 the
