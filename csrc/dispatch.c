@@ -646,6 +646,17 @@ static fc_status zero_rows(void* t, int64_t sb, int64_t sh, int64_t sr, int B, i
     return fc_split_combine(&z, &none, stream);
 }
 
+/* Whether the portable backward at 64 < D <= 128 takes 128-key CTAs (attn_bwd_sm80.cuh's tile table):
+ * where the GPU has their shared memory (sm80, sm90; not sm86/89), where half as many CTAs as the
+ * 64-key kernel launches still fill the SMs, and, for causal calls, where rows and keys are long enough
+ * that a CTA's mostly masked first query block is a small share of its walk. */
+static int sm80_bwd_wide(const fc_attn_bwd_params* p, const fc_device_info* dev) {
+    const int64_t ctas = (int64_t)p->B * p->Hkv * ((p->Sk + FC_SM80_BWD_WIDE_KEYS - 1) / FC_SM80_BWD_WIDE_KEYS);
+    return (size_t)dev->smem_optin >= fc_sm80_bwd_smem_wide_d128() && ctas >= dev->sm_count &&
+           (p->causal == FC_CAUSAL_NONE ||
+            (p->Sq >= FC_SM80_BWD_WIDE_MIN_CAUSAL_LEN && p->Sk >= FC_SM80_BWD_WIDE_MIN_CAUSAL_LEN));
+}
+
 fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream) {
     fc_reasons r = {FC_OK, NULL, 0, 0};
     fc_kernel k = FC_KERNEL_SM80;
@@ -672,12 +683,7 @@ fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream) {
              : p->D <= 128 ? fc_sm90_bwd_d128(p, dev->sm_count, stream)
                            : fc_sm90_bwd_d256(p, dev->sm_count, stream);
 #endif
-    /* D <= 128: 128-key CTAs where the GPU has their shared memory (sm80, sm90), except causal calls of
-     * short rows, where a 128-key CTA's first query block is mostly masked (attn_bwd_sm80.cuh's tile table) */
     if (p->D > 64 && p->D <= 128)
-        return (size_t)dev->smem_optin >= fc_sm80_bwd_smem_wide_d128() &&
-                       (p->causal == FC_CAUSAL_NONE || p->Sq >= FC_SM80_BWD_WIDE_MIN_CAUSAL_SQ)
-                   ? fc_sm80_bwd_wide_d128(p, stream)
-                   : fc_sm80_bwd_d128(p, stream);
+        return sm80_bwd_wide(p, dev) ? fc_sm80_bwd_wide_d128(p, stream) : fc_sm80_bwd_d128(p, stream);
     return p->D <= 64 ? fc_sm80_bwd_d64(p, stream) : fc_sm80_bwd_d256(p, stream);
 }

@@ -125,8 +125,11 @@ SHAPES = [(2, 4, 2, 97, 203), (1, 2, 2, 203, 97), (1, 4, 1, 1, 17), (1, 2, 2, 17
 # (top-left with Sq < Sk: the key blocks past Sq see no query; Sq = 100: at D = 64 one query block per head
 # (two above), so its items walk one block or none, and a CTA takes and loads the next item from an
 # item's only block)
+# The last: rows and keys from 2048 and 272 key blocks of 128, so that the portable backward takes its
+# 128-key CTAs at D = 128 in the causal modes too, on GPUs with their shared memory (dispatch.c's
+# sm80_bwd_wide).
 GPU_SHAPES = [(2, 8, 2, 512, 512), (1, 4, 4, 1024, 1023), (1, 2, 1, 1000, 1025), (2, 8, 8, 700, 2100),
-              (4, 8, 4, 1100, 1500), (2, 8, 8, 100, 2100)]
+              (4, 8, 4, 1100, 1500), (2, 8, 8, 100, 2100), (2, 8, 8, 2100, 2049)]
 
 
 def shape_id(s):
@@ -572,8 +575,9 @@ def test_backward_passes_the_deterministic_flag(monkeypatch, on):
     assert seen == [on]
 
 
-# Odd lengths, Sq != Sk both ways, GQA; the last: 16 x 32 key-block CTAs, more than an H100 holds at once
-# (the turns' waits then depend on the order the CTAs start in)
+# Odd lengths, Sq != Sk both ways, GQA; the last: 16 x 32 CTAs of 64 keys (16 x 16 of 128 keys where the
+# portable backward takes those), more than an H100 holds at once (the turns' waits then depend on the
+# order the CTAs start in)
 DET_SHAPES = [(2, 8, 2, 700, 900), (1, 4, 1, 1000, 333), (1, 2, 2, 1025, 1025), (2, 8, 8, 2048, 2047)]
 
 

@@ -78,10 +78,11 @@
 // swizzle needs. The kernel is bound by its shared-memory wavefronts (ldmatrix) and latency (ncu on
 // an H100, perf notes session 68). 128-key CTAs (KW = 8) halve, per FLOP, the dQ reductions and the
 // Q/dO loads, and tile dQ = dS K in 32 x 32 pieces per warp over 128 keys (16 x 128 over 64 with
-// KW = 4), which reads fewer shared-memory bytes: 3-10 % faster at DP = 128 on an H100, but 2-6 %
+// KW = 4), which reads fewer shared-memory bytes: 3-10 % faster at DP = 128 on an H100, but 1-6 %
 // slower for causal calls of S <= 1k (a 128-key CTA's first query block is mostly masked), which
-// dispatch keeps on 64-key CTAs (FC_SM80_BWD_WIDE_MIN_CAUSAL_SQ); at DP = 64 the same change was -5 to
-// +4 %, so DP = 64 keeps 64-key CTAs.
+// dispatch keeps on 64-key CTAs (sm80_bwd_wide in dispatch.c), as it does grids the 128-key CTAs
+// would not spread over all SMs; at DP = 64 the same change was -10 to +4 %, so DP = 64 keeps 64-key
+// CTAs.
 // PARTS (DP >= 128): S^T and dP^T are computed for 32 of the 64 rows at a time
 // (16 + 16 fp32 regs instead of 32 + 32); with all 64 at once ptxas spills
 // 12 bytes (sm_80) and 60 bytes (sm_90a) at 255 registers. At DP = 256 the
@@ -236,12 +237,13 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     const uint32_t v_a = k_a + BC * ROW_BYTES;
     const uint32_t q_b = smem_u32(sQ + swz<DP>((lane / 16) * 8 + lane % 8, (lane / 8) % 2));
     const uint32_t q_t = smem_u32(sQ + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16) + c_base);
-    // This warp's dQ tile: its row group and column group (constants where a group's warps split rows only).
+    // This warp's dQ tile: its row group and column group (dq_rg = kw, dq_cg = 0 where a group's warps split
+    // rows only).
     const int dq_rg = Tile::DQ_WC == 1 ? kw : kw % Tile::DQ_WR, dq_cg = Tile::DQ_WC == 1 ? 0 : kw / Tile::DQ_WR;
     const uint32_t k_t = smem_u32(sK + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16) + c_base);
     // k_t at this warp's first dQ column pair: chunk_step composes here, as the pair count per warp is 1, 2 or a
     // multiple of 4 (the steps' XOR-ed bits do not overlap).
-    static_assert(Tile::DQ_COLS / 16 <= 2 || Tile::DQ_COLS / 16 % 4 == 0, "k_tw + dt2 must compose");
+    static_assert(Tile::DQ_COLS / 16 <= 2 || Tile::DQ_COLS / 16 % 4 == 0, "chunk_step(k_tw, pair) must compose");
     const uint32_t k_tw = chunk_step(k_t, dq_cg * (Tile::DQ_COLS / 16));
     // ds_a at the warp's first dQ row tile; chunk_step(ds_a, rt) reaches tile rt (rt < DQ_RT <= 2, and the
     // first tile's chunk pair is a multiple of DQ_RT, so the XOR adds).

@@ -4,3 +4,4 @@
 
 FC_SM80_BWD_DEFINE(d128, 128, 4)
 FC_SM80_BWD_DEFINE(wide_d128, 128, 8)
+static_assert(BwdTile<128, 8>::BC == FC_SM80_BWD_WIDE_KEYS, "dispatch counts the wide kernel's CTAs");
