@@ -646,15 +646,13 @@ static fc_status zero_rows(void* t, int64_t sb, int64_t sh, int64_t sr, int B, i
     return fc_split_combine(&z, &none, stream);
 }
 
-/* Whether the portable backward at 64 < D <= 128 takes 128-key CTAs (attn_bwd_sm80.cuh's tile table):
- * where the GPU has their shared memory (sm80, sm90; not sm86/89), where half as many CTAs as the
- * 64-key kernel launches still fill the SMs, and, for causal calls, where rows and keys are long enough
- * that a CTA's mostly masked first query block is a small share of its walk. */
-static int sm80_bwd_wide(const fc_attn_bwd_params* p, const fc_device_info* dev) {
+/* Whether the portable backward at D <= 128 takes its 128-key CTAs of 32-key warps (attn_bwd_sm80.cuh's
+ * tile table), given their shared memory per CTA: where the GPU has it (the D = 128 kernel's 161 KB:
+ * sm80, sm90; not sm86/89) and where half as many CTAs as the 64-key kernel launches still fill the SMs
+ * (an H100 ran a 64-CTA grid 19-26 % slower with them; perf notes, session 69). */
+static int sm80_bwd_wide(const fc_attn_bwd_params* p, const fc_device_info* dev, size_t smem) {
     const int64_t ctas = (int64_t)p->B * p->Hkv * ((p->Sk + FC_SM80_BWD_WIDE_KEYS - 1) / FC_SM80_BWD_WIDE_KEYS);
-    return (size_t)dev->smem_optin >= fc_sm80_bwd_smem_wide_d128() && ctas >= dev->sm_count &&
-           (p->causal == FC_CAUSAL_NONE ||
-            (p->Sq >= FC_SM80_BWD_WIDE_MIN_CAUSAL_LEN && p->Sk >= FC_SM80_BWD_WIDE_MIN_CAUSAL_LEN));
+    return (size_t)dev->smem_optin >= smem && ctas >= dev->sm_count;
 }
 
 fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream) {
@@ -683,7 +681,11 @@ fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream) {
              : p->D <= 128 ? fc_sm90_bwd_d128(p, dev->sm_count, stream)
                            : fc_sm90_bwd_d256(p, dev->sm_count, stream);
 #endif
-    if (p->D > 64 && p->D <= 128)
-        return sm80_bwd_wide(p, dev) ? fc_sm80_bwd_wide_d128(p, stream) : fc_sm80_bwd_d128(p, stream);
-    return p->D <= 64 ? fc_sm80_bwd_d64(p, stream) : fc_sm80_bwd_d256(p, stream);
+    if (p->D <= 64)
+        return sm80_bwd_wide(p, dev, fc_sm80_bwd_smem_wide_d64()) ? fc_sm80_bwd_wide_d64(p, stream)
+                                                                   : fc_sm80_bwd_d64(p, stream);
+    if (p->D <= 128)
+        return sm80_bwd_wide(p, dev, fc_sm80_bwd_smem_wide_d128()) ? fc_sm80_bwd_wide_d128(p, stream)
+                                                                    : fc_sm80_bwd_d128(p, stream);
+    return fc_sm80_bwd_d256(p, stream);
 }

@@ -39,14 +39,13 @@ size_t fc_sm80_smem_d256(void);
 #define FC_BWD_ROWS_PER_BLOCK 64 /* query rows per block of the portable main kernel (a deterministic
                                     call's turn counters: one per (batch, query head, block)) */
 fc_status fc_sm80_bwd_d64(const fc_attn_bwd_params* p, fc_stream_t stream);   /* D <= 64 */
+fc_status fc_sm80_bwd_wide_d64(const fc_attn_bwd_params* p, fc_stream_t stream);  /* the same, 128-key CTAs */
 fc_status fc_sm80_bwd_d128(const fc_attn_bwd_params* p, fc_stream_t stream);  /* 64 < D <= 128 */
 fc_status fc_sm80_bwd_wide_d128(const fc_attn_bwd_params* p, fc_stream_t stream);  /* the same, 128-key CTAs */
-#define FC_SM80_BWD_WIDE_KEYS 128 /* keys per CTA of fc_sm80_bwd_wide_d128 */
-/* Causal calls take the 128-key CTAs from this many query rows and keys: at S = 1k they were 1-4 %
- * slower on an H100 (harness), at 512 about 6 % (bench.py; perf notes, session 68) */
-#define FC_SM80_BWD_WIDE_MIN_CAUSAL_LEN 2048
+#define FC_SM80_BWD_WIDE_KEYS 128 /* keys per CTA of the fc_sm80_bwd_wide_* kernels */
 fc_status fc_sm80_bwd_d256(const fc_attn_bwd_params* p, fc_stream_t stream);  /* 128 < D <= 256 */
 size_t fc_sm80_bwd_smem_d64(void);   /* dynamic shared memory per CTA of the main kernel, bytes */
+size_t fc_sm80_bwd_smem_wide_d64(void);
 size_t fc_sm80_bwd_smem_d128(void);
 size_t fc_sm80_bwd_smem_wide_d128(void);
 size_t fc_sm80_bwd_smem_d256(void);

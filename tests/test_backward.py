@@ -125,9 +125,9 @@ SHAPES = [(2, 4, 2, 97, 203), (1, 2, 2, 203, 97), (1, 4, 1, 1, 17), (1, 2, 2, 17
 # (top-left with Sq < Sk: the key blocks past Sq see no query; Sq = 100: at D = 64 one query block per head
 # (two above), so its items walk one block or none, and a CTA takes and loads the next item from an
 # item's only block)
-# The last: rows and keys from 2048 and 272 key blocks of 128, so that the portable backward takes its
-# 128-key CTAs at D = 128 in the causal modes too, on GPUs with their shared memory (dispatch.c's
-# sm80_bwd_wide).
+# The portable backward takes its 128-key CTAs (dispatch.c's sm80_bwd_wide, on GPUs with their shared
+# memory) where B * Hkv * ceil(Sk / 128) reaches the SM count: on an H100 the last four shapes (192-272
+# CTAs), at D = 64 and 128; the first three run its 64-key CTAs.
 GPU_SHAPES = [(2, 8, 2, 512, 512), (1, 4, 4, 1024, 1023), (1, 2, 1, 1000, 1025), (2, 8, 8, 700, 2100),
               (4, 8, 4, 1100, 1500), (2, 8, 8, 100, 2100), (2, 8, 8, 2100, 2049)]
 

@@ -5,36 +5,39 @@
 //  1. attn_bwd_prep_kernel (csrc/common/bwd_rows.cuh): Delta_i = dO_i . O_i
 //     (minus dlse_i) per query row, and the fp32 dQ accumulator zeroed.
 //  2. attn_bwd_sm80_kernel: one CTA owns BC keys of one (batch, KV head) and
-//     keeps their K and V tiles in swizzled shared memory; each of its
-//     KEY_WARPS = 4 or 8 warps (per column half at DP = 256; tile table) owns 16
-//     of the keys and their dK, dV accumulators (fp32, in registers). The
-//     CTA walks the Hq/Hkv query heads that read the KV head and, for each,
-//     the query blocks of BR rows that see any of its keys
+//     keeps their K and V tiles in swizzled shared memory; each of its four
+//     key warps (per column half, see below) owns KPW = 16 or 32 of the keys
+//     (one or two m16 tiles) and their dK, dV accumulators (fp32, in
+//     registers). The CTA walks the Hq/Hkv query heads that read the KV head
+//     and, for each, the query blocks of BR rows that see any of its keys
 //     (causal: from the first block at or past the CTA's first key's diagonal).
 //     Per block, Q_i and dO_i are cp.async'ed into shared memory with the
-//     rows' LSE and Delta, and each warp computes, for its 16 keys x BR rows,
+//     rows' LSE and Delta, and each warp computes, for its keys x BR rows,
 //       S^T = K Q^T,  P^T = exp2(S^T * scale*log2e - LSE*log2e) (masked),
 //       dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T (dP^T - Delta),  dK += dS^T Q
 //     with mma.sync m16n8k16 (the C fragments of P^T and dS^T are the A
-//     fragments of the next mma). dS^T goes through shared memory; after a
-//     barrier each warp computes a tile of dQ_i += dS K (16 rows x its column
-//     half with 4 key warps, 32 x DP/4 with 8) over all BC keys and adds it to
-//     the fp32 accumulator with global reductions (unscaled).
-//     The epilogue writes dK * scale and dV, staged through the K/V tiles.
+//     fragments of the next mma; with 32 keys each B fragment of Q or dO
+//     serves both key tiles). dS^T goes through shared memory; after a
+//     barrier each warp computes a tile of dQ_i += dS K over all BC keys
+//     (16 rows x its column half with 16-key warps, 32 rows x half of it with
+//     32-key warps) and adds it to the fp32 accumulator with global
+//     reductions (unscaled). The epilogue writes dK * scale and dV, staged
+//     through the K/V tiles.
 //  3. attn_bwd_post_kernel (bwd_rows.cuh): dQ = scale * accumulator, in dtype.
 // dK and dV are reduced inside one CTA in a fixed order, so they are
 // bit-reproducible; dQ's atomic adds are not (their order varies), unless
 // the call is deterministic: then the CTAs adding into one query block take
 // turns, the last key block first (bwd_wait_turn, csrc/common/bwd_rows.cuh),
 // each waiting before its dQ phase for the CTAs of the key blocks after it.
-// At DP = 256 a warp's dK and dV for all 256 columns (128 fp32 registers
-// each) do not fit its registers, so the columns are split in HALVES = 2
-// and the CTA has two groups of four warps, one per column half: warp w
-// owns keys 16 (w % 4) .. +15 and columns DV (w / 4) .. +DV-1 of dK, dV
-// and of the dQ rows it adds. The two warps of a key group split the
-// block's rows for S^T and dP^T (warp w takes rows 32 (w / 4) .. +31, over
-// all DP columns) and pass P^T and dS^T through shared memory, so that each
-// can add all 64 rows into its column half of dV and dK.
+// Column halves (HALVES = 2: DP = 256, and DP = 128 with 32-key warps): a
+// warp's dK and dV over all columns (2 x 128 fp32 registers) would not fit
+// its registers beside S^T and dP^T, so the columns are split in two and
+// the CTA has two groups of four warps, one per half: warp w owns keys
+// KPW (w % 4) .. +KPW-1 and columns DV (w / 4) .. +DV-1 of dK, dV and of the
+// dQ rows it adds. The two warps of a key group split the block's rows for
+// S^T and dP^T (warp w takes rows 32 (w / 4) .. +31, over all DP columns)
+// and pass P^T and dS^T through shared memory, so that each can add all 64
+// rows into its column half of dV and dK.
 //
 // Limits. D any multiple of 8 up to DP (64, 128 or 256); the padding columns are
 // zero-filled on load and never stored. Any Sq, Sk >= 1: tail rows and keys
@@ -57,59 +60,60 @@
 #include "../kernels.h"
 
 // ---------------------------------------------------------------------------
-// Tile table, per padded head dim DP and key warps KW (main kernel).
+// Tile table, per padded head dim DP and keys per warp KPW (main kernel).
 //
-//  DP  | KW | WARPS | BC  | BR | Q/dO stages | smem                       | why
-//  64  | 4  |   4   | 64  | 64 |      2      | K,V 16 + Q,dO 32 + dS 8    | dK, dV 64 fp32 regs/thread; two Q/dO
-//      |    |       |     |    |             | + LSE/Delta 1 = 57 KB      | slots: block i+1 loads during all of i;
-//      |    |       |     |    |             |                            | two CTAs per SM (241 registers)
-//  128 | 8  |   8   | 128 | 64 |      2      | K,V 64 + Q,dO 64 + dS 16   | GPUs with 145 KB per block (sm80,
-//      |    |       |     |    |             | + LSE/Delta 1 = 145 KB     | sm90; dispatch picks): dK, dV 128 fp32
-//      |    |       |     |    |             |                            | regs/thread, one CTA per SM
-//  128 | 4  |   4   | 64  | 64 |      1      | K,V 32 + Q,dO 32 + dS 8    | the others (sm86/89: 99 KB): dK, dV 128
-//      |    |       |     |    |             | + LSE/Delta 0.5 = 72.5 KB  | fp32 regs/thread + S^T, dP^T 32 each; a
-//      |    |       |     |    |             |                            | second Q/dO slot would not fit, so block
-//      |    |       |     |    |             |                            | i+1 loads during i's dQ phase only
-//  256 | 4  |   8   | 64  | 64 |      1      | K,V 64 + Q,dO 64 + dS 8    | dK, dV 128 fp32 regs/thread per column
-//      |    |       |     |    |             | + LSE/Delta 0.5 + P 8      | half (HALVES = 2, see above); one CTA per
-//      |    |       |     |    |             | = 144.5 KB                 | SM (sm80, sm90; sm86/89 allow 99 KB:
-//      |    |       |     |    |             |                            | dispatch refuses)
-// 16 keys per warp: one m16 tile of S^T rows. BR = 64 makes the dS^T tile rows 128 bytes, as the
-// swizzle needs. The kernel is bound by its shared-memory wavefronts (ldmatrix) and latency (ncu on
-// an H100, perf notes session 68). 128-key CTAs (KW = 8) halve, per FLOP, the dQ reductions and the
-// Q/dO loads, and tile dQ = dS K in 32 x 32 pieces per warp over 128 keys (16 x 128 over 64 with
-// KW = 4), which reads fewer shared-memory bytes: 3-10 % faster at DP = 128 on an H100, but 1-6 %
-// slower for causal calls of S <= 1k (a 128-key CTA's first query block is mostly masked), which
-// dispatch keeps on 64-key CTAs (sm80_bwd_wide in dispatch.c), as it does grids the 128-key CTAs
-// would not spread over all SMs; at DP = 64 the same change was -10 to +4 %, so DP = 64 keeps 64-key
-// CTAs.
-// PARTS (DP >= 128): S^T and dP^T are computed for 32 of the 64 rows at a time
-// (16 + 16 fp32 regs instead of 32 + 32); with all 64 at once ptxas spills
-// 12 bytes (sm_80) and 60 bytes (sm_90a) at 255 registers. At DP = 256 the
+//  DP  | KPW | WARPS | BC  | BR | Q/dO stages | smem                       | why
+//  64  | 32  |   4   | 128 | 64 |      2      | K,V 32 + Q,dO 32 + dS 16   | where the grid fills the SMs (dispatch
+//      |     |       |     |    |             | + LSE/Delta 1 = 81 KB      | picks): dK, dV 128 fp32 regs/thread,
+//      |     |       |     |    |             |                            | two CTAs per SM (sm80, sm90)
+//  64  | 16  |   4   | 64  | 64 |      2      | K,V 16 + Q,dO 32 + dS 8    | small grids: dK, dV 64 fp32 regs/thread;
+//      |     |       |     |    |             | + LSE/Delta 1 = 57 KB      | two CTAs per SM (241 registers)
+//  128 | 32  |   8   | 128 | 64 |      2      | K,V 64 + Q,dO 64 + dS 16   | GPUs with 161 KB per block (sm80, sm90)
+//      |     |       |     |    |             | + LSE/Delta 1 + P 16       | where the grid fills the SMs (dispatch
+//      |     |       |     |    |             | = 161 KB                   | picks): dK, dV 128 fp32 regs/thread per
+//      |     |       |     |    |             |                            | column half, one CTA per SM
+//  128 | 16  |   4   | 64  | 64 |      1      | K,V 32 + Q,dO 32 + dS 8    | the others (sm86/89: 99 KB): dK, dV 128
+//      |     |       |     |    |             | + LSE/Delta 0.5 = 72.5 KB  | fp32 regs/thread + S^T, dP^T 32 each; a
+//      |     |       |     |    |             |                            | second Q/dO slot would not fit, so block
+//      |     |       |     |    |             |                            | i+1 loads during i's dQ phase only
+//  256 | 16  |   8   | 64  | 64 |      1      | K,V 64 + Q,dO 64 + dS 8    | dK, dV 128 fp32 regs/thread per column
+//      |     |       |     |    |             | + LSE/Delta 0.5 + P 8      | half; one CTA per SM (sm80, sm90; sm86/89
+//      |     |       |     |    |             | = 144.5 KB                 | allow 99 KB: dispatch refuses)
+// BR = 64 makes the dS^T tile rows 128 bytes, as the swizzle needs. The kernel is bound by its
+// shared-memory wavefronts (ldmatrix) and latency (ncu on an H100, perf notes session 68). 32-key
+// warps (FlashAttention-2's backward tiling) load each Q and dO B fragment once for two key tiles, and
+// their 128-key CTAs halve, per FLOP, the dQ reductions and the Q/dO loads, and tile dQ = dS K in
+// 32 x 32 pieces per warp: on an H100 (harness, session 69) 12-32 % faster than 16-key warps at DP = 64
+// and 3-17 % at DP = 128 on the standard grid, causal and not, but 19-26 % slower on a 64-CTA grid, which
+// dispatch keeps on 64-key CTAs (sm80_bwd_wide in dispatch.c). DP = 256 has no room for 128 keys.
+// PARTS (DP >= 128, and 32-key warps): S^T and dP^T are computed for 32 of the 64 rows at a time
+// (with 16-key warps, 16 + 16 fp32 regs instead of 32 + 32: with all 64 at once ptxas spilled
+// 12 bytes (sm_80) and 60 bytes (sm_90a) at 255 registers). At DP = 256 the
 // k loop of S^T and dP^T (16 steps) is unrolled 8 deep (K_UNROLL): unrolled
 // fully it spilled 4 bytes on sm_90a; 16-row parts instead cost 5 %.
 // DP = 64 on the sm_90a target: registers capped at 168 (three CTAs per SM)
 // were 3-7 % faster on an H200, but with the deterministic turns the cap
 // spills 20-36 bytes; on Hopper this kernel runs at DP = 64 only when forced
 // (perf notes, sessions 59-60), so the cap is gone.
-template <int DP, int KW>
+template <int DP, int KPW>
 struct BwdTile {
-    static constexpr int HALVES = DP <= 128 ? 1 : 2;  // column halves of dK, dV, dQ: a warp group each
-    static constexpr int KEY_WARPS = KW;              // warps of a group, 16 keys each
+    static constexpr int KEYS_PER_WARP = KPW;         // keys per warp: 16 (one m16 tile) or 32 (two)
+    static constexpr int MT = KPW / 16;               // m16 tiles of keys per warp
+    static constexpr int HALVES = DP > 128 || (KPW == 32 && DP == 128) ? 2 : 1;  // column halves of dK, dV, dQ: a warp group each
+    static constexpr int KEY_WARPS = 4;               // warps of a group
     static constexpr int WARPS = KEY_WARPS * HALVES;
     static constexpr int THREADS = WARPS * 32;
-    static constexpr int KEYS_PER_WARP = 16;
     static constexpr int BC = KEY_WARPS * KEYS_PER_WARP;  // keys per CTA
     static constexpr int BR = 64;                     // query rows per block
-    static constexpr int STAGES = DP <= 64 || KW == 8 ? 2 : 1;  // Q/dO (and LSE/Delta) slots
-    static constexpr int PARTS = DP <= 64 ? 1 : 2;    // S^T, dP^T computed in parts of BR / PARTS rows
+    static constexpr int STAGES = DP <= 64 || KPW == 32 ? 2 : 1;  // Q/dO (and LSE/Delta) slots
+    static constexpr int PARTS = DP <= 64 && KPW == 16 ? 1 : 2;   // S^T, dP^T computed in parts of BR / PARTS rows
     static constexpr int DV = DP / HALVES;            // columns of dK, dV, dQ a warp computes
     static constexpr int CHUNKS = DP / 8;             // 16-byte chunks per row
     static constexpr int K_UNROLL = 8;                // k steps of S^T, dP^T unrolled (all of them up to DP = 128)
     // dQ = dS K: a group's warps tile the block's BR rows x DV columns, DQ_WR warps down the rows
     // (DQ_RT m16 tiles each) and DQ_WC across the columns (DQ_COLS each).
-    static constexpr int DQ_WR = KW == 8 ? 2 : 4;
-    static constexpr int DQ_WC = KW / DQ_WR;
+    static constexpr int DQ_WR = KPW == 32 ? 2 : 4;
+    static constexpr int DQ_WC = KEY_WARPS / DQ_WR;
     static constexpr int DQ_RT = BR / 16 / DQ_WR;
     static constexpr int DQ_COLS = DV / DQ_WC;
     static constexpr size_t KV_BYTES = (size_t)2 * BC * DP * 2;
@@ -118,7 +122,7 @@ struct BwdTile {
     static constexpr size_t VEC_BYTES = (size_t)STAGES * 2 * BR * 4;  // LSE and Delta of the rows
     static constexpr size_t P_BYTES = HALVES == 2 ? (size_t)BC * BR * 2 : 0;  // P^T, passed between the halves
     static constexpr size_t SMEM_BYTES = KV_BYTES + QDO_BYTES + DS_BYTES + VEC_BYTES + P_BYTES;
-    static_assert(KW == 4 || (KW == 8 && HALVES == 1), "64-key CTAs, or 128-key ones at DP <= 128");
+    static_assert(KPW == 16 || (KPW == 32 && DP <= 128), "16 keys per warp, or 32 at DP <= 128");
     static_assert(THREADS >= 2 * BR, "one thread copies each row's LSE or Delta");
     static_assert(BR * 2 == 128, "the dS^T tile's rows must be 8 chunks for swz");
     static_assert(BC % FC_BWD_KEYS_PER_CTA == 0, "dispatch bounds the grid with FC_BWD_KEYS_PER_CTA");
@@ -137,6 +141,13 @@ FC_DEVICE void bwd_cp_async_4(void* smem_dst, const void* src, bool valid) {
                  "r"(valid ? 4 : 0));
 }
 
+// threadIdx.x, read with a volatile instruction that the compiler neither hoists nor merges.
+FC_DEVICE int bwd_tid_fresh() {
+    int t;
+    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+    return t;
+}
+
 // *addr += x, addr[1] += y in global memory, no return value (one vector
 // reduction on sm90, two scalar ones before). addr is 8-byte aligned. The
 // generic address is passed as is (a global allocation's generic and global
@@ -153,11 +164,11 @@ FC_DEVICE void bwd_red_add2(float* addr, float x, float y) {
 // ---------------------------------------------------------------------------
 // Kernel 2: dK, dV and the dQ accumulator.
 
-template <int DP, int KW, typename T>
-__global__ void __launch_bounds__(BwdTile<DP, KW>::THREADS)
+template <int DP, int KPW, typename T>
+__global__ void __launch_bounds__(BwdTile<DP, KPW>::THREADS)
 attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
-    using Tile = BwdTile<DP, KW>;
-    constexpr int BR = Tile::BR, BC = Tile::BC, THREADS = Tile::THREADS, STAGES = Tile::STAGES;
+    using Tile = BwdTile<DP, KPW>;
+    constexpr int BR = Tile::BR, BC = Tile::BC, THREADS = Tile::THREADS, STAGES = Tile::STAGES, MT = Tile::MT;
     constexpr int CHUNKS = Tile::CHUNKS;
     constexpr int D_TILES = Tile::DV / 8;  // 8-wide column tiles of this warp's dK, dV half
     constexpr int ROW_BYTES = DP * 2;
@@ -174,7 +185,8 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     T* sP = reinterpret_cast<T*>(sDelta + STAGES * BR);     // (BC, BR) swizzled: P^T, key rows (HALVES = 2)
 
     const int tid = threadIdx.x, lane = tid % 32;
-    // This warp's 16 keys (kw) and the first column of its dK, dV, dQ half (constants with one half).
+    // This warp's keys (kw: KPW keys from kw * KPW) and the first column of its dK, dV, dQ half (constants
+    // with one half).
     const int kw = Tile::HALVES == 1 ? tid / 32 : (tid / 32) % Tile::KEY_WARPS;
     const int half = Tile::HALVES == 1 ? 0 : tid / 32 / Tile::KEY_WARPS;
     const int c_base = half * Tile::DV;
@@ -199,35 +211,43 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
         load_tile<DP, BC, THREADS>(sV, v + thr_row * p.v_row_stride + thr_col, v, p.v_row_stride, keys, p.D, tid);
     }
     // Q, dO, LSE and Delta of iteration it into slot `slot`.
-    auto load_block = [&](int it, int slot) {
-        const int h = hk * G + it / per_head, row0 = (m_first + it % per_head) * BR;
+    // The 32-key kernels read the thread index anew (bwd_tid_fresh): the addresses derived from it are
+    // recomputed per block rather than held across the loop in registers it needs (ptxas spilled one).
+    auto load_block = [&](int h, int row0, int slot) {
+        const int t = KPW == 32 ? bwd_tid_fresh() : tid;
+        const int64_t t_col = (t % CHUNKS) * 8, t_row = t / CHUNKS;  // see load_tile
         const int rows = min(BR, p.Sq - row0);
         const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride +
                      (int64_t)row0 * p.q_row_stride;
         const T* dout = static_cast<const T*>(p.dout) + b * p.do_batch_stride + h * p.do_head_stride +
                         (int64_t)row0 * p.do_row_stride;
-        load_tile<DP, BR, THREADS>(sQ + slot * BR * DP, q + thr_row * p.q_row_stride + thr_col, q, p.q_row_stride, rows,
-                                   p.D, tid);
-        load_tile<DP, BR, THREADS>(sdO + slot * BR * DP, dout + thr_row * p.do_row_stride + thr_col, dout,
-                                   p.do_row_stride, rows, p.D, tid);
+        load_tile<DP, BR, THREADS>(sQ + slot * BR * DP, q + t_row * p.q_row_stride + t_col, q, p.q_row_stride, rows,
+                                   p.D, t);
+        load_tile<DP, BR, THREADS>(sdO + slot * BR * DP, dout + t_row * p.do_row_stride + t_col, dout,
+                                   p.do_row_stride, rows, p.D, t);
         const int64_t vec0 = ((int64_t)b * p.Hq + h) * p.Sq + row0;  // first row in (B, Hq, Sq)
-        const int r = tid % BR;
-        const float* src = (tid < BR ? p.lse : delta) + vec0 + (r < rows ? r : 0);
-        if (THREADS == 2 * BR || tid < 2 * BR)  // the first 2 BR threads
-            bwd_cp_async_4((tid < BR ? sLse : sDelta) + slot * BR + r, src, r < rows);
+        const int r = t % BR;
+        const float* src = (t < BR ? p.lse : delta) + vec0 + (r < rows ? r : 0);
+        if (THREADS == 2 * BR || t < 2 * BR)  // the first 2 BR threads
+            bwd_cp_async_4((t < BR ? sLse : sDelta) + slot * BR + r, src, r < rows);
     };
-    if (n_iter > 0) load_block(0, 0);
+    // The query head and block of iteration it, carried across the loop (the next: h_nxt, m_nxt).
+    int h_cur = hk * G, m_cur = m_first;
+    if (n_iter > 0) load_block(h_cur, m_cur * BR, 0);
     cp_async_commit();
 
     const float scale_log2 = p.scale * FC_LOG2E;
-    float acc_dk[D_TILES][4], acc_dv[D_TILES][4];  // this warp's 16 keys, C-fragment layout (unscaled dK)
+    float acc_dk[MT][D_TILES][4], acc_dv[MT][D_TILES][4];  // this warp's keys, C-fragment layout (unscaled dK)
 #pragma unroll
-    for (int dt = 0; dt < D_TILES; ++dt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc_dk[dt][e] = acc_dv[dt][e] = 0.f;
+        for (int dt = 0; dt < D_TILES; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_dk[mt][dt][e] = acc_dv[mt][dt][e] = 0.f;
 
     // Per-lane ldmatrix byte addresses at chunk step 0 (see swz and chunk_step).
-    //  k_a, v_a: A = this warp's 16 K (V) rows, row-major (S^T = K Q^T, dP^T = V dO^T).
+    //  k_a, v_a: A = this warp's first 16 K (V) rows, row-major (S^T = K Q^T, dP^T = V dO^T); key tile mt
+    //            is mt * 16 rows further (outside the swizzle's 8 rows: a plain add), as in pt_a and dst_a.
     //  q_b:      B = Q (dO) rows as n, d as k, for S^T (dP^T); dO is at +QDO_OFF.
     //  q_t:      B = Q (dO) with rows as k (.trans), for dK += dS^T Q (dV += P^T dO), at the half.
     //  k_t:      B = K with keys as k (.trans), for dQ = dS K, at the half.
@@ -250,64 +270,87 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     static_assert(Tile::DQ_RT <= 2, "chunk_step(ds_a, rt) must compose");
     const uint32_t ds_a =
         smem_u32(sdS + swz<BR>((lane / 16) * 8 + lane % 8, dq_rg * Tile::DQ_RT * 2 + (lane / 8) % 2));
-    //  pt_a, dst_a: A = this warp's 16 rows of P^T (dS^T), row-major (HALVES = 2: dV, dK from shared memory).
+    //  pt_a, dst_a: A = this warp's first 16 rows of P^T (dS^T), row-major (HALVES = 2: dV, dK from shared
+    //  memory).
     const uint32_t pt_a = smem_u32(sP + swz<BR>(kw * Tile::KEYS_PER_WARP + lane % 16, lane / 16));
     const uint32_t dst_a = smem_u32(sdS + swz<BR>(kw * Tile::KEYS_PER_WARP + lane % 16, lane / 16));
     constexpr uint32_t QDO_OFF = STAGES * BR * ROW_BYTES;  // sdO - sQ, bytes
     constexpr uint32_t SLOT_BYTES = BR * ROW_BYTES;
     constexpr int PART_ROWS = BR / Tile::PARTS;  // query rows per part
     constexpr int NP = PART_ROWS / 8;              // 8-row column tiles of S^T per part
-    using Frag = float[NP][4];                     // 16 keys x PART_ROWS rows, C-fragment layout
+    using Frag = float[MT][NP][4];                 // the warp's keys x PART_ROWS rows, C-fragment layout
+    using Pack = uint32_t[MT][NP / 2][4];          // the same as packed 16-bit A fragments
 
-    // acc = A B^T over DP: A = the warp's 16 rows at a_lane, B = PART_ROWS rows at b_lane.
+    // acc = A B^T over DP: A = the warp's MT x 16 rows at a_lane, B = PART_ROWS rows at b_lane (each B
+    // fragment serves all MT key tiles).
     auto gemm_rows = [&](Frag& acc, uint32_t a_lane, uint32_t b_lane) {
 #pragma unroll
-        for (int nt = 0; nt < NP; ++nt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+            for (int nt = 0; nt < NP; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
 #pragma unroll Tile::K_UNROLL
         for (int kk = 0; kk < DP / 16; ++kk) {
-            uint32_t a[4];
-            ldmatrix_x4(a, chunk_step(a_lane, kk));
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], chunk_step(a_lane, kk) + mt * 16 * ROW_BYTES);
 #pragma unroll
             for (int nt2 = 0; nt2 < NP / 2; ++nt2) {
                 uint32_t bf[4];  // rows nt2*16..: {n 0-7 k 0-7, n 0-7 k 8-15, n 8-15 k 0-7, n 8-15 k 8-15}
                 ldmatrix_x4(bf, chunk_step(b_lane, kk) + nt2 * 16 * ROW_BYTES);
-                mma_16816<T>(acc[2 * nt2], a, bf[0], bf[1]);
-                mma_16816<T>(acc[2 * nt2 + 1], a, bf[2], bf[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_16816<T>(acc[mt][2 * nt2], a[mt], bf[0], bf[1]);
+                    mma_16816<T>(acc[mt][2 * nt2 + 1], a[mt], bf[2], bf[3]);
+                }
             }
         }
     };
-    // acc (16 keys x DV) += A B: A = packed 16 x PART_ROWS fragments, B = PART_ROWS rows (.trans) at b_lane.
-    auto gemm_acc = [&](float (&acc)[D_TILES][4], const uint32_t (&a)[NP / 2][4], uint32_t b_lane) {
+    // acc (the warp's keys x DV) += A B: A = packed MT x 16 x PART_ROWS fragments, B = PART_ROWS rows
+    // (.trans) at b_lane.
+    auto gemm_acc = [&](float (&acc)[MT][D_TILES][4], const Pack& a, uint32_t b_lane) {
 #pragma unroll
         for (int kk = 0; kk < NP / 2; ++kk)
 #pragma unroll
             for (int dt2 = 0; dt2 < D_TILES / 2; ++dt2) {
                 uint32_t bf[4];  // rows kk*16..: {d 0-7 k 0-7, d 0-7 k 8-15, d 8-15 k 0-7, d 8-15 k 8-15}
                 ldmatrix_x4_trans(bf, chunk_step(b_lane, dt2) + kk * 16 * ROW_BYTES);
-                mma_16816<T>(acc[2 * dt2], a[kk], bf[0], bf[1]);
-                mma_16816<T>(acc[2 * dt2 + 1], a[kk], bf[2], bf[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_16816<T>(acc[mt][2 * dt2], a[mt][kk], bf[0], bf[1]);
+                    mma_16816<T>(acc[mt][2 * dt2 + 1], a[mt][kk], bf[2], bf[3]);
+                }
             }
     };
 
-    // Stores packed A fragments (16 keys x PART_ROWS rows from row col0) into a (BC, BR) swizzled
-    // key-row tile: a[kk][2 * hf + hr] holds key row lane/4 + 8*hr, query chunk col0/8 + 2*kk + hf,
-    // columns (lane%4)*2 + 0/1.
-    auto stash = [&](T* tile, const uint32_t (&a)[NP / 2][4], int col0) {
+    // Stores packed A fragments (the warp's keys x PART_ROWS rows from row col0) into a (BC, BR)
+    // swizzled key-row tile: a[mt][kk][2 * hf + hr] holds key row mt*16 + lane/4 + 8*hr of the warp's,
+    // query chunk col0/8 + 2*kk + hf, columns (lane%4)*2 + 0/1. One base address per lane: the rows
+    // differ by multiples of 8 (the same swizzle, an immediate add) and the chunks by 2*kk + hf < NP,
+    // bits that col0/8 (a multiple of NP) does not have (an XOR, see swz).
+    auto stash = [&](T* tile, const Pack& a, int col0) {
+        const uint32_t base = static_cast<uint32_t>(
+            reinterpret_cast<unsigned char*>(tile + swz<BR>(kw * Tile::KEYS_PER_WARP + lane / 4, col0 / 8) +
+                                             (lane % 4) * 2) -
+            smem_raw);  // byte offset in smem_raw (1024-aligned; the tile's rows start at multiples of 128)
 #pragma unroll
-        for (int kk = 0; kk < NP / 2; ++kk)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
+            for (int kk = 0; kk < NP / 2; ++kk)
 #pragma unroll
-                for (int hr = 0; hr < 2; ++hr)
-                    *reinterpret_cast<uint32_t*>(tile + swz<BR>(kw * Tile::KEYS_PER_WARP + lane / 4 + hr * 8,
-                                                                col0 / 8 + 2 * kk + hf) + (lane % 4) * 2) =
-                        a[kk][2 * hf + hr];
+                for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+                    for (int hr = 0; hr < 2; ++hr)
+                        *reinterpret_cast<uint32_t*>(smem_raw + ((base ^ ((2 * kk + hf) << 4)) +
+                                                                 (mt * 16 + hr * 8) * DS_ROW_BYTES)) =
+                            a[mt][kk][2 * hf + hr];
     };
 
     for (int it = 0; it < n_iter; ++it) {
         const int slot = STAGES == 2 ? it % 2 : 0;
+        const bool wrap = m_cur + 1 == m_first + per_head;  // the next iteration is the next head's first block
+        const int h_nxt = wrap ? h_cur + 1 : h_cur, m_nxt = wrap ? m_first : m_cur + 1;
         cp_async_wait<0>();  // this thread's copies of block it (and K, V) have landed
         __syncthreads();     // orders every thread's block-it copies before any warp reads them, every
                              // warp's dQ-phase reads of sdS (block it-1) before the dS^T stores below,
@@ -315,10 +358,10 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                              // (deterministic) every warp's dQ adds of block it-1 before they are counted
         if (p.deterministic && it > 0 && tid == 0) bwd_pass_turn(p, w, it - 1);
         if constexpr (STAGES == 2) {
-            if (it + 1 < n_iter) load_block(it + 1, slot ^ 1);
+            if (it + 1 < n_iter) load_block(h_nxt, m_nxt * BR, slot ^ 1);
             cp_async_commit();
         }
-        const int h = hk * G + it / per_head, row0 = (m_first + it % per_head) * BR;
+        const int h = h_cur, row0 = m_cur * BR;
         const bool need_mask = row0 + BR > p.Sq || k0 + BC > p.Sk || (causal && k0 + BC - 1 > row0 + diag);
 
         // The block's rows in PARTS parts of PART_ROWS (not unrolled: one part's S^T and dP^T live at a
@@ -342,10 +385,12 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                     const float lse = e ? l2.y : l2.x;
                     const float m = lse * FC_LOG2E;
 #pragma unroll
-                    for (int hr = 0; hr < 2; ++hr) {
-                        const float pe = fast_exp2(fmaf(s[nt][2 * hr + e], scale_log2, -m));
-                        s[nt][2 * hr + e] = lse == -INFINITY ? 0.f : pe;  // a row that sees no key
-                    }
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int hr = 0; hr < 2; ++hr) {
+                            const float pe = fast_exp2(fmaf(s[mt][nt][2 * hr + e], scale_log2, -m));
+                            s[mt][nt][2 * hr + e] = lse == -INFINITY ? 0.f : pe;  // a row that sees no key
+                        }
                 }
             }
             // Mask: query rows past Sq, keys past Sk, causal (query i < key - diag).
@@ -354,25 +399,29 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                 const int q_first = row0 + col0 + (lane % 4) * 2;
                 const int q_lim = p.Sq - q_first;  // masked iff c >= q_lim
 #pragma unroll
-                for (int hr = 0; hr < 2; ++hr) {
-                    const int key = k0 + kw * Tile::KEYS_PER_WARP + lane / 4 + hr * 8;
-                    const int c_lim = causal ? key - diag - q_first : INT_MIN;  // masked iff c < c_lim
-                    const bool key_bad = key >= p.Sk;
+                for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                    for (int nt = 0; nt < NP; ++nt)
+                    for (int hr = 0; hr < 2; ++hr) {
+                        const int key = k0 + kw * Tile::KEYS_PER_WARP + mt * 16 + lane / 4 + hr * 8;
+                        const int c_lim = causal ? key - diag - q_first : INT_MIN;  // masked iff c < c_lim
+                        const bool key_bad = key >= p.Sk;
 #pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int c = nt * 8 + e;
-                            if (key_bad || c >= q_lim || c < c_lim) s[nt][2 * hr + e] = 0.f;
-                        }
-                }
+                        for (int nt = 0; nt < NP; ++nt)
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) {
+                                const int c = nt * 8 + e;
+                                if (key_bad || c >= q_lim || c < c_lim) s[mt][nt][2 * hr + e] = 0.f;
+                            }
+                    }
             }
 
             // dV += P^T dO (two halves: P^T into shared memory, for both warps of the key group).
             {
-                uint32_t pa[NP / 2][4];
+                Pack pa;
 #pragma unroll
-                for (int kk = 0; kk < NP / 2; ++kk) pack_a_from_c<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int kk = 0; kk < NP / 2; ++kk) pack_a_from_c<T>(pa[mt][kk], s[mt][2 * kk], s[mt][2 * kk + 1]);
                 if constexpr (Tile::HALVES == 1) gemm_acc(acc_dv, pa, q_t + QDO_OFF + rows_off);
                 else stash(sP, pa, col0);
             }
@@ -384,16 +433,20 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
             for (int nt = 0; nt < NP; ++nt) {
                 const float2 d2 = *reinterpret_cast<const float2*>(delta_s + nt * 8);
 #pragma unroll
-                for (int hr = 0; hr < 2; ++hr) {
-                    dp[nt][2 * hr] = s[nt][2 * hr] * (dp[nt][2 * hr] - d2.x);
-                    dp[nt][2 * hr + 1] = s[nt][2 * hr + 1] * (dp[nt][2 * hr + 1] - d2.y);
-                }
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int hr = 0; hr < 2; ++hr) {
+                        dp[mt][nt][2 * hr] = s[mt][nt][2 * hr] * (dp[mt][nt][2 * hr] - d2.x);
+                        dp[mt][nt][2 * hr + 1] = s[mt][nt][2 * hr + 1] * (dp[mt][nt][2 * hr + 1] - d2.y);
+                    }
             }
 
             // dK += dS^T Q (one half), and dS^T (16-bit) into the shared tile for dQ (and dK).
-            uint32_t dsa[NP / 2][4];
+            Pack dsa;
 #pragma unroll
-            for (int kk = 0; kk < NP / 2; ++kk) pack_a_from_c<T>(dsa[kk], dp[2 * kk], dp[2 * kk + 1]);
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int kk = 0; kk < NP / 2; ++kk) pack_a_from_c<T>(dsa[mt][kk], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
             if constexpr (Tile::HALVES == 1) gemm_acc(acc_dk, dsa, q_t + rows_off);
             stash(sdS, dsa, col0);
         }
@@ -403,22 +456,26 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                           // (deterministic) the turn's wait before every warp's dQ adds
         if constexpr (Tile::HALVES == 2) {
             // dV += P^T dO and dK += dS^T Q over all BR rows, this warp's column half, A from shared memory.
-#pragma unroll
+#pragma unroll 1
             for (int part = 0; part < Tile::PARTS; ++part) {
-                uint32_t pa[NP / 2][4], dsa[NP / 2][4];
+                Pack pa, dsa;
 #pragma unroll
-                for (int kk = 0; kk < NP / 2; ++kk) {
-                    ldmatrix_x4(pa[kk], chunk_step(pt_a, part * (NP / 2) + kk));
-                    ldmatrix_x4(dsa[kk], chunk_step(dst_a, part * (NP / 2) + kk));
-                }
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int kk = 0; kk < NP / 2; ++kk) {
+                        ldmatrix_x4(pa[mt][kk], chunk_step(pt_a, part * (NP / 2) + kk) + mt * 16 * DS_ROW_BYTES);
+                        ldmatrix_x4(dsa[mt][kk], chunk_step(dst_a, part * (NP / 2) + kk) + mt * 16 * DS_ROW_BYTES);
+                    }
                 const uint32_t rows_off = slot * SLOT_BYTES + part * PART_ROWS * ROW_BYTES;
                 gemm_acc(acc_dv, pa, q_t + QDO_OFF + rows_off);
                 gemm_acc(acc_dk, dsa, q_t + rows_off);
             }
-            __syncthreads();  // every warp's reads of the Q/dO slot (above) before the refill below
+            if constexpr (STAGES == 1)
+                __syncthreads();  // every warp's reads of the Q/dO slot (above) before the refill below (with
+                                  // two slots the next block's first barrier orders them before slot reuse)
         }
         if constexpr (STAGES == 1) {
-            if (it + 1 < n_iter) load_block(it + 1, 0);
+            if (it + 1 < n_iter) load_block(h_nxt, m_nxt * BR, 0);
             cp_async_commit();
         }
 
@@ -490,6 +547,8 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                     }
             }
         }
+        h_cur = h_nxt;
+        m_cur = m_nxt;
     }
     cp_async_wait<0>();  // drain the (empty) trailing group; with no block, K and V have landed
     __syncthreads();     // every warp is done reading sK and sV (dQ reads all keys) before they are restaged,
@@ -499,20 +558,22 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     // Epilogue: dK * scale and dV through this warp's own K and V rows (the
     // half's columns), then 16-byte coalesced stores of keys < Sk.
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-        const int r = kw * Tile::KEYS_PER_WARP + lane / 4 + hr * 8;
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int dt = 0; dt < D_TILES; ++dt) {
-            *reinterpret_cast<uint32_t*>(sK + swz<DP>(r, c_base / 8 + dt) + (lane % 4) * 2) =
-                pack2<T>(acc_dk[dt][2 * hr] * p.scale, acc_dk[dt][2 * hr + 1] * p.scale);
-            *reinterpret_cast<uint32_t*>(sV + swz<DP>(r, c_base / 8 + dt) + (lane % 4) * 2) =
-                pack2<T>(acc_dv[dt][2 * hr], acc_dv[dt][2 * hr + 1]);
+        for (int hr = 0; hr < 2; ++hr) {
+            const int r = kw * Tile::KEYS_PER_WARP + mt * 16 + lane / 4 + hr * 8;
+#pragma unroll
+            for (int dt = 0; dt < D_TILES; ++dt) {
+                *reinterpret_cast<uint32_t*>(sK + swz<DP>(r, c_base / 8 + dt) + (lane % 4) * 2) =
+                    pack2<T>(acc_dk[mt][dt][2 * hr] * p.scale, acc_dk[mt][dt][2 * hr + 1] * p.scale);
+                *reinterpret_cast<uint32_t*>(sV + swz<DP>(r, c_base / 8 + dt) + (lane % 4) * 2) =
+                    pack2<T>(acc_dv[mt][dt][2 * hr], acc_dv[mt][dt][2 * hr + 1]);
+            }
         }
-    }
     __syncwarp();  // this warp's staged rows are complete before its lanes read them back
     constexpr int OUT_CHUNKS = Tile::DV / 8;   // 16-byte chunks of a row's half
     constexpr int ROW_STEP = 32 / OUT_CHUNKS;  // rows per warp pass (OUT_CHUNKS <= 16)
-    static_assert(32 % OUT_CHUNKS == 0 && 16 % ROW_STEP == 0, "a warp's 16 rows split evenly into passes");
+    static_assert(32 % OUT_CHUNKS == 0 && KPW % ROW_STEP == 0, "a warp's rows split evenly into passes");
     const int c_first = c_base / 8 + lane % OUT_CHUNKS, r_first = lane / OUT_CHUNKS;
     const bool col_ok = c_first * 8 < p.D;
     const int64_t key_first = (int64_t)k0 + kw * Tile::KEYS_PER_WARP + r_first;
@@ -521,7 +582,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     T* dv = static_cast<T*>(p.dv) + b * p.dv_batch_stride + hk * p.dv_head_stride + key_first * p.dv_row_stride +
             c_first * 8;
 #pragma unroll
-    for (int i = 0; i < 16 / ROW_STEP; ++i) {
+    for (int i = 0; i < KPW / ROW_STEP; ++i) {
         const int r = kw * Tile::KEYS_PER_WARP + r_first + i * ROW_STEP;
         if (col_ok && k0 + r < p.Sk) {
             *reinterpret_cast<uint4*>(dk) = *reinterpret_cast<const uint4*>(sK + swz<DP>(r, c_first));
@@ -535,9 +596,9 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
 // ---------------------------------------------------------------------------
 // Launcher and the C entry points of one padded head dim (see kernels.h)
 
-template <int DP, int KW, typename T>
+template <int DP, int KPW, typename T>
 static fc_status attn_bwd_sm80_launch(const fc_attn_bwd_params* p, cudaStream_t stream) {
-    using Tile = BwdTile<DP, KW>;
+    using Tile = BwdTile<DP, KPW>;
     // dispatch keeps the key blocks x B x Hkv <= 2^31 - 1
     const unsigned main_ctas = (unsigned)((p->Sk + Tile::BC - 1) / Tile::BC) * (unsigned)(p->B * p->Hkv);
     const unsigned row_grid = bwd_row_grid<DP>((long long)p->B * p->Hq * p->Sq);
@@ -545,18 +606,18 @@ static fc_status attn_bwd_sm80_launch(const fc_attn_bwd_params* p, cudaStream_t 
     attn_bwd_prep_kernel<DP, T><<<row_grid, BWD_ROW_THREADS, 0, stream>>>(*p, p->Sq, false);  // Delta unpadded
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
-    if (fc_smem_limit_once<attn_bwd_sm80_kernel<DP, KW, T>>((int)Tile::SMEM_BYTES) != cudaSuccess) return FC_ERR_CUDA;
-    attn_bwd_sm80_kernel<DP, KW, T><<<main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(*p);
+    if (fc_smem_limit_once<attn_bwd_sm80_kernel<DP, KPW, T>>((int)Tile::SMEM_BYTES) != cudaSuccess) return FC_ERR_CUDA;
+    attn_bwd_sm80_kernel<DP, KPW, T><<<main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(*p);
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
     attn_bwd_post_kernel<DP, T><<<row_grid, BWD_ROW_THREADS, 0, stream>>>(*p, p->Sq, false);
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 
-// fc_sm80_bwd_<NAME> and fc_sm80_bwd_smem_<NAME> (kernels.h) for padded head dim DP and KW key warps.
-#define FC_SM80_BWD_DEFINE(NAME, DP, KW)                                                           \
+// fc_sm80_bwd_<NAME> and fc_sm80_bwd_smem_<NAME> (kernels.h) for padded head dim DP and KPW keys per warp.
+#define FC_SM80_BWD_DEFINE(NAME, DP, KPW)                                                           \
     extern "C" fc_status fc_sm80_bwd_##NAME(const fc_attn_bwd_params* p, fc_stream_t stream) {     \
-        return p->dtype == FC_DTYPE_BF16 ? attn_bwd_sm80_launch<DP, KW, __nv_bfloat16>(p, (cudaStream_t)stream) \
-                                         : attn_bwd_sm80_launch<DP, KW, __half>(p, (cudaStream_t)stream);        \
+        return p->dtype == FC_DTYPE_BF16 ? attn_bwd_sm80_launch<DP, KPW, __nv_bfloat16>(p, (cudaStream_t)stream) \
+                                         : attn_bwd_sm80_launch<DP, KPW, __half>(p, (cudaStream_t)stream);        \
     }                                                                                              \
-    extern "C" size_t fc_sm80_bwd_smem_##NAME(void) { return BwdTile<DP, KW>::SMEM_BYTES; }
+    extern "C" size_t fc_sm80_bwd_smem_##NAME(void) { return BwdTile<DP, KPW>::SMEM_BYTES; }

@@ -2,6 +2,6 @@
 // the GPU has the shared memory (dispatch picks), 64-key CTAs elsewhere.
 #include "attn_bwd_sm80.cuh"
 
-FC_SM80_BWD_DEFINE(d128, 128, 4)
-FC_SM80_BWD_DEFINE(wide_d128, 128, 8)
-static_assert(BwdTile<128, 8>::BC == FC_SM80_BWD_WIDE_KEYS, "dispatch counts the wide kernel's CTAs");
+FC_SM80_BWD_DEFINE(d128, 128, 16)
+FC_SM80_BWD_DEFINE(wide_d128, 128, 32)
+static_assert(BwdTile<128, 32>::BC == FC_SM80_BWD_WIDE_KEYS, "dispatch counts the wide kernel's CTAs");

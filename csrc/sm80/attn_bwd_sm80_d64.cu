@@ -1,4 +1,7 @@
-// Portable backward kernels instantiated for head dims up to 64 (fp16 and bf16): 64-key CTAs.
+// Portable backward kernels instantiated for head dims up to 64 (fp16 and bf16): 128-key CTAs of
+// 32-key warps where they fill the SMs (dispatch picks), 64-key CTAs elsewhere.
 #include "attn_bwd_sm80.cuh"
 
-FC_SM80_BWD_DEFINE(d64, 64, 4)
+FC_SM80_BWD_DEFINE(d64, 64, 16)
+FC_SM80_BWD_DEFINE(wide_d64, 64, 32)
+static_assert(BwdTile<64, 32>::BC == FC_SM80_BWD_WIDE_KEYS, "dispatch counts the wide kernel's CTAs");
