@@ -84,8 +84,9 @@
 // warps (FlashAttention-2's backward tiling) load each Q and dO B fragment once for two key tiles, and
 // their 128-key CTAs halve, per FLOP, the dQ reductions and the Q/dO loads, and tile dQ = dS K in
 // 32 x 32 pieces per warp: on an H100 (harness, session 69) 12-32 % faster than 16-key warps at DP = 64
-// and 3-17 % at DP = 128 on the standard grid, causal and not, but 19-26 % slower on a 64-CTA grid, which
-// dispatch keeps on 64-key CTAs (sm80_bwd_wide in dispatch.c). DP = 256 has no room for 128 keys.
+// and 3-17 % at DP = 128 on the standard grid, causal and not, but 19-26 % slower on a 64-CTA grid, and
+// causal at DP = 64 slower on grids of up to two CTAs per SM: dispatch keeps those on 64-key CTAs
+// (sm80_bwd_wide in dispatch.c). DP = 256 has no room for 128 keys.
 // PARTS (DP >= 128, and 32-key warps): S^T and dP^T are computed for 32 of the 64 rows at a time
 // (with 16-key warps, 16 + 16 fp32 regs instead of 32 + 32: with all 64 at once ptxas spilled
 // 12 bytes (sm_80) and 60 bytes (sm_90a) at 255 registers). At DP = 256 the
