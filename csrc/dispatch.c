@@ -650,8 +650,8 @@ static fc_status zero_rows(void* t, int64_t sb, int64_t sh, int64_t sr, int B, i
  * tile table), given their shared memory per CTA: where the GPU has it (the D = 128 kernel's 161 KB:
  * sm80, sm90; not sm86/89) and where the grid is large enough. On an H100 (harness, perf notes session
  * 69) a 64-CTA grid ran 19-26 % slower with them, 128-256 CTAs 6-26 % faster except causal calls at
- * D = 64 (1-12 % slower: the longest CTA's walk, twice the 64-key one's, sets the time), and the
- * standard grid's 2048-4096 CTAs 1-36 % faster. */
+ * D = 64 (1-12 % slower: the longest CTA's walk, twice the 64-key one's, sets the time; even at 384
+ * CTAs, 3-9 % faster at 512 and 1024), and the standard grid's 2048-4096 CTAs 1-36 % faster. */
 static int sm80_bwd_wide(const fc_attn_bwd_params* p, const fc_device_info* dev, size_t smem) {
     const int64_t ctas = (int64_t)p->B * p->Hkv * ((p->Sk + FC_SM80_BWD_WIDE_KEYS - 1) / FC_SM80_BWD_WIDE_KEYS);
     const int per_sm = p->causal != FC_CAUSAL_NONE && p->D <= 64 ? FC_SM80_BWD_WIDE_CAUSAL_D64_PER_SM : 1;

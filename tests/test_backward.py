@@ -126,7 +126,7 @@ SHAPES = [(2, 4, 2, 97, 203), (1, 2, 2, 203, 97), (1, 4, 1, 1, 17), (1, 2, 2, 17
 # (two above), so its items walk one block or none, and a CTA takes and loads the next item from an
 # item's only block)
 # The portable backward takes its 128-key CTAs (dispatch.c's sm80_bwd_wide, on GPUs with their shared
-# memory) where B * Hkv * ceil(Sk / 128) reaches the SM count (four times it for causal calls at
+# memory) where B * Hkv * ceil(Sk / 128) reaches the SM count (three times it for causal calls at
 # D = 64): on an H100 shapes 4-7 (192-272 CTAs) at D = 128 and, non-causal, at D = 64, and the last
 # (576) everywhere; the first three run its 64-key CTAs.
 GPU_SHAPES = [(2, 8, 2, 512, 512), (1, 4, 4, 1024, 1023), (1, 2, 1, 1000, 1025), (2, 8, 8, 700, 2100),
