@@ -85,17 +85,12 @@
 // their 128-key CTAs halve, per FLOP, the dQ reductions and the Q/dO loads, and tile dQ = dS K in
 // 32 x 32 pieces per warp: on an H100 (harness, session 69) 12-32 % faster than 16-key warps at DP = 64
 // and 3-17 % at DP = 128 on the standard grid, causal and not, but 19-26 % slower on a 64-CTA grid, and
-// causal at DP = 64 slower on grids of up to two CTAs per SM: dispatch keeps those on 64-key CTAs
+// causal at DP = 64 slower on grids of under three CTAs per SM: dispatch keeps those on 64-key CTAs
 // (sm80_bwd_wide in dispatch.c). DP = 256 has no room for 128 keys.
-// PARTS (DP >= 128, and 32-key warps): S^T and dP^T are computed for 32 of the 64 rows at a time
-// (with 16-key warps, 16 + 16 fp32 regs instead of 32 + 32: with all 64 at once ptxas spilled
-// 12 bytes (sm_80) and 60 bytes (sm_90a) at 255 registers). At DP = 256 the
-// k loop of S^T and dP^T (16 steps) is unrolled 8 deep (K_UNROLL): unrolled
-// fully it spilled 4 bytes on sm_90a; 16-row parts instead cost 5 %.
-// DP = 64 on the sm_90a target: registers capped at 168 (three CTAs per SM)
-// were 3-7 % faster on an H200, but with the deterministic turns the cap
-// spills 20-36 bytes; on Hopper this kernel runs at DP = 64 only when forced
-// (perf notes, sessions 59-60), so the cap is gone.
+// PARTS (DP >= 128, and 32-key warps): S^T and dP^T are computed for 32 of the 64 rows at a time (with
+// all 64 at once the 16-key kernels spilled 12-60 bytes at 255 registers). At DP = 256 the k loop of
+// S^T and dP^T (16 steps) is unrolled 8 deep (K_UNROLL): fully, it spilled 4 bytes on sm_90a.
+// Register caps and history: perf notes, sessions 59-60 and 68-69.
 template <int DP, int KPW>
 struct BwdTile {
     static constexpr int KEYS_PER_WARP = KPW;         // keys per warp: 16 (one m16 tile) or 32 (two)
