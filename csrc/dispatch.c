@@ -647,15 +647,18 @@ static fc_status zero_rows(void* t, int64_t sb, int64_t sh, int64_t sr, int B, i
 }
 
 /* Whether the portable backward at D <= 128 takes its 128-key CTAs of 32-key warps (attn_bwd_sm80.cuh's
- * tile table), given their shared memory per CTA: where the GPU has it (the D = 128 kernel's 161 KB:
- * sm80, sm90; not sm86/89) and where the grid is large enough. On an H100 (harness, perf notes session
- * 69) a 64-CTA grid ran 19-26 % slower with them, 128-256 CTAs 6-26 % faster except causal calls at
- * D = 64 (1-12 % slower: the longest CTA's walk, twice the 64-key one's, sets the time; even at 384
- * CTAs, 3-9 % faster at 512 and 1024), and the standard grid's 2048-4096 CTAs 1-36 % faster. */
+ * tile table), given their shared memory per CTA: where the GPU has it (81 KB at D = 64: every sm80+
+ * GPU, unmeasured on sm86/89; 161 KB at D = 128: sm80, sm90) and the grid is large enough. On an H100
+ * (132 SMs; harness, perf notes session 69) at H = 8, S = 1k: 64 CTAs ran 19-26 % slower with them,
+ * 128-256 CTAs 0-26 % faster except causal calls at D = 64 (1-12 % slower: the longest CTA's walk, twice
+ * the 64-key one's, sets the time; still at 384 CTAs, 3-9 % faster at 512 and 1024), and the standard
+ * grid's 2048-4096 CTAs 1.5-36 % faster. The thresholds sit between those points. */
 static int sm80_bwd_wide(const fc_attn_bwd_params* p, const fc_device_info* dev, size_t smem) {
     const int64_t ctas = (int64_t)p->B * p->Hkv * ((p->Sk + FC_SM80_BWD_WIDE_KEYS - 1) / FC_SM80_BWD_WIDE_KEYS);
-    const int per_sm = p->causal != FC_CAUSAL_NONE && p->D <= 64 ? FC_SM80_BWD_WIDE_CAUSAL_D64_PER_SM : 1;
-    return (size_t)dev->smem_optin >= smem && ctas >= (int64_t)per_sm * dev->sm_count;
+    if ((size_t)dev->smem_optin < smem) return 0;
+    if (p->causal != FC_CAUSAL_NONE && p->D <= 64)
+        return ctas >= (int64_t)FC_SM80_BWD_WIDE_CAUSAL_D64_PER_SM * dev->sm_count;
+    return ctas * 100 >= (int64_t)FC_SM80_BWD_WIDE_MIN_FILL_PCT * dev->sm_count;
 }
 
 fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream) {

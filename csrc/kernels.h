@@ -43,7 +43,8 @@ fc_status fc_sm80_bwd_wide_d64(const fc_attn_bwd_params* p, fc_stream_t stream);
 fc_status fc_sm80_bwd_d128(const fc_attn_bwd_params* p, fc_stream_t stream);  /* 64 < D <= 128 */
 fc_status fc_sm80_bwd_wide_d128(const fc_attn_bwd_params* p, fc_stream_t stream);  /* the same, 128-key CTAs */
 #define FC_SM80_BWD_WIDE_KEYS 128 /* keys per CTA of the fc_sm80_bwd_wide_* kernels */
-#define FC_SM80_BWD_WIDE_CAUSAL_D64_PER_SM 3 /* causal calls at D <= 64 take them from this many CTAs per SM */
+#define FC_SM80_BWD_WIDE_MIN_FILL_PCT 75     /* they run where their CTAs number this share of the SMs (%) */
+#define FC_SM80_BWD_WIDE_CAUSAL_D64_PER_SM 3 /* causal calls at D <= 64 from this many CTAs per SM */
 fc_status fc_sm80_bwd_d256(const fc_attn_bwd_params* p, fc_stream_t stream);  /* 128 < D <= 256 */
 size_t fc_sm80_bwd_smem_d64(void);   /* dynamic shared memory per CTA of the main kernel, bytes */
 size_t fc_sm80_bwd_smem_wide_d64(void);

@@ -121,14 +121,14 @@ def check_grads(q, k, v, mode, got, go, glse=None, scale=None, sdpa=True):
 
 # (B, Hq, Hkv, Sq, Sk): odd lengths, Sq != Sk both ways, GQA, one query row, one key
 SHAPES = [(2, 4, 2, 97, 203), (1, 2, 2, 203, 97), (1, 4, 1, 1, 17), (1, 2, 2, 17, 1), (2, 2, 2, 64, 64)]
-# the last three: more key blocks than an H100 has SMs, so the Hopper kernel's persistent CTAs take several
+# shapes 4-8: more key blocks than an H100 has SMs, so the Hopper kernel's persistent CTAs take several
 # (top-left with Sq < Sk: the key blocks past Sq see no query; Sq = 100: at D = 64 one query block per head
 # (two above), so its items walk one block or none, and a CTA takes and loads the next item from an
 # item's only block)
 # The portable backward takes its 128-key CTAs (dispatch.c's sm80_bwd_wide, on GPUs with their shared
-# memory) where B * Hkv * ceil(Sk / 128) reaches the SM count (three times it for causal calls at
-# D = 64): on an H100 shapes 4-7 (192-272 CTAs) at D = 128 and, non-causal, at D = 64, and the last
-# (576) everywhere; the first three run its 64-key CTAs.
+# memory) where B * Hkv * ceil(Sk / 128) reaches 3/4 of the SM count (three times it for causal calls
+# at D = 64): on an H100 shapes 4-7 (192-272 CTAs) at D = 128 and, non-causal, at D = 64, and the last
+# (576) at D = 64 and 128 in every mode; the first three run its 64-key CTAs.
 GPU_SHAPES = [(2, 8, 2, 512, 512), (1, 4, 4, 1024, 1023), (1, 2, 1, 1000, 1025), (2, 8, 8, 700, 2100),
               (4, 8, 4, 1100, 1500), (2, 8, 8, 100, 2100), (2, 8, 8, 2100, 2049), (4, 16, 16, 1000, 1100)]
 
@@ -576,10 +576,10 @@ def test_backward_passes_the_deterministic_flag(monkeypatch, on):
     assert seen == [on]
 
 
-# Odd lengths, Sq != Sk both ways, GQA; the last: 16 x 32 CTAs of 64 keys (16 x 16 of 128 keys where the
-# portable backward takes those), more than an H100 holds at once (the turns' waits then depend on the
-# order the CTAs start in)
-DET_SHAPES = [(2, 8, 2, 700, 900), (1, 4, 1, 1000, 333), (1, 2, 2, 1025, 1025), (2, 8, 8, 2048, 2047)]
+# Odd lengths, Sq != Sk both ways, GQA; the last: 32 x 32 CTAs of 64 keys (32 x 16 of 128 keys where the
+# portable backward takes those, in every mode at D = 64 and 128), more than an H100 holds at once (the
+# turns' waits then depend on the order the CTAs start in)
+DET_SHAPES = [(2, 8, 2, 700, 900), (1, 4, 1, 1000, 333), (1, 2, 2, 1025, 1025), (4, 8, 8, 2048, 2047)]
 
 
 @requires_gpu

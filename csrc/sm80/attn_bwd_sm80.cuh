@@ -65,26 +65,27 @@
 //  DP  | KPW | WARPS | BC  | BR | Q/dO stages | smem                       | why
 //  64  | 32  |   4   | 128 | 64 |      2      | K,V 32 + Q,dO 32 + dS 16   | where the grid fills the SMs (dispatch
 //      |     |       |     |    |             | + LSE/Delta 1 = 81 KB      | picks): dK, dV 128 fp32 regs/thread,
-//      |     |       |     |    |             |                            | two CTAs per SM (sm80, sm90)
+//      |     |       |     |    |             |                            | two CTAs per SM (sm80, sm90; one on
+//      |     |       |     |    |             |                            | sm86/89)
 //  64  | 16  |   4   | 64  | 64 |      2      | K,V 16 + Q,dO 32 + dS 8    | small grids: dK, dV 64 fp32 regs/thread;
-//      |     |       |     |    |             | + LSE/Delta 1 = 57 KB      | two CTAs per SM (241 registers)
+//      |     |       |     |    |             | + LSE/Delta 1 = 57 KB      | two CTAs per SM (229-236 registers)
 //  128 | 32  |   8   | 128 | 64 |      2      | K,V 64 + Q,dO 64 + dS 16   | GPUs with 161 KB per block (sm80, sm90)
 //      |     |       |     |    |             | + LSE/Delta 1 + P 16       | where the grid fills the SMs (dispatch
 //      |     |       |     |    |             | = 161 KB                   | picks): dK, dV 128 fp32 regs/thread per
 //      |     |       |     |    |             |                            | column half, one CTA per SM
 //  128 | 16  |   4   | 64  | 64 |      1      | K,V 32 + Q,dO 32 + dS 8    | the others (sm86/89: 99 KB): dK, dV 128
-//      |     |       |     |    |             | + LSE/Delta 0.5 = 72.5 KB  | fp32 regs/thread + S^T, dP^T 32 each; a
+//      |     |       |     |    |             | + LSE/Delta 0.5 = 72.5 KB  | fp32 regs/thread + S^T, dP^T 16 each; a
 //      |     |       |     |    |             |                            | second Q/dO slot would not fit, so block
 //      |     |       |     |    |             |                            | i+1 loads during i's dQ phase only
 //  256 | 16  |   8   | 64  | 64 |      1      | K,V 64 + Q,dO 64 + dS 8    | dK, dV 128 fp32 regs/thread per column
 //      |     |       |     |    |             | + LSE/Delta 0.5 + P 8      | half; one CTA per SM (sm80, sm90; sm86/89
 //      |     |       |     |    |             | = 144.5 KB                 | allow 99 KB: dispatch refuses)
-// BR = 64 makes the dS^T tile rows 128 bytes, as the swizzle needs. The kernel is bound by its
-// shared-memory wavefronts (ldmatrix) and latency (ncu on an H100, perf notes session 68). 32-key
-// warps (FlashAttention-2's backward tiling) load each Q and dO B fragment once for two key tiles, and
+// BR = 64 makes the dS^T tile rows 128 bytes, as the swizzle needs. The 16-key kernels are bound by
+// shared-memory wavefronts (ldmatrix) and latency (ncu on an H100, perf notes session 68; the 32-key
+// ones are not profiled yet). 32-key warps (FlashAttention-2's backward tiling) load each Q and dO B fragment once for two key tiles, and
 // their 128-key CTAs halve, per FLOP, the dQ reductions and the Q/dO loads, and tile dQ = dS K in
-// 32 x 32 pieces per warp: on an H100 (harness, session 69) 12-32 % faster than 16-key warps at DP = 64
-// and 3-17 % at DP = 128 on the standard grid, causal and not, but 19-26 % slower on a 64-CTA grid, and
+// 32 x 32 pieces per warp: on an H100 (harness, session 69) 14-36 % faster than 16-key warps at DP = 64
+// and 1.5-15 % at DP = 128 on the standard grid, causal and not, but 19-26 % slower on a 64-CTA grid, and
 // causal at DP = 64 slower on grids of under three CTAs per SM: dispatch keeps those on 64-key CTAs
 // (sm80_bwd_wide in dispatch.c). DP = 256 has no room for 128 keys.
 // PARTS (DP >= 128, and 32-key warps): S^T and dP^T are computed for 32 of the 64 rows at a time (with
@@ -126,6 +127,8 @@ struct BwdTile {
     static_assert(DV % 64 == 0, "a half starts at a multiple of 8 chunks, outside the swizzle");
     static_assert(DQ_COLS % 16 == 0 && DQ_RT >= 1, "a dQ warp tile is whole m16 x 16-column pieces");
     static_assert(HALVES == 1 || PARTS == HALVES, "with two halves, part h of the rows is group h's");
+    static_assert((KV_BYTES + QDO_BYTES + DS_BYTES + VEC_BYTES) % 128 == 0,
+                  "sP's rows start at multiples of 128 bytes (stash's XOR on the chunk bits)");
 };
 
 // ---------------------------------------------------------------------------
@@ -350,8 +353,10 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
         cp_async_wait<0>();  // this thread's copies of block it (and K, V) have landed
         __syncthreads();     // orders every thread's block-it copies before any warp reads them, every
                              // warp's dQ-phase reads of sdS (block it-1) before the dS^T stores below,
-                             // (two slots) the reads of slot it+1 in block it-1 before its refill, and
-                             // (deterministic) every warp's dQ adds of block it-1 before they are counted
+                             // (two slots) the reads of slot it+1 in block it-1 before its refill,
+                             // (two halves, two slots) every warp's dV / dK-phase reads of sP and sdS
+                             // (block it-1) before the stores below, and (deterministic) every warp's
+                             // dQ adds of block it-1 before they are counted
         if (p.deterministic && it > 0 && tid == 0) bwd_pass_turn(p, w, it - 1);
         if constexpr (STAGES == 2) {
             if (it + 1 < n_iter) load_block(h_nxt, m_nxt * BR, slot ^ 1);
@@ -588,32 +593,3 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
         dv += ROW_STEP * p.dv_row_stride;
     }
 }
-
-// ---------------------------------------------------------------------------
-// Launcher and the C entry points of one padded head dim (see kernels.h)
-
-template <int DP, int KPW, typename T>
-static fc_status attn_bwd_sm80_launch(const fc_attn_bwd_params* p, cudaStream_t stream) {
-    using Tile = BwdTile<DP, KPW>;
-    // dispatch keeps the key blocks x B x Hkv <= 2^31 - 1
-    const unsigned main_ctas = (unsigned)((p->Sk + Tile::BC - 1) / Tile::BC) * (unsigned)(p->B * p->Hkv);
-    const unsigned row_grid = bwd_row_grid<DP>((long long)p->B * p->Hq * p->Sq);
-
-    attn_bwd_prep_kernel<DP, T><<<row_grid, BWD_ROW_THREADS, 0, stream>>>(*p, p->Sq, false);  // Delta unpadded
-    if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
-
-    if (fc_smem_limit_once<attn_bwd_sm80_kernel<DP, KPW, T>>((int)Tile::SMEM_BYTES) != cudaSuccess) return FC_ERR_CUDA;
-    attn_bwd_sm80_kernel<DP, KPW, T><<<main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(*p);
-    if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
-
-    attn_bwd_post_kernel<DP, T><<<row_grid, BWD_ROW_THREADS, 0, stream>>>(*p, p->Sq, false);
-    return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
-}
-
-// fc_sm80_bwd_<NAME> and fc_sm80_bwd_smem_<NAME> (kernels.h) for padded head dim DP and KPW keys per warp.
-#define FC_SM80_BWD_DEFINE(NAME, DP, KPW)                                                           \
-    extern "C" fc_status fc_sm80_bwd_##NAME(const fc_attn_bwd_params* p, fc_stream_t stream) {     \
-        return p->dtype == FC_DTYPE_BF16 ? attn_bwd_sm80_launch<DP, KPW, __nv_bfloat16>(p, (cudaStream_t)stream) \
-                                         : attn_bwd_sm80_launch<DP, KPW, __half>(p, (cudaStream_t)stream);        \
-    }                                                                                              \
-    extern "C" size_t fc_sm80_bwd_smem_##NAME(void) { return BwdTile<DP, KPW>::SMEM_BYTES; }
