@@ -81,8 +81,8 @@
 //      |     |       |     |    |             | + LSE/Delta 0.5 + P 8      | half; one CTA per SM (sm80, sm90; sm86/89
 //      |     |       |     |    |             | = 144.5 KB                 | allow 99 KB: dispatch refuses)
 // BR = 64 makes the dS^T tile rows 128 bytes, as the swizzle needs. The 16-key kernels are bound by
-// shared-memory wavefronts (ldmatrix) and latency (ncu on an H100, perf notes session 68; the 32-key
-// ones are not profiled yet). 32-key warps (FlashAttention-2's backward tiling) load each Q and dO B fragment once for two key tiles, and
+// shared-memory wavefronts (ldmatrix) and latency; the 32-key kernel at DP = 128 reads FA2's count of
+// them and executes 1.25x its instructions (ncu on an H100, perf notes sessions 68-69). 32-key warps (FlashAttention-2's backward tiling) load each Q and dO B fragment once for two key tiles, and
 // their 128-key CTAs halve, per FLOP, the dQ reductions and the Q/dO loads, and tile dQ = dS K in
 // 32 x 32 pieces per warp: on an H100 (harness, session 69) 14-36 % faster than 16-key warps at DP = 64
 // and 1.5-15 % at DP = 128 on the standard grid, causal and not, but 19-26 % slower on a 64-CTA grid, and
