@@ -16,7 +16,7 @@ import os
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "csrc", "sm90", "wgmma_ops.cuh")
 TYPES = [("__half", "f16"), ("__nv_bfloat16", "bf16")]
-SS_N = (32, 64, 128, 192)  # S = Q K^T: keys per K tile (32: the D = 256 backward's S^T, query rows per warpgroup)
+SS_N = (32, 64, 128, 192)  # S = Q K^T: keys per K tile (32: smem_rate's N = 32 rate, which the D = 256 backward left)
 RS_N = (64, 128, 136)  # O += P V: head-dim columns per wgmma (136: loop_sched's P V with 8 columns of ones)
 SS_TT_N = (64,)  # dQ = dS K: 64 head-dim columns per warpgroup
 SS_TB_N = (128,)  # the D = 256 backward's dV, dK: 128 head-dim columns per warpgroup

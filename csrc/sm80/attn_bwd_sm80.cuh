@@ -82,7 +82,8 @@
 //      |     |       |     |    |             | = 144.5 KB                 | allow 99 KB: dispatch refuses)
 // BR = 64 makes the dS^T tile rows 128 bytes, as the swizzle needs. The 16-key kernels are bound by
 // shared-memory wavefronts (ldmatrix) and latency; the 32-key kernel at DP = 128 reads FA2's count of
-// them and executes 1.25x its instructions (ncu on an H100, perf notes sessions 68-69). 32-key warps (FlashAttention-2's backward tiling) load each Q and dO B fragment once for two key tiles, and
+// them and executes 1.25x its instructions (ncu on an H100, perf notes sessions 68-69). 32-key warps
+// (FlashAttention-2's backward tiling) load each Q and dO B fragment once for two key tiles, and
 // their 128-key CTAs halve, per FLOP, the dQ reductions and the Q/dO loads, and tile dQ = dS K in
 // 32 x 32 pieces per warp: on an H100 (harness, session 69) 14-36 % faster than 16-key warps at DP = 64
 // and 1.5-15 % at DP = 128 on the standard grid, causal and not, but 19-26 % slower on a 64-CTA grid, and
@@ -94,13 +95,13 @@
 // Register caps and history: perf notes, sessions 59-60 and 68-69.
 template <int DP, int KPW>
 struct BwdTile {
-    static constexpr int KEYS_PER_WARP = KPW;         // keys per warp: 16 (one m16 tile) or 32 (two)
-    static constexpr int MT = KPW / 16;               // m16 tiles of keys per warp
-    static constexpr int HALVES = DP > 128 || (KPW == 32 && DP == 128) ? 2 : 1;  // column halves of dK, dV, dQ: a warp group each
+    static constexpr int MT = KPW / 16;               // m16 tiles of keys per warp (KPW = 16 or 32)
+    // column halves of dK, dV, dQ (a warp group each): see the header
+    static constexpr int HALVES = DP > 128 || (KPW == 32 && DP == 128) ? 2 : 1;
     static constexpr int KEY_WARPS = 4;               // warps of a group
     static constexpr int WARPS = KEY_WARPS * HALVES;
     static constexpr int THREADS = WARPS * 32;
-    static constexpr int BC = KEY_WARPS * KEYS_PER_WARP;  // keys per CTA
+    static constexpr int BC = KEY_WARPS * KPW;        // keys per CTA
     static constexpr int BR = 64;                     // query rows per block
     static constexpr int STAGES = DP <= 64 || KPW == 32 ? 2 : 1;  // Q/dO (and LSE/Delta) slots
     static constexpr int PARTS = DP <= 64 && KPW == 16 ? 1 : 2;   // S^T, dP^T computed in parts of BR / PARTS rows
@@ -123,6 +124,7 @@ struct BwdTile {
     static_assert(THREADS >= 2 * BR, "one thread copies each row's LSE or Delta");
     static_assert(BR * 2 == 128, "the dS^T tile's rows must be 8 chunks for swz");
     static_assert(BC % FC_BWD_KEYS_PER_CTA == 0, "dispatch bounds the grid with FC_BWD_KEYS_PER_CTA");
+    static_assert(KPW == 16 || BC == FC_SM80_BWD_WIDE_KEYS, "dispatch counts the 32-key kernels' CTAs");
     static_assert(BR == FC_BWD_ROWS_PER_BLOCK, "dispatch sizes the turn counters with FC_BWD_ROWS_PER_BLOCK");
     static_assert(DV % 64 == 0, "a half starts at a multiple of 8 chunks, outside the swizzle");
     static_assert(DQ_COLS % 16 == 0 && DQ_RT >= 1, "a dQ warp tile is whole m16 x 16-column pieces");
@@ -252,7 +254,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     //  k_t:      B = K with keys as k (.trans), for dQ = dS K, at the half.
     //  ds_a:     A = dS (query rows, key k) read transposed from the dS^T tile, at the warp's first dQ row.
     // The half's column offset (a multiple of 128 bytes) lies outside the swizzle: a plain add.
-    const uint32_t k_a = smem_u32(sK + swz<DP>(kw * Tile::KEYS_PER_WARP + lane % 16, lane / 16));
+    const uint32_t k_a = smem_u32(sK + swz<DP>(kw * KPW + lane % 16, lane / 16));
     const uint32_t v_a = k_a + BC * ROW_BYTES;
     const uint32_t q_b = smem_u32(sQ + swz<DP>((lane / 16) * 8 + lane % 8, (lane / 8) % 2));
     const uint32_t q_t = smem_u32(sQ + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16) + c_base);
@@ -271,8 +273,8 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
         smem_u32(sdS + swz<BR>((lane / 16) * 8 + lane % 8, dq_rg * Tile::DQ_RT * 2 + (lane / 8) % 2));
     //  pt_a, dst_a: A = this warp's first 16 rows of P^T (dS^T), row-major (HALVES = 2: dV, dK from shared
     //  memory).
-    const uint32_t pt_a = smem_u32(sP + swz<BR>(kw * Tile::KEYS_PER_WARP + lane % 16, lane / 16));
-    const uint32_t dst_a = smem_u32(sdS + swz<BR>(kw * Tile::KEYS_PER_WARP + lane % 16, lane / 16));
+    const uint32_t pt_a = smem_u32(sP + swz<BR>(kw * KPW + lane % 16, lane / 16));
+    const uint32_t dst_a = smem_u32(sdS + swz<BR>(kw * KPW + lane % 16, lane / 16));
     constexpr uint32_t QDO_OFF = STAGES * BR * ROW_BYTES;  // sdO - sQ, bytes
     constexpr uint32_t SLOT_BYTES = BR * ROW_BYTES;
     constexpr int PART_ROWS = BR / Tile::PARTS;  // query rows per part
@@ -330,7 +332,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     // bits that col0/8 (a multiple of NP) does not have (an XOR, see swz).
     auto stash = [&](T* tile, const Pack& a, int col0) {
         const uint32_t base = static_cast<uint32_t>(
-            reinterpret_cast<unsigned char*>(tile + swz<BR>(kw * Tile::KEYS_PER_WARP + lane / 4, col0 / 8) +
+            reinterpret_cast<unsigned char*>(tile + swz<BR>(kw * KPW + lane / 4, col0 / 8) +
                                              (lane % 4) * 2) -
             smem_raw);  // byte offset in smem_raw (1024-aligned; the tile's rows start at multiples of 128)
 #pragma unroll
@@ -403,7 +405,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                 for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                     for (int hr = 0; hr < 2; ++hr) {
-                        const int key = k0 + kw * Tile::KEYS_PER_WARP + mt * 16 + lane / 4 + hr * 8;
+                        const int key = k0 + kw * KPW + mt * 16 + lane / 4 + hr * 8;
                         const int c_lim = causal ? key - diag - q_first : INT_MIN;  // masked iff c < c_lim
                         const bool key_bad = key >= p.Sk;
 #pragma unroll
@@ -562,7 +564,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-            const int r = kw * Tile::KEYS_PER_WARP + mt * 16 + lane / 4 + hr * 8;
+            const int r = kw * KPW + mt * 16 + lane / 4 + hr * 8;
 #pragma unroll
             for (int dt = 0; dt < D_TILES; ++dt) {
                 *reinterpret_cast<uint32_t*>(sK + swz<DP>(r, c_base / 8 + dt) + (lane % 4) * 2) =
@@ -577,14 +579,14 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     static_assert(32 % OUT_CHUNKS == 0 && KPW % ROW_STEP == 0, "a warp's rows split evenly into passes");
     const int c_first = c_base / 8 + lane % OUT_CHUNKS, r_first = lane / OUT_CHUNKS;
     const bool col_ok = c_first * 8 < p.D;
-    const int64_t key_first = (int64_t)k0 + kw * Tile::KEYS_PER_WARP + r_first;
+    const int64_t key_first = (int64_t)k0 + kw * KPW + r_first;
     T* dk = static_cast<T*>(p.dk) + b * p.dk_batch_stride + hk * p.dk_head_stride + key_first * p.dk_row_stride +
             c_first * 8;
     T* dv = static_cast<T*>(p.dv) + b * p.dv_batch_stride + hk * p.dv_head_stride + key_first * p.dv_row_stride +
             c_first * 8;
 #pragma unroll
     for (int i = 0; i < KPW / ROW_STEP; ++i) {
-        const int r = kw * Tile::KEYS_PER_WARP + r_first + i * ROW_STEP;
+        const int r = kw * KPW + r_first + i * ROW_STEP;
         if (col_ok && k0 + r < p.Sk) {
             *reinterpret_cast<uint4*>(dk) = *reinterpret_cast<const uint4*>(sK + swz<DP>(r, c_first));
             *reinterpret_cast<uint4*>(dv) = *reinterpret_cast<const uint4*>(sV + swz<DP>(r, c_first));

@@ -5,4 +5,3 @@
 
 FC_SM80_BWD_DEFINE(d128, 128, 16)
 FC_SM80_BWD_DEFINE(wide_d128, 128, 32)
-static_assert(BwdTile<128, 32>::BC == FC_SM80_BWD_WIDE_KEYS, "dispatch counts the wide kernel's CTAs");

@@ -4,4 +4,3 @@
 
 FC_SM80_BWD_DEFINE(d64, 64, 16)
 FC_SM80_BWD_DEFINE(wide_d64, 64, 32)
-static_assert(BwdTile<64, 32>::BC == FC_SM80_BWD_WIDE_KEYS, "dispatch counts the wide kernel's CTAs");

@@ -6,7 +6,7 @@
 #include "attn_bwd_sm80.cuh"
 
 // ---------------------------------------------------------------------------
-// Launcher and the C entry points of one padded head dim (see kernels.h)
+// Launcher and the C entry points of one padded head dim and keys per warp (see kernels.h)
 
 template <int DP, int KPW, typename T>
 static fc_status attn_bwd_sm80_launch(const fc_attn_bwd_params* p, cudaStream_t stream) {
