@@ -494,21 +494,15 @@ static fc_attn_params bwd_forward_view(const fc_attn_bwd_params* p) {
 
 #define FC_WORKSPACE_ALIGN 16 /* bytes: every workspace pointer and size is a multiple of this */
 
-/* Workspace of GPU kernel k (kernels.h): the portable kernel's row-major dQ
- * accumulator and Delta, or the Hopper kernel's accumulator of padded rows and
- * head dim in pieces, then Delta and LSE * log2(e) of padded rows and its item
- * counter; then a deterministic call's turn counters (per 64-row block, or per
- * Hopper piece). */
-static size_t bwd_workspace_bytes(const fc_attn_bwd_params* p, fc_kernel k) {
-    const size_t rows = (size_t)p->B * p->Hq * p->Sq;
+/* Workspace of the GPU backward (kernels.h, the same for both kernels): the dQ
+ * accumulator of padded rows and head dim in pieces, Delta and LSE * log2(e) of
+ * padded rows, the Hopper kernel's item counter, then a deterministic call's
+ * turn counters (one per piece). */
+static size_t bwd_workspace_bytes(const fc_attn_bwd_params* p) {
     const size_t vec = (size_t)p->B * p->Hq * (((size_t)p->Sq + FC_BWD_ROW_PAD - 1) / FC_BWD_ROW_PAD * FC_BWD_ROW_PAD);
-    const size_t dp = (size_t)64 << padded_dim_index(p->D);  /* the Hopper kernel's padded head dim: 64, 128, 256 */
-    const size_t blocks = k == FC_KERNEL_SM90 ? vec / FC_BWD_PIECE_DIM * (dp / FC_BWD_PIECE_DIM)
-                                              : (size_t)p->B * p->Hq * (((size_t)p->Sq + FC_BWD_ROWS_PER_BLOCK - 1) /
-                                                                         FC_BWD_ROWS_PER_BLOCK);
-    const size_t turns = p->deterministic ? blocks : 0; /* int32 each: per 64-row block, or per 64 x 64 piece */
-    /* the Hopper kernel's item counter: one int32 */
-    const size_t floats = (k == FC_KERNEL_SM90 ? vec * dp + 2 * vec + 1 : rows * ((size_t)p->D + 1)) + turns;
+    const size_t dp = (size_t)64 << padded_dim_index(p->D);  /* the padded head dim: 64, 128, 256 */
+    const size_t turns = p->deterministic ? vec / FC_BWD_PIECE_DIM * (dp / FC_BWD_PIECE_DIM) : 0; /* int32 each */
+    const size_t floats = vec * dp + 2 * vec + 1 + turns;  /* + 1: the item counter, one int32 */
     return (floats * sizeof(float) + FC_WORKSPACE_ALIGN - 1) / FC_WORKSPACE_ALIGN * FC_WORKSPACE_ALIGN;
 }
 
@@ -580,7 +574,7 @@ static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int
         fail(rp, FC_ERR_INVALID_SHAPE, "shape: B=%d x Hkv=%d x Sk=%d zero rows of dk and dv need more than 2^31-1 "
              "thread blocks; split the batch", p->B, p->Hkv, p->Sk);
     /* (the workspace is not checked for a refused call: its size query answers 0 there) */
-    const size_t need = bwd_needs_workspace(p) ? bwd_workspace_bytes(p, k) : 0;
+    const size_t need = bwd_needs_workspace(p) ? bwd_workspace_bytes(p) : 0;
     if (check_workspace && need > 0 && rp->first == FC_OK) {
         if (!p->workspace || p->workspace_bytes < need)
             fail(rp, FC_ERR_WORKSPACE, "workspace: %zu bytes given, %zu needed for the dQ accumulator; allocate "
@@ -629,9 +623,8 @@ fc_status fc_attn_bwd_device_check(int D, fc_kernel kernel, char* why, size_t wh
 
 size_t fc_attn_bwd_workspace_size(const fc_attn_bwd_params* p) {
     fc_reasons r = {FC_OK, NULL, 0, 0};
-    fc_kernel k = FC_KERNEL_SM80;
-    if (bwd_check_impl(p, &r, 0, &k, NULL) != FC_OK || p->kernel == FC_KERNEL_CPU || !bwd_needs_workspace(p)) return 0;
-    return bwd_workspace_bytes(p, k);
+    if (bwd_check_impl(p, &r, 0, NULL, NULL) != FC_OK || p->kernel == FC_KERNEL_CPU || !bwd_needs_workspace(p)) return 0;
+    return bwd_workspace_bytes(p);
 }
 
 /* Writes zero rows into t: B batches x H heads x S rows of D elements (the

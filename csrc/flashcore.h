@@ -236,13 +236,11 @@ fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream);
 
 /* Bytes of workspace fc_attn_bwd needs for p: 0 for the CPU path, for calls
  * with B, Hq, Sq or Sk = 0 (the gradients are zeros) and for params the
- * check rejects, else, rounded up to 16: for the sm80 kernel B*Hq*Sq*(D + 1)*4
- * (an fp32 dQ accumulator and Delta), plus B*Hq*ceil(Sq / 64)*4 for a
- * deterministic call (the turn counters), for the sm90 kernel B*Hq*Sq_pad*(DP + 2)*4
+ * check rejects, else, rounded up to 16 (both GPU kernels): B*Hq*Sq_pad*(DP + 2)*4
  * with Sq_pad = Sq rounded up to 128 and DP = D rounded up to 64, 128 or 256 (the
- * accumulator in tiles, Delta and the LSE in base 2, padded rows) + 4 (the
- * main kernel's item counter), plus B*Hq*(Sq_pad / 64)*(DP / 64)*4 for a
- * deterministic call. */
+ * fp32 dQ accumulator in tiles, Delta and the LSE in base 2, padded rows) + 4 (the
+ * sm90 main kernel's item counter), plus B*Hq*(Sq_pad / 64)*(DP / 64)*4 for a
+ * deterministic call (the turn counters). */
 size_t fc_attn_bwd_workspace_size(const fc_attn_bwd_params* p);
 
 #ifdef __cplusplus

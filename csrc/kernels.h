@@ -22,22 +22,17 @@ size_t fc_sm80_smem_d256(void);
 /* Backward kernels, one per padded head dim: portable mma.sync up to 256
  * (csrc/sm80/attn_bwd_sm80*.cu) and Hopper wgmma + TMA up to 256
  * (csrc/sm90/attn_bwd_sm90*.cu, sm_90a only, present with FC_HAVE_SM90). The
- * workspace (fc_attn_bwd_workspace_size) holds the fp32 dQ accumulator, then
- * the per-row vectors, and is sized for the kernel that runs: the portable
- * kernel keeps the accumulator (B, Hq, Sq, D) row-major and Delta (B, Hq, Sq)
- * right after it (then, for a deterministic call, int32 turn counters
- * (B, Hq, ceil(Sq / FC_BWD_ROWS_PER_BLOCK))); the Hopper one keeps
- * (B, Hq, Sq_pad, DP) in 64 x 64 pieces (attn_bwd_sm90.cuh), then Delta and
- * LSE * log2(e) (B, Hq, Sq_pad) each, then an int32 item counter (then, for a
- * deterministic call, one int32 turn counter per piece), with Sq_pad = Sq
- * rounded up to FC_BWD_ROW_PAD and DP = D padded to 64, 128 or 256. The
- * launchers fill them (no memset needed). */
+ * workspace (fc_attn_bwd_workspace_size) has one layout for both kernels
+ * (csrc/common/bwd_rows.cuh): the fp32 dQ accumulator (B, Hq, Sq_pad, DP) in
+ * 64 x 64 pieces, then Delta and LSE * log2(e) (B, Hq, Sq_pad) each, then the
+ * Hopper kernel's int32 item counter (then, for a deterministic call, one
+ * int32 turn counter per piece), with Sq_pad = Sq rounded up to FC_BWD_ROW_PAD
+ * and DP = D padded to 64, 128 or 256. The prep kernel fills them (no memset
+ * needed). */
 #define FC_BWD_KEYS_PER_CTA 64 /* fewest keys per CTA of the portable main kernel (its grid: key blocks x B x Hkv;
                                   64 or 128 keys) */
 #define FC_BWD_ROW_PAD 128     /* rows per head of the padded per-row vectors are a multiple of this */
-#define FC_BWD_PIECE_DIM 64    /* rows and columns of a piece of the Hopper kernel's dQ accumulator */
-#define FC_BWD_ROWS_PER_BLOCK 64 /* query rows per block of the portable main kernel (a deterministic
-                                    call's turn counters: one per (batch, query head, block)) */
+#define FC_BWD_PIECE_DIM 64    /* rows and columns of a piece of the dQ accumulator */
 fc_status fc_sm80_bwd_d64(const fc_attn_bwd_params* p, fc_stream_t stream);   /* D <= 64 */
 fc_status fc_sm80_bwd_wide_d64(const fc_attn_bwd_params* p, fc_stream_t stream);  /* the same, 128-key CTAs */
 fc_status fc_sm80_bwd_d128(const fc_attn_bwd_params* p, fc_stream_t stream);  /* 64 < D <= 128 */

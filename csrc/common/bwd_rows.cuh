@@ -1,25 +1,21 @@
 // bwd_rows.cuh -- what the portable (csrc/sm80/attn_bwd_sm80.cuh) and the
 // Hopper (csrc/sm90/attn_bwd_sm90.cuh) backward share: the per-row kernels
-// (DP / 8 threads per row, each 8 columns, 16 bytes of T), the layout of the
-// Hopper kernel's dQ accumulator, and the blocks a main kernel's item walks.
+// (DP / 8 threads per row, each 8 columns, 16 bytes of T), the workspace and
+// its dQ accumulator's layout, and the blocks a main kernel's item walks.
 //
 //  attn_bwd_prep_kernel: Delta_i = sum_d dO_id O_id (fp32) per query row,
-//    minus dlse_i when the caller passes an LSE gradient, and the fp32 dQ
-//    accumulator zeroed. The per-row vectors hold (B, Hq, sq_pad) rows:
-//    sq_pad = Sq for the portable kernel, Sq rounded up to FC_BWD_ROW_PAD for
-//    the Hopper one, whose padding rows get Delta = 0 and LSE * log2(e) = +inf
-//    (so their P is 0); `hopper` also writes LSE * log2(e) (+inf for rows that
-//    see no key) and zeroes the Hopper kernel's tiled accumulator and its
-//    item counter. A deterministic call's turn counters are zeroed there too.
-//  attn_bwd_post_kernel: dQ = scale * accumulator, converted to T, strided,
-//    from either accumulator layout.
+//    minus dlse_i when the caller passes an LSE gradient, LSE_i * log2(e)
+//    (+inf for rows that see no key; the Hopper kernel reads it), and the fp32
+//    dQ accumulator, the Hopper kernel's item counter and a deterministic
+//    call's turn counters zeroed. The per-row vectors hold (B, Hq, sq_pad)
+//    rows, sq_pad = Sq rounded up to FC_BWD_ROW_PAD (bwd_sq_pad); padding rows
+//    get Delta = 0 and LSE * log2(e) = +inf (so their P is 0).
+//  attn_bwd_post_kernel: dQ = scale * accumulator, converted to T, strided.
 //
-// Workspace layout (kernels.h): the accumulator, (B, Hq, Sq, D) row-major fp32
-// (portable) or (B, Hq, sq_pad, DP) in tiles (Hopper, attn_bwd_sm90.cuh), then
-// Delta (B, Hq, sq_pad), then (Hopper) LSE * log2(e) (B, Hq, sq_pad) and the
-// main kernel's int32 item counter (zeroed by the prep kernel), then a
-// deterministic call's int32 turn counters: (B, Hq, ceil(Sq / 64)) for the
-// portable kernel, one per piece (B, Hq, sq_pad / 64, DP / 64) for the Hopper one.
+// Workspace layout (kernels.h), the same for both main kernels: the fp32
+// accumulator (B, Hq, sq_pad, DP) in 64 x 64 pieces (bwd_piece), then Delta
+// and LSE * log2(e), (B, Hq, sq_pad) each, then the Hopper kernel's int32 item
+// counter, then a deterministic call's int32 turn counters, one per piece.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,9 +28,13 @@
 static constexpr int BWD_ROW_THREADS = 128;
 static constexpr int BWD_ROW_MAX_GRID = 1 << 20;  // CTAs of the row kernels; more rows loop
 
-// The Hopper kernel's dQ accumulator, (B, Hq, sq_pad, DP) fp32, is kept in
-// pieces of BWD_PIECE_ROWS x BWD_PIECE_COLS (a warpgroup's 64 x 64 wgmma
-// accumulator), each contiguous in the fragment order the warpgroup stages it.
+// The dQ accumulator, (B, Hq, sq_pad, DP) fp32, is kept in pieces of
+// BWD_PIECE_ROWS x BWD_PIECE_COLS (a Hopper warpgroup's 64 x 64 wgmma
+// accumulator), each contiguous in the fragment order the warpgroup stages it;
+// in that order the C fragment of an m16n8 mma tile of a piece (rows from a
+// multiple of 16, columns from a multiple of 8) is 256 contiguous bytes per
+// 8-row half, 8 per lane (bwd_piece_offset), which the portable kernel adds
+// with one 2-float reduction each.
 static constexpr int BWD_PIECE_ROWS = FC_BWD_PIECE_DIM;
 static constexpr int BWD_PIECE_COLS = FC_BWD_PIECE_DIM;
 static constexpr int BWD_PIECE = BWD_PIECE_ROWS * BWD_PIECE_COLS;  // floats of a piece
@@ -57,9 +57,14 @@ FC_DEVICE int64_t bwd_piece(int64_t m, int slab) {
 // jj = 2 (c / 8) + (r % 16) / 8, stored at 2 (128 jj + t) + c % 2, so that
 // consecutive threads write consecutive 8 bytes (and 8 columns of a row from
 // a multiple of 8 are 8 consecutive floats).
-FC_DEVICE int bwd_piece_offset(int r, int c) {
+static constexpr __host__ __device__ int bwd_piece_offset(int r, int c) {
     const int t = 32 * (r / 16) + 4 * (r % 8) + (c % 8) / 2, jj = 2 * (c / 8) + (r % 16) / 8;
     return 2 * (BWD_PIECE_THREADS * jj + t) + c % 2;
+}
+
+// Rows per (batch, head) of the accumulator and the per-row vectors: Sq rounded up to FC_BWD_ROW_PAD.
+static inline __host__ __device__ int bwd_sq_pad(int Sq) {
+    return (Sq + FC_BWD_ROW_PAD - 1) / FC_BWD_ROW_PAD * FC_BWD_ROW_PAD;
 }
 
 // The blocks a main kernel walks for one item: items are (key block of bc
@@ -106,8 +111,9 @@ FC_DEVICE BwdWalk bwd_walk(const fc_attn_bwd_params& p, int bc, int br, unsigned
 }
 
 // Deterministic dQ: the CTAs that add into one query block's dQ rows take
-// turns, the last key block first (one counter per 64-row block in the portable
-// kernel, per 64 x 64 piece in the Hopper one). A counter holds how
+// turns, the last key block first (one counter per 64 x 64 piece; the portable
+// kernel, which adds all of a 64-row block's columns in one turn, uses its
+// first piece's). A counter holds how
 // many have added; the CTA of key block kb waits for last - kb, adds, then
 // counts itself. The CTAs that visit block m are those of key blocks 0 .. last
 // (m_first grows with the key block), so every turn comes. Last first: a
@@ -120,14 +126,6 @@ FC_DEVICE BwdWalk bwd_walk(const fc_attn_bwd_params& p, int bc, int br, unsigned
 // lower index, started no later than itself: a full GPU cannot hold a waiter
 // whose turn never comes.
 static constexpr int BWD_TURN_SLEEP_NS = 64;  // back-off between polls of a turn counter
-
-// The portable kernel's counter of query block m of (batch b, query head h), after Delta.
-FC_DEVICE int* bwd_turn(const fc_attn_bwd_params& p, int b, int h, int m) {
-    const int64_t n_rows = (int64_t)p.B * p.Hq * p.Sq;
-    int* turns = reinterpret_cast<int*>(static_cast<float*>(p.workspace) + n_rows * (p.D + 1));
-    const int blocks = (p.Sq + FC_BWD_ROWS_PER_BLOCK - 1) / FC_BWD_ROWS_PER_BLOCK;
-    return turns + ((int64_t)b * p.Hq + h) * blocks + m;
-}
 
 // How many key blocks add into iteration it's query block (of br rows) before
 // this CTA (of bc keys): those after it, up to the last one that visits the block.
@@ -156,32 +154,37 @@ FC_DEVICE void bwd_count_turn(int* turn) {
     asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn) : "memory");
 }
 
-// The portable kernel's counter of iteration it's query block.
-FC_DEVICE int* bwd_turn_at(const fc_attn_bwd_params& p, const BwdWalk& w, int it) {
-    return bwd_turn(p, w.b, w.hk * w.G + it / w.per_head, w.m_first + it % w.per_head);
-}
-
-// Waits until the key blocks after this CTA's have added into iteration it's query block.
-FC_DEVICE void bwd_wait_turn(const fc_attn_bwd_params& p, const BwdWalk& w, int it, int bc, int br) {
-    const int mine = bwd_turn_rank(p, w, it, bc, br);
-    bwd_poll_turn(bwd_turn_at(p, w, it), mine);
-}
-
-// Counts this CTA's adds into iteration it's query block (after a barrier that orders them).
-FC_DEVICE void bwd_pass_turn(const fc_attn_bwd_params& p, const BwdWalk& w, int it) {
-    bwd_count_turn(bwd_turn_at(p, w, it));
-}
-
 // The Hopper kernel's item counter (items handed out past the grid's first), after LSE * log2(e).
 template <int DP>
 FC_DEVICE unsigned* bwd_item_counter(const fc_attn_bwd_params& p, int sq_pad) {
     const int64_t n_vec = (int64_t)p.B * p.Hq * sq_pad;
     return reinterpret_cast<unsigned*>(static_cast<float*>(p.workspace) + n_vec * (DP + 2));
 }
-// The Hopper kernel's turn counters, one per piece (bwd_piece_index), after the item counter.
+// The turn counters, one per piece (bwd_piece_index), after the item counter.
 template <int DP>
 FC_DEVICE int* bwd_piece_turns(const fc_attn_bwd_params& p, int sq_pad) {
     return reinterpret_cast<int*>(bwd_item_counter<DP>(p, sq_pad) + 1);
+}
+
+// The portable kernel's counter of iteration it's query block (of BWD_PIECE_ROWS rows): its first piece's.
+template <int DP>
+FC_DEVICE int* bwd_turn_at(const fc_attn_bwd_params& p, const BwdWalk& w, int it, int sq_pad) {
+    const int64_t bh = (int64_t)w.b * p.Hq + w.hk * w.G + it / w.per_head;
+    return bwd_piece_turns<DP>(p, sq_pad) +
+           bwd_piece_index<DP>(bh * (sq_pad / BWD_PIECE_ROWS) + w.m_first + it % w.per_head, 0);
+}
+
+// Waits until the key blocks after this CTA's (of bc keys) have added into iteration it's query block.
+template <int DP>
+FC_DEVICE void bwd_wait_turn(const fc_attn_bwd_params& p, const BwdWalk& w, int it, int bc, int sq_pad) {
+    const int mine = bwd_turn_rank(p, w, it, bc, BWD_PIECE_ROWS);
+    bwd_poll_turn(bwd_turn_at<DP>(p, w, it, sq_pad), mine);
+}
+
+// Counts this CTA's adds into iteration it's query block (after a barrier that orders them).
+template <int DP>
+FC_DEVICE void bwd_pass_turn(const fc_attn_bwd_params& p, const BwdWalk& w, int it, int sq_pad) {
+    bwd_count_turn(bwd_turn_at<DP>(p, w, it, sq_pad));
 }
 
 // Two T (one 32-bit word, low half first) as floats.
@@ -196,12 +199,12 @@ template <> FC_DEVICE float2 bwd_unpack2<__nv_bfloat16>(uint32_t w) {
 // Rows loop CTA-uniformly so the shuffles below see whole warps.
 template <int DP, typename T>
 __global__ void __launch_bounds__(BWD_ROW_THREADS)
-attn_bwd_prep_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_pad, bool hopper) {
+attn_bwd_prep_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_pad) {
     constexpr int LANES = DP / 8, ROWS = BWD_ROW_THREADS / LANES;
-    const int64_t n_rows = (int64_t)p.B * p.Hq * p.Sq, n_vec = (int64_t)p.B * p.Hq * sq_pad;
+    const int64_t n_vec = (int64_t)p.B * p.Hq * sq_pad;
     float* dq_acc = static_cast<float*>(p.workspace);
-    float* delta = dq_acc + (hopper ? n_vec * DP : n_rows * p.D);  // (B, Hq, sq_pad)
-    float* lse2 = delta + n_vec;                                    // (B, Hq, sq_pad), Hopper
+    float* delta = dq_acc + n_vec * DP;  // (B, Hq, sq_pad)
+    float* lse2 = delta + n_vec;         // (B, Hq, sq_pad)
     const int c = threadIdx.x % LANES;
     const bool col_ok = c * 8 < p.D;
     for (int64_t base = (int64_t)blockIdx.x * ROWS; base < n_vec; base += (int64_t)gridDim.x * ROWS) {
@@ -223,13 +226,8 @@ attn_bwd_prep_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_pad, b
                 const float2 of = bwd_unpack2<T>(ow[e]), df = bwd_unpack2<T>(dw[e]);
                 sum = fmaf(of.x, df.x, fmaf(of.y, df.y, sum));
             }
-            if (!hopper) {
-                float4* acc = reinterpret_cast<float4*>(dq_acc + row * p.D + c * 8);
-                acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-                acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-            }
         }
-        if (hopper && vrow < n_vec) {  // DP floats per row of the tiled accumulator, padding rows too
+        if (vrow < n_vec) {  // DP floats per row of the accumulator (8 per thread), padding rows too
             float4* acc = reinterpret_cast<float4*>(dq_acc + vrow * DP + c * 8);
             acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
             acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -241,20 +239,18 @@ attn_bwd_prep_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_pad, b
             // LSE = -inf have P = 0 and keep Delta, whatever dlse holds there).
             const float lse = real ? p.lse[row] : -INFINITY;
             delta[vrow] = !real ? 0.f : p.dlse && lse != -INFINITY ? sum - p.dlse[row] : sum;
-            if (hopper) lse2[vrow] = lse == -INFINITY ? INFINITY : lse * FC_LOG2E;
-            if (!hopper && p.deterministic && real && i % FC_BWD_ROWS_PER_BLOCK == 0)
-                *bwd_turn(p, (int)(bh / p.Hq), (int)(bh % p.Hq), i / FC_BWD_ROWS_PER_BLOCK) = 0;  // none added yet
+            lse2[vrow] = lse == -INFINITY ? INFINITY : lse * FC_LOG2E;
         }
-        if (hopper && vrow == 0 && c == 0) *bwd_item_counter<DP>(p, sq_pad) = 0;  // no item handed out yet
-        if (hopper && p.deterministic && vrow < n_vec && i % BWD_PIECE_ROWS == 0 && c < DP / BWD_PIECE_COLS)
+        if (vrow == 0 && c == 0) *bwd_item_counter<DP>(p, sq_pad) = 0;  // no item handed out yet
+        if (p.deterministic && vrow < n_vec && i % BWD_PIECE_ROWS == 0 && c < DP / BWD_PIECE_COLS)
             bwd_piece_turns<DP>(p, sq_pad)[bwd_piece_index<DP>(vrow / BWD_PIECE_ROWS, c)] = 0;  // none added yet
     }
 }
 
-// hopper: the accumulator is in pieces (sq_pad rows per head), else (B, Hq, Sq, D) row-major.
+// The accumulator's pieces hold sq_pad rows per (batch, head).
 template <int DP, typename T>
 __global__ void __launch_bounds__(BWD_ROW_THREADS)
-attn_bwd_post_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_pad, bool hopper) {
+attn_bwd_post_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_pad) {
     constexpr int LANES = DP / 8, ROWS = BWD_ROW_THREADS / LANES;
     const int64_t n_rows = (int64_t)p.B * p.Hq * p.Sq;
     const float* dq_acc = static_cast<const float*>(p.workspace);
@@ -265,10 +261,8 @@ attn_bwd_post_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_pad, b
         const int i = (int)(row % p.Sq), col = c * 8;
         const int64_t bh = row / p.Sq;
         const int h = (int)(bh % p.Hq), b = (int)(bh / p.Hq);
-        const int64_t at = hopper ? bwd_piece<DP>(bh * (sq_pad / BWD_PIECE_ROWS) + i / BWD_PIECE_ROWS,
-                                                  col / BWD_PIECE_COLS) +
-                                        bwd_piece_offset(i % BWD_PIECE_ROWS, col % BWD_PIECE_COLS)
-                                  : row * p.D + col;
+        const int64_t at = bwd_piece<DP>(bh * (sq_pad / BWD_PIECE_ROWS) + i / BWD_PIECE_ROWS, col / BWD_PIECE_COLS) +
+                           bwd_piece_offset(i % BWD_PIECE_ROWS, col % BWD_PIECE_COLS);
         const float4* src = reinterpret_cast<const float4*>(dq_acc + at);
         const float4 x0 = src[0], x1 = src[1];
         const float s = p.scale;

@@ -21,8 +21,11 @@
 //     barrier each warp computes a tile of dQ_i += dS K over all BC keys
 //     (16 rows x its column half with 16-key warps, 32 rows x half of it with
 //     32-key warps) and adds it to the fp32 accumulator with global
-//     reductions (unscaled). The epilogue writes dK * scale and dV, staged
-//     through the K/V tiles.
+//     reductions (unscaled): the accumulator's 64 x 64 pieces keep each C
+//     fragment half's 8 rows x 8 columns in 256 contiguous bytes (bwd_piece),
+//     one reduction each, at a fixed offset from one address per lane (rows
+//     past Sq and columns past D add zeros into the padding). The epilogue
+//     writes dK * scale and dV, staged through the K/V tiles.
 //  3. attn_bwd_post_kernel (bwd_rows.cuh): dQ = scale * accumulator, in dtype.
 // dK and dV are reduced inside one CTA in a fixed order, so they are
 // bit-reproducible; dQ's atomic adds are not (their order varies), unless
@@ -44,8 +47,8 @@
 // are zero-filled and masked. Rows with LSE = -inf (they see no key) get
 // P = 0, so dQ = 0 and they add nothing; keys that no row sees get dK = dV = 0.
 // Strides and pointers as the forward (16-byte aligned, checked by dispatch).
-// The workspace holds the fp32 dQ accumulator (B, Hq, Sq, D) then Delta
-// (B, Hq, Sq); the prep kernel initialises both.
+// The workspace (bwd_rows.cuh) holds the fp32 dQ accumulator (B, Hq, sq_pad, DP)
+// in pieces, then Delta and LSE * log2(e) (B, Hq, sq_pad); the prep kernel fills them.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -120,12 +123,23 @@ struct BwdTile {
     static constexpr size_t VEC_BYTES = (size_t)STAGES * 2 * BR * 4;  // LSE and Delta of the rows
     static constexpr size_t P_BYTES = HALVES == 2 ? (size_t)BC * BR * 2 : 0;  // P^T, passed between the halves
     static constexpr size_t SMEM_BYTES = KV_BYTES + QDO_BYTES + DS_BYTES + VEC_BYTES + P_BYTES;
+    // Float offset of thread t's first dQ pair from its block's first piece (the dQ phase, bwd_piece_offset):
+    // its half's piece, its lane, its row group's first m16 tile and its column group's first 8-column tile.
+    static FC_DEVICE int dq_lane_offset(int t) {
+        const int w = t / 32, kw = w % KEY_WARPS, half = w / KEY_WARPS;
+        const int rg = DQ_WC == 1 ? kw : kw % DQ_WR, cg = DQ_WC == 1 ? 0 : kw / DQ_WR;
+        static_assert(DQ_WC == 1 || DQ_WC * DQ_COLS <= BWD_PIECE_COLS,
+                      "a warp's dQ columns are inside one piece, or all of its half's");
+        return BWD_PIECE * (half * DV / BWD_PIECE_COLS) + 2 * (t % 32) + bwd_piece_offset(16, 0) * rg * DQ_RT +
+               bwd_piece_offset(0, 8) * (cg * DQ_COLS / 8);
+    }
     static_assert(KPW == 16 || (KPW == 32 && DP <= 128), "16 keys per warp, or 32 at DP <= 128");
     static_assert(THREADS >= 2 * BR, "one thread copies each row's LSE or Delta");
     static_assert(BR * 2 == 128, "the dS^T tile's rows must be 8 chunks for swz");
     static_assert(BC % FC_BWD_KEYS_PER_CTA == 0, "dispatch bounds the grid with FC_BWD_KEYS_PER_CTA");
     static_assert(KPW == 16 || BC == FC_SM80_BWD_WIDE_KEYS, "dispatch counts the 32-key kernels' CTAs");
-    static_assert(BR == FC_BWD_ROWS_PER_BLOCK, "dispatch sizes the turn counters with FC_BWD_ROWS_PER_BLOCK");
+    static_assert(BR == BWD_PIECE_ROWS && FC_BWD_ROW_PAD % BR == 0,
+                  "a block's dQ rows are one row of pieces, inside the padded rows (and one turn counter)");
     static_assert(DV % 64 == 0, "a half starts at a multiple of 8 chunks, outside the swizzle");
     static_assert(DQ_COLS % 16 == 0 && DQ_RT >= 1, "a dQ warp tile is whole m16 x 16-column pieces");
     static_assert(HALVES == 1 || PARTS == HALVES, "with two halves, part h of the rows is group h's");
@@ -181,7 +195,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     T* sQ = sV + BC * DP;                    // (STAGES, BR, DP) swizzled
     T* sdO = sQ + STAGES * BR * DP;          // (STAGES, BR, DP) swizzled
     T* sdS = sdO + STAGES * BR * DP;         // (BC, BR) swizzled: dS^T, key rows
-    float* sLse = reinterpret_cast<float*>(sdS + BC * BR);  // (STAGES, BR)
+    float* sLse = reinterpret_cast<float*>(sdS + BC * BR);  // (STAGES, BR): LSE * log2(e)
     float* sDelta = sLse + STAGES * BR;                     // (STAGES, BR)
     T* sP = reinterpret_cast<T*>(sDelta + STAGES * BR);     // (BC, BR) swizzled: P^T, key rows (HALVES = 2)
 
@@ -196,9 +210,10 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     const bool causal = w.causal;
     const int m_first = w.m_first, per_head = w.per_head, n_iter = w.n_iter;
 
-    const int64_t n_rows = (int64_t)p.B * p.Hq * p.Sq;
+    // The workspace: the dQ accumulator (B, Hq, sq_pad, DP) in pieces, then Delta and LSE * log2(e), (B, Hq,
+    // sq_pad) each. sq_pad and the addresses derived from it are recomputed where used (kept across the
+    // loop, they spilled).
     float* dq_acc = static_cast<float*>(p.workspace);
-    const float* delta = dq_acc + n_rows * p.D;
 
     // K and V once (their own commit group with the first Q/dO block).
     const int64_t thr_col = (tid % CHUNKS) * 8, thr_row = tid / CHUNKS;  // see load_tile
@@ -226,11 +241,11 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                                    p.D, t);
         load_tile<DP, BR, THREADS>(sdO + slot * BR * DP, dout + t_row * p.do_row_stride + t_col, dout,
                                    p.do_row_stride, rows, p.D, t);
-        const int64_t vec0 = ((int64_t)b * p.Hq + h) * p.Sq + row0;  // first row in (B, Hq, Sq)
-        const int r = t % BR;
-        const float* src = (t < BR ? p.lse : delta) + vec0 + (r < rows ? r : 0);
-        if (THREADS == 2 * BR || t < 2 * BR)  // the first 2 BR threads
-            bwd_cp_async_4((t < BR ? sLse : sDelta) + slot * BR + r, src, r < rows);
+        const int sq_pad = bwd_sq_pad(p.Sq), r = t % BR;  // padding rows (Delta 0, LSE * log2(e) +inf) to sq_pad
+        const int64_t n_vec = (int64_t)p.B * p.Hq * sq_pad, vec0 = ((int64_t)b * p.Hq + h) * sq_pad + row0;
+        if (THREADS == 2 * BR || t < 2 * BR)  // the first 2 BR threads: Delta, LSE * log2(e)
+            bwd_cp_async_4((t < BR ? sLse : sDelta) + slot * BR + r, dq_acc + n_vec * (t < BR ? DP + 1 : DP) + vec0 + r,
+                           true);
     };
     // The query head and block of iteration it, carried across the loop (the next: h_nxt, m_nxt).
     int h_cur = hk * G, m_cur = m_first;
@@ -359,7 +374,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                              // (two halves, two slots) every warp's dV / dK-phase reads of sP and sdS
                              // (block it-1) before the stores below, and (deterministic) every warp's
                              // dQ adds of block it-1 before they are counted
-        if (p.deterministic && it > 0 && tid == 0) bwd_pass_turn(p, w, it - 1);
+        if (p.deterministic && it > 0 && tid == 0) bwd_pass_turn<DP>(p, w, it - 1, bwd_sq_pad(p.Sq));
         if constexpr (STAGES == 2) {
             if (it + 1 < n_iter) load_block(h_nxt, m_nxt * BR, slot ^ 1);
             cp_async_commit();
@@ -382,19 +397,17 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
             gemm_rows(s, k_a, q_b + rows_off);
 #pragma unroll
             for (int nt = 0; nt < NP; ++nt) {
-                const float2 l2 = *reinterpret_cast<const float2*>(lse_s + nt * 8);
+                // LSE * log2(e): +inf for a row that sees no key (P = 2^-inf = 0; its scores are finite or
+                // -inf, NaN only at keys it does not see, masked below) and for padding rows.
+                const float2 m2 = *reinterpret_cast<const float2*>(lse_s + nt * 8);
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float lse = e ? l2.y : l2.x;
-                    const float m = lse * FC_LOG2E;
+                for (int e = 0; e < 2; ++e)
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                        for (int hr = 0; hr < 2; ++hr) {
-                            const float pe = fast_exp2(fmaf(s[mt][nt][2 * hr + e], scale_log2, -m));
-                            s[mt][nt][2 * hr + e] = lse == -INFINITY ? 0.f : pe;  // a row that sees no key
-                        }
-                }
+                        for (int hr = 0; hr < 2; ++hr)
+                            s[mt][nt][2 * hr + e] =
+                                fast_exp2(fmaf(s[mt][nt][2 * hr + e], scale_log2, e ? -m2.y : -m2.x));
             }
             // Mask: query rows past Sq, keys past Sk, causal (query i < key - diag).
             // Column c = nt*8 + e of this lane is query row0 + col0 + (lane%4)*2 + c.
@@ -453,7 +466,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
             if constexpr (Tile::HALVES == 1) gemm_acc(acc_dk, dsa, q_t + rows_off);
             stash(sdS, dsa, col0);
         }
-        if (p.deterministic && tid == 0) bwd_wait_turn(p, w, it, BC, BR);  // this CTA's dQ turn
+        if (p.deterministic && tid == 0) bwd_wait_turn<DP>(p, w, it, BC, bwd_sq_pad(p.Sq));  // this CTA's dQ turn
         __syncthreads();  // orders the P^T and dS^T stores before the reads below, (one slot, one half)
                           // every warp's reads of the Q/dO slot and LSE/Delta before the refill below, and
                           // (deterministic) the turn's wait before every warp's dQ adds
@@ -495,18 +508,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
             if constexpr (A_ALL)
 #pragma unroll
                 for (int kk = 0; kk < BC / 16; ++kk) ldmatrix_x4_trans(a_all[kk], ds_a + kk * 16 * DS_ROW_BYTES);
-            float* dq_row[DQ_RT][2];
-            bool row_ok[DQ_RT][2];
-#pragma unroll
-            for (int rt = 0; rt < DQ_RT; ++rt)
-#pragma unroll
-                for (int hr = 0; hr < 2; ++hr) {
-                    const int r = row0 + (dq_rg * DQ_RT + rt) * 16 + lane / 4 + hr * 8;
-                    row_ok[rt][hr] = r < p.Sq;
-                    dq_row[rt][hr] = dq_acc + (((int64_t)b * p.Hq + h) * p.Sq + (row_ok[rt][hr] ? r : 0)) * p.D +
-                                     c_base + (lane % 4) * 2;
-                }
-#pragma unroll
+#pragma unroll 1  // one pass with PG = DQ_PAIRS; unrolled (one row tile), the passes' adds overlapped and spilled
             for (int pg = 0; pg < DQ_PAIRS; pg += PG) {
                 float acc[PG][DQ_RT][2][4];
 #pragma unroll
@@ -534,19 +536,28 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                         }
                     }
                 }
+                // This lane's pair of each C fragment half (8 rows x 8 columns from multiples of 8) lies in one
+                // piece (64 x 64 floats, bwd_piece) at bwd_piece_offset(first row, first column) + 2 * lane: one
+                // address per lane, offsets fixed at compile time beyond the warp's row and column group. Rows
+                // past Sq and columns past D add zeros into the padding; an m16 tile wholly past Sq skips its
+                // adds (a warp-uniform branch).
+                constexpr int M16 = bwd_piece_offset(16, 0), HALF8 = bwd_piece_offset(8, 0);
+                constexpr int N8 = bwd_piece_offset(0, 8), TILES = BWD_PIECE_COLS / 8;  // 8-column tiles of a piece
+                const int64_t block = ((int64_t)b * p.Hq + h) * (bwd_sq_pad(p.Sq) / BWD_PIECE_ROWS) + row0 / BR;
+                float* lane_dq = dq_acc + bwd_piece<DP>(block, 0) + Tile::dq_lane_offset(tid);
 #pragma unroll
                 for (int pp = 0; pp < PG; ++pp)
 #pragma unroll
                     for (int j = 0; j < 2; ++j) {
-                        const int col = (2 * (dq_cg * DQ_PAIRS + pg + pp) + j) * 8;  // inside the half
-                        if (c_base + col < p.D)
+                        const int c = 2 * (pg + pp) + j;  // 8-column tile from the warp's first
 #pragma unroll
-                            for (int rt = 0; rt < DQ_RT; ++rt)
+                        for (int rt = 0; rt < DQ_RT; ++rt) {
+                            if (row0 + (dq_rg * DQ_RT + rt) * 16 >= p.Sq) continue;
 #pragma unroll
-                                for (int hr = 0; hr < 2; ++hr)
-                                    if (row_ok[rt][hr])
-                                        bwd_red_add2(dq_row[rt][hr] + col, acc[pp][rt][j][2 * hr],
-                                                     acc[pp][rt][j][2 * hr + 1]);
+                            for (int hr = 0; hr < 2; ++hr)
+                                bwd_red_add2(lane_dq + BWD_PIECE * (c / TILES) + N8 * (c % TILES) + HALF8 * hr +
+                                                 M16 * rt, acc[pp][rt][j][2 * hr], acc[pp][rt][j][2 * hr + 1]);
+                        }
                     }
             }
         }
@@ -556,7 +567,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     cp_async_wait<0>();  // drain the (empty) trailing group; with no block, K and V have landed
     __syncthreads();     // every warp is done reading sK and sV (dQ reads all keys) before they are restaged,
                          // and (deterministic) every warp's dQ adds of the last block before they are counted
-    if (p.deterministic && n_iter > 0 && tid == 0) bwd_pass_turn(p, w, n_iter - 1);
+    if (p.deterministic && n_iter > 0 && tid == 0) bwd_pass_turn<DP>(p, w, n_iter - 1, bwd_sq_pad(p.Sq));
 
     // Epilogue: dK * scale and dV through this warp's own K and V rows (the
     // half's columns), then 16-byte coalesced stores of keys < Sk.

@@ -13,16 +13,18 @@ static fc_status attn_bwd_sm80_launch(const fc_attn_bwd_params* p, cudaStream_t 
     using Tile = BwdTile<DP, KPW>;
     // dispatch keeps the key blocks x B x Hkv <= 2^31 - 1
     const unsigned main_ctas = (unsigned)((p->Sk + Tile::BC - 1) / Tile::BC) * (unsigned)(p->B * p->Hkv);
-    const unsigned row_grid = bwd_row_grid<DP>((long long)p->B * p->Hq * p->Sq);
+    const int sq_pad = bwd_sq_pad(p->Sq);
 
-    attn_bwd_prep_kernel<DP, T><<<row_grid, BWD_ROW_THREADS, 0, stream>>>(*p, p->Sq, false);  // Delta unpadded
+    attn_bwd_prep_kernel<DP, T><<<bwd_row_grid<DP>((long long)p->B * p->Hq * sq_pad), BWD_ROW_THREADS, 0, stream>>>(
+        *p, sq_pad);
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
     if (fc_smem_limit_once<attn_bwd_sm80_kernel<DP, KPW, T>>((int)Tile::SMEM_BYTES) != cudaSuccess) return FC_ERR_CUDA;
     attn_bwd_sm80_kernel<DP, KPW, T><<<main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(*p);
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
-    attn_bwd_post_kernel<DP, T><<<row_grid, BWD_ROW_THREADS, 0, stream>>>(*p, p->Sq, false);
+    attn_bwd_post_kernel<DP, T><<<bwd_row_grid<DP>((long long)p->B * p->Hq * p->Sq), BWD_ROW_THREADS, 0, stream>>>(
+        *p, sq_pad);
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 

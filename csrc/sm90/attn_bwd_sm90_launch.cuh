@@ -13,7 +13,7 @@ static fc_status attn_bwd_sm90_launch(const fc_attn_bwd_params* p, int num_sms, 
     using Tile = BwdSm90Tile<DP>;
     BwdSm90Args a;
     a.p = *p;
-    a.sq_pad = (p->Sq + FC_BWD_ROW_PAD - 1) / FC_BWD_ROW_PAD * FC_BWD_ROW_PAD;
+    a.sq_pad = bwd_sq_pad(p->Sq);
     fc_status s = fc_sm90_tensor_map(&a.q_map, p->dtype, p->q, p->D, p->Sq, p->Hq, p->B, p->q_row_stride,
                                      p->q_head_stride, p->q_batch_stride, Tile::BR);
     if (s == FC_OK)
@@ -39,7 +39,7 @@ static fc_status attn_bwd_sm90_launch(const fc_attn_bwd_params* p, int num_sms, 
     const unsigned main_ctas = p->deterministic || items < (unsigned)num_sms ? items : (unsigned)num_sms;
 
     attn_bwd_prep_kernel<DP, T><<<bwd_row_grid<DP>((long long)p->B * p->Hq * a.sq_pad), BWD_ROW_THREADS, 0, stream>>>(
-        *p, a.sq_pad, true);
+        *p, a.sq_pad);
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
     if (p->deterministic) {
@@ -54,7 +54,7 @@ static fc_status attn_bwd_sm90_launch(const fc_attn_bwd_params* p, int num_sms, 
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
     attn_bwd_post_kernel<DP, T><<<bwd_row_grid<DP>((long long)p->B * p->Hq * p->Sq), BWD_ROW_THREADS, 0, stream>>>(
-        *p, a.sq_pad, true);
+        *p, a.sq_pad);
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 
