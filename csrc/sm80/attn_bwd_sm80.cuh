@@ -24,7 +24,7 @@
 //     reductions (unscaled): the accumulator's 64 x 64 pieces keep each C
 //     fragment half's 8 rows x 8 columns in 256 contiguous bytes (bwd_piece),
 //     one reduction each, at a fixed offset from one address per lane (rows
-//     past Sq and columns past D add zeros into the padding). The epilogue
+//     past Sq and columns past D add into padding that nothing reads). The epilogue
 //     writes dK * scale and dV, staged through the K/V tiles.
 //  3. attn_bwd_post_kernel (bwd_rows.cuh): dQ = scale * accumulator, in dtype.
 // dK and dV are reduced inside one CTA in a fixed order, so they are
@@ -211,8 +211,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     const int m_first = w.m_first, per_head = w.per_head, n_iter = w.n_iter;
 
     // The workspace: the dQ accumulator (B, Hq, sq_pad, DP) in pieces, then Delta and LSE * log2(e), (B, Hq,
-    // sq_pad) each. sq_pad and the addresses derived from it are recomputed where used (kept across the
-    // loop, they spilled).
+    // sq_pad) each; sq_pad (bwd_sq_pad) and the addresses derived from it are computed where used.
     float* dq_acc = static_cast<float*>(p.workspace);
 
     // K and V once (their own commit group with the first Q/dO block).
@@ -539,8 +538,8 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                 // This lane's pair of each C fragment half (8 rows x 8 columns from multiples of 8) lies in one
                 // piece (64 x 64 floats, bwd_piece) at bwd_piece_offset(first row, first column) + 2 * lane: one
                 // address per lane, offsets fixed at compile time beyond the warp's row and column group. Rows
-                // past Sq and columns past D add zeros into the padding; an m16 tile wholly past Sq skips its
-                // adds (a warp-uniform branch).
+                // past Sq and columns past D add into padding that nothing reads; an m16 tile wholly past Sq
+                // skips its adds (a warp-uniform branch).
                 constexpr int M16 = bwd_piece_offset(16, 0), HALF8 = bwd_piece_offset(8, 0);
                 constexpr int N8 = bwd_piece_offset(0, 8), TILES = BWD_PIECE_COLS / 8;  // 8-column tiles of a piece
                 const int64_t block = ((int64_t)b * p.Hq + h) * (bwd_sq_pad(p.Sq) / BWD_PIECE_ROWS) + row0 / BR;
