@@ -83,15 +83,13 @@
 //  256 | 16  |   8   | 64  | 64 |      1      | K,V 64 + Q,dO 64 + dS 8    | dK, dV 128 fp32 regs/thread per column
 //      |     |       |     |    |             | + LSE/Delta 0.5 + P 8      | half; one CTA per SM (sm80, sm90; sm86/89
 //      |     |       |     |    |             | = 144.5 KB                 | allow 99 KB: dispatch refuses)
-// BR = 64 makes the dS^T tile rows 128 bytes, as the swizzle needs. The 16-key kernels are bound by
-// shared-memory wavefronts (ldmatrix) and latency; the 32-key kernel at DP = 128 reads FA2's count of
-// them and executes 1.25x its instructions (ncu on an H100, perf notes sessions 68-69). 32-key warps
-// (FlashAttention-2's backward tiling) load each Q and dO B fragment once for two key tiles, and
-// their 128-key CTAs halve, per FLOP, the dQ reductions and the Q/dO loads, and tile dQ = dS K in
-// 32 x 32 pieces per warp: on an H100 (harness, session 69) 14-36 % faster than 16-key warps at DP = 64
-// and 1.5-15 % at DP = 128 on the standard grid, causal and not, but 19-26 % slower on a 64-CTA grid, and
-// causal at DP = 64 slower on grids of under three CTAs per SM: dispatch keeps those on 64-key CTAs
-// (sm80_bwd_wide in dispatch.c). DP = 256 has no room for 128 keys.
+// BR = 64 makes the dS^T tile rows 128 bytes, as the swizzle needs. 32-key warps (FlashAttention-2's
+// backward tiling) load each Q and dO B fragment once for two key tiles, and their 128-key CTAs halve,
+// per FLOP, the dQ reductions and the Q/dO loads and tile dQ = dS K in 32 x 32 pieces per warp: on an
+// H100 (harness, session 69) 14-36 % faster than 16-key warps at DP = 64 and 1.5-15 % at DP = 128 on the
+// standard grid, but 19-26 % slower on a 64-CTA grid, and causal at DP = 64 slower on grids of under
+// three CTAs per SM: dispatch keeps those on 64-key CTAs (sm80_bwd_wide in dispatch.c). DP = 256 has no
+// room for 128 keys. The DP = 128 32-key kernel takes FA2's time in ncu (H100, perf notes 68-70).
 // PARTS (DP >= 128, and 32-key warps): S^T and dP^T are computed for 32 of the 64 rows at a time (with
 // all 64 at once the 16-key kernels spilled 12-60 bytes at 255 registers). At DP = 256 the k loop of
 // S^T and dP^T (16 steps) is unrolled 8 deep (K_UNROLL): fully, it spilled 4 bytes on sm_90a.
@@ -497,17 +495,18 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
         // dQ rows row0 + dq_rg*16*DQ_RT .. (DQ_RT m16 tiles), DQ_COLS columns of this warp's half from
         // dq_cg*DQ_COLS, += dS K (all BC keys), unscaled, into the accumulator (deterministic: in this CTA's
         // turn, waited for above). With one row tile, dS's fragments for all BC keys are loaded once and the
-        // column pairs run one at a time; with more, the keys run outermost, each key step's dS fragments
-        // used by all of the warp's pairs (64 registers of fragments would spill at 128 keys).
+        // column pairs run two at a time (one: 2-7 % slower on small grids; four spilled at DP = 256); with
+        // more, the keys run outermost, each key step's dS fragments used by all of the warp's pairs (64
+        // registers of fragments would spill at 128 keys).
         {
             constexpr int DQ_RT = Tile::DQ_RT, DQ_PAIRS = Tile::DQ_COLS / 16;
             constexpr bool A_ALL = DQ_RT == 1;             // dS fragments of all keys loaded up front
-            constexpr int PG = A_ALL ? 1 : DQ_PAIRS;       // column pairs accumulated at a time
+            constexpr int PG = A_ALL ? 2 : DQ_PAIRS;       // column pairs accumulated at a time
             uint32_t a_all[A_ALL ? BC / 16 : 1][4];
             if constexpr (A_ALL)
 #pragma unroll
                 for (int kk = 0; kk < BC / 16; ++kk) ldmatrix_x4_trans(a_all[kk], ds_a + kk * 16 * DS_ROW_BYTES);
-#pragma unroll 1  // one pass with PG = DQ_PAIRS; unrolled (one row tile), the passes' adds overlapped and spilled
+#pragma unroll 1  // one pass with PG = DQ_PAIRS; unrolled (one row tile), the passes' adds overlapped, spilling
             for (int pg = 0; pg < DQ_PAIRS; pg += PG) {
                 float acc[PG][DQ_RT][2][4];
 #pragma unroll
@@ -535,10 +534,9 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                         }
                     }
                 }
-                // This lane's pair of each C fragment half (8 rows x 8 columns from multiples of 8) lies in one
-                // piece (64 x 64 floats, bwd_piece) at bwd_piece_offset(first row, first column) + 2 * lane: one
-                // address per lane, offsets fixed at compile time beyond the warp's row and column group. Rows
-                // past Sq and columns past D add into padding that nothing reads; an m16 tile wholly past Sq
+                // A lane's pair of each C fragment half (8 x 8 from multiples of 8) is in one piece at
+                // bwd_piece_offset(first row, first column) + 2 * lane: one address per lane, fixed offsets.
+                // Rows past Sq and columns past D add into padding nothing reads; an m16 tile wholly past Sq
                 // skips its adds (a warp-uniform branch).
                 constexpr int M16 = bwd_piece_offset(16, 0), HALF8 = bwd_piece_offset(8, 0);
                 constexpr int N8 = bwd_piece_offset(0, 8), TILES = BWD_PIECE_COLS / 8;  // 8-column tiles of a piece
