@@ -123,6 +123,8 @@ struct BwdTile {
     static constexpr size_t SMEM_BYTES = KV_BYTES + QDO_BYTES + DS_BYTES + VEC_BYTES + P_BYTES;
     // Float offset of thread t's first dQ pair from its block's first piece (the dQ phase, bwd_piece_offset):
     // its half's piece, its lane, its row group's first m16 tile and its column group's first 8-column tile.
+    // Derived from t again rather than from the kernel's kw, dq_rg, dq_cg: that form compiles to other
+    // SASS (no spills either) whose speed is unmeasured; this one is session 70's measured code.
     static FC_DEVICE int dq_lane_offset(int t) {
         const int w = t / 32, kw = w % KEY_WARPS, half = w / KEY_WARPS;
         const int rg = DQ_WC == 1 ? kw : kw % DQ_WR, cg = DQ_WC == 1 ? 0 : kw / DQ_WR;
@@ -148,10 +150,9 @@ struct BwdTile {
 // ---------------------------------------------------------------------------
 // Device helpers
 
-// 4-byte cp.async (through L1), zero-fill when !valid; `src` must be a valid address.
-FC_DEVICE void bwd_cp_async_4(void* smem_dst, const void* src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem_dst)), "l"(src),
-                 "r"(valid ? 4 : 0));
+// 4-byte cp.async (through L1).
+FC_DEVICE void bwd_cp_async_4(void* smem_dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(smem_dst)), "l"(src));
 }
 
 // threadIdx.x, read with a volatile instruction that the compiler neither hoists nor merges.
@@ -241,8 +242,8 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
         const int sq_pad = bwd_sq_pad(p.Sq), r = t % BR;  // padding rows (Delta 0, LSE * log2(e) +inf) to sq_pad
         const int64_t n_vec = (int64_t)p.B * p.Hq * sq_pad, vec0 = ((int64_t)b * p.Hq + h) * sq_pad + row0;
         if (THREADS == 2 * BR || t < 2 * BR)  // the first 2 BR threads: Delta, LSE * log2(e)
-            bwd_cp_async_4((t < BR ? sLse : sDelta) + slot * BR + r, dq_acc + n_vec * (t < BR ? DP + 1 : DP) + vec0 + r,
-                           true);
+            bwd_cp_async_4((t < BR ? sLse : sDelta) + slot * BR + r,
+                           dq_acc + n_vec * (t < BR ? DP + 1 : DP) + vec0 + r);
     };
     // The query head and block of iteration it, carried across the loop (the next: h_nxt, m_nxt).
     int h_cur = hk * G, m_cur = m_first;
