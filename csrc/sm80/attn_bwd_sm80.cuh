@@ -5,8 +5,8 @@
 //  1. attn_bwd_prep_kernel (csrc/common/bwd_rows.cuh): Delta_i = dO_i . O_i
 //     (minus dlse_i) per query row, and the fp32 dQ accumulator zeroed.
 //  2. attn_bwd_sm80_kernel: one CTA owns BC keys of one (batch, KV head) and
-//     keeps their K and V tiles in swizzled shared memory; each of its four
-//     key warps (per column half, see below) owns KPW = 16 or 32 of the keys
+//     keeps their K and V tiles in swizzled shared memory; each of its key
+//     warps (four per column group, two at DP = 256; see below) owns KPW = 16 or 32 of the keys
 //     (one or two m16 tiles) and their dK, dV accumulators (fp32, in
 //     registers). The CTA walks the Hq/Hkv query heads that read the KV head
 //     and, for each, the query blocks of BR rows that see any of its keys
@@ -19,8 +19,8 @@
 //     fragments of the next mma; with 32 keys each B fragment of Q or dO
 //     serves both key tiles). dS^T goes through shared memory; after a
 //     barrier each warp computes a tile of dQ_i += dS K over all BC keys
-//     (16 rows x its column half with 16-key warps, 32 rows x half of it with
-//     32-key warps) and adds it to the fp32 accumulator with global
+//     (16 rows x its column group with 16-key warps, 32 rows x its group or half
+//     of it with 32-key warps) and adds it to the fp32 accumulator with global
 //     reductions (unscaled): the accumulator's 64 x 64 pieces keep each C
 //     fragment half's 8 rows x 8 columns in 256 contiguous bytes (bwd_piece),
 //     one reduction each, at a fixed offset from one address per lane (rows
@@ -32,15 +32,16 @@
 // the call is deterministic: then the CTAs adding into one query block take
 // turns, the last key block first (bwd_wait_turn, csrc/common/bwd_rows.cuh),
 // each waiting before its dQ phase for the CTAs of the key blocks after it.
-// Column halves (HALVES = 2: DP = 256, and DP = 128 with 32-key warps): a
-// warp's dK and dV over all columns (2 x 128 fp32 registers) would not fit
-// its registers beside S^T and dP^T, so the columns are split in two and
-// the CTA has two groups of four warps, one per half: warp w owns keys
-// KPW (w % 4) .. +KPW-1 and columns DV (w / 4) .. +DV-1 of dK, dV and of the
-// dQ rows it adds. The two warps of a key group split the block's rows for
-// S^T and dP^T (warp w takes rows 32 (w / 4) .. +31, over all DP columns)
-// and pass P^T and dS^T through shared memory, so that each can add all 64
-// rows into its column half of dV and dK.
+// Column groups (GROUPS = 2: DP = 128 with 32-key warps; 4: DP = 256): a
+// warp's dK and dV over all columns would not fit its registers beside S^T
+// and dP^T (at most 2 x 64 fp32 each: KPW x DV <= 2048), so the columns are
+// split into GROUPS groups of DV and the CTA has a group of KEY_WARPS warps
+// per column group: warp w owns keys KPW (w % KEY_WARPS) .. +KPW-1 and columns
+// DV (w / KEY_WARPS) .. +DV-1 of dK, dV and of the dQ rows it adds. The GROUPS
+// warps that own the same keys split the block's rows for S^T and dP^T (warp
+// w takes rows BR / GROUPS rows from (w / KEY_WARPS) BR / GROUPS, over all DP
+// columns) and pass P^T and dS^T through shared memory, so that each can add
+// all 64 rows into its column group of dV and dK.
 //
 // Limits. D any multiple of 8 up to DP (64, 128 or 256); the padding columns are
 // zero-filled on load and never stored. Any Sq, Sk >= 1: tail rows and keys
@@ -80,8 +81,8 @@
 //      |     |       |     |    |             | + LSE/Delta 0.5 = 72.5 KB  | fp32 regs/thread + S^T, dP^T 16 each; a
 //      |     |       |     |    |             |                            | second Q/dO slot would not fit, so block
 //      |     |       |     |    |             |                            | i+1 loads during i's dQ phase only
-//  256 | 16  |   8   | 64  | 64 |      1      | K,V 64 + Q,dO 64 + dS 8    | dK, dV 128 fp32 regs/thread per column
-//      |     |       |     |    |             | + LSE/Delta 0.5 + P 8      | half; one CTA per SM (sm80, sm90; sm86/89
+//  256 | 32  |   8   | 64  | 64 |      1      | K,V 64 + Q,dO 64 + dS 8    | dK, dV 128 fp32 regs/thread per 64-column
+//      |     |       |     |    |             | + LSE/Delta 0.5 + P 8      | group; one CTA per SM (sm80, sm90; sm86/89
 //      |     |       |     |    |             | = 144.5 KB                 | allow 99 KB: dispatch refuses)
 // BR = 64 makes the dS^T tile rows 128 bytes, as the swizzle needs. 32-key warps (FlashAttention-2's
 // backward tiling) load each Q and dO B fragment once for two key tiles, and their 128-key CTAs halve,
@@ -89,60 +90,72 @@
 // H100 (harness, session 69) 14-36 % faster than 16-key warps at DP = 64 and 1.5-15 % at DP = 128 on the
 // standard grid, but 19-26 % slower on a 64-CTA grid, and causal at DP = 64 slower on grids of under
 // three CTAs per SM: dispatch keeps those on 64-key CTAs (sm80_bwd_wide in dispatch.c). DP = 256 has no
-// room for 128 keys. The DP = 128 32-key kernel takes FA2's time in ncu (H100, perf notes 68-70).
-// PARTS (DP >= 128, and 32-key warps): S^T and dP^T are computed for 32 of the 64 rows at a time (with
-// all 64 at once the 16-key kernels spilled 12-60 bytes at 255 registers). At DP = 256 the k loop of
-// S^T and dP^T (16 steps) is unrolled 8 deep (K_UNROLL): fully, it spilled 4 bytes on sm_90a.
-// Register caps and history: perf notes, sessions 59-60 and 68-69.
+// room for 128 keys; its 64-key CTAs are two key groups of 32 x four column groups of 64 (FA2's layout
+// there): per block each warp reads a third less of shared memory for dV, dK and dQ than 16-key warps
+// in two halves did (+0.5-1.5 % alone on an H100; with the dQ adds below, +3.5-6 %, perf notes session 71).
+// The DP = 128 32-key kernel takes FA2's time in ncu (H100, perf notes 68-70).
+// PARTS (DP >= 128, and 32-key warps): S^T and dP^T are computed for BR / PARTS of the 64 rows at a time
+// (with all 64 at once the 16-key kernels spilled 12-60 bytes at 255 registers). At DP = 256 the k loop
+// of S^T and dP^T (16 steps) is unrolled 8 deep (K_UNROLL): fully, it spilled 4 bytes.
+// Register caps and history: perf notes, sessions 59-60, 68-69 and 71.
 template <int DP, int KPW>
 struct BwdTile {
+    static constexpr int MAX_ACC = 2048;              // KPW x DV at most: dK, dV 2 x 2048 / 32 = 128 fp32 registers
     static constexpr int MT = KPW / 16;               // m16 tiles of keys per warp (KPW = 16 or 32)
-    // column halves of dK, dV, dQ (a warp group each): see the header
-    static constexpr int HALVES = DP > 128 || (KPW == 32 && DP == 128) ? 2 : 1;
-    static constexpr int KEY_WARPS = 4;               // warps of a group
-    static constexpr int WARPS = KEY_WARPS * HALVES;
+    // columns of dK, dV, dQ a warp computes: its dK and dV (2 x KPW x DV fp32) take at most 128 registers
+    static constexpr int DV = DP * KPW <= MAX_ACC ? DP : MAX_ACC / KPW;
+    static constexpr int GROUPS = DP / DV;            // column groups of dK, dV, dQ (a warp group each): see the header
+    static constexpr int KEY_WARPS = GROUPS > 2 ? 2 : 4;  // warps of a group (at most 8 warps)
+    static constexpr int WARPS = KEY_WARPS * GROUPS;
     static constexpr int THREADS = WARPS * 32;
     static constexpr int BC = KEY_WARPS * KPW;        // keys per CTA
     static constexpr int BR = 64;                     // query rows per block
-    static constexpr int STAGES = DP <= 64 || KPW == 32 ? 2 : 1;  // Q/dO (and LSE/Delta) slots
-    static constexpr int PARTS = DP <= 64 && KPW == 16 ? 1 : 2;   // S^T, dP^T computed in parts of BR / PARTS rows
-    static constexpr int DV = DP / HALVES;            // columns of dK, dV, dQ a warp computes
+    static constexpr int STAGES = (DP <= 64 || KPW == 32) && DP <= 128 ? 2 : 1;  // Q/dO (and LSE/Delta) slots
+    // S^T, dP^T computed in parts of BR / PARTS rows (with column groups, group g takes part g)
+    static constexpr int PARTS = GROUPS > 1 ? GROUPS : DP <= 64 && KPW == 16 ? 1 : 2;
     static constexpr int CHUNKS = DP / 8;             // 16-byte chunks per row
     static constexpr int K_UNROLL = 8;                // k steps of S^T, dP^T unrolled (all of them up to DP = 128)
-    // dQ = dS K: a group's warps tile the block's BR rows x DV columns, DQ_WR warps down the rows
-    // (DQ_RT m16 tiles each) and DQ_WC across the columns (DQ_COLS each).
-    static constexpr int DQ_WR = KPW == 32 ? 2 : 4;
-    static constexpr int DQ_WC = KEY_WARPS / DQ_WR;
+    // dQ = dS K: dQ groups of DQG_WARPS warps tile the block's BR rows x DQG_COLS columns each, DQ_WR warps
+    // down the rows (DQ_RT m16 tiles each) and DQ_WC across the columns (DQ_COLS each). A dQ group is a
+    // column group's warps and columns, but at DP = 256 all eight warps and columns: 16-row tiles, whose dS
+    // fragments a warp loads once (with 32-row tiles in its 64 columns it reloaded them per column pair).
+    static constexpr int DQG_WARPS = DP > 128 ? WARPS : KEY_WARPS;
+    static constexpr int DQG_COLS = DP > 128 ? DP : DV;
+    static constexpr int DQ_WR = KPW == 32 && DP <= 128 ? 2 : 4;
+    static constexpr int DQ_WC = DQG_WARPS / DQ_WR;
     static constexpr int DQ_RT = BR / 16 / DQ_WR;
-    static constexpr int DQ_COLS = DV / DQ_WC;
+    static constexpr int DQ_COLS = DQG_COLS / DQ_WC;
     static constexpr size_t KV_BYTES = (size_t)2 * BC * DP * 2;
     static constexpr size_t QDO_BYTES = (size_t)STAGES * 2 * BR * DP * 2;
     static constexpr size_t DS_BYTES = (size_t)BC * BR * 2;
     static constexpr size_t VEC_BYTES = (size_t)STAGES * 2 * BR * 4;  // LSE and Delta of the rows
-    static constexpr size_t P_BYTES = HALVES == 2 ? (size_t)BC * BR * 2 : 0;  // P^T, passed between the halves
+    static constexpr size_t P_BYTES = GROUPS > 1 ? (size_t)BC * BR * 2 : 0;  // P^T, passed between the groups
     static constexpr size_t SMEM_BYTES = KV_BYTES + QDO_BYTES + DS_BYTES + VEC_BYTES + P_BYTES;
     // Float offset of thread t's first dQ pair from its block's first piece (the dQ phase, bwd_piece_offset):
-    // its half's piece, its lane, its row group's first m16 tile and its column group's first 8-column tile.
+    // its dQ group's piece, its lane, its row group's first m16 tile and its column group's first column
+    // (an 8-column tile of a piece, or a piece where DQ_COLS spans pieces).
     // Derived from t again rather than from the kernel's kw, dq_rg, dq_cg: that form compiles to other
     // SASS (no spills either) whose speed is unmeasured; this one is session 70's measured code.
     static FC_DEVICE int dq_lane_offset(int t) {
-        const int w = t / 32, kw = w % KEY_WARPS, half = w / KEY_WARPS;
+        const int w = t / 32, kw = w % DQG_WARPS, grp = w / DQG_WARPS;
         const int rg = DQ_WC == 1 ? kw : kw % DQ_WR, cg = DQ_WC == 1 ? 0 : kw / DQ_WR;
-        static_assert(DQ_WC == 1 || DQ_WC * DQ_COLS <= BWD_PIECE_COLS,
-                      "a warp's dQ columns are inside one piece, or all of its half's");
-        return BWD_PIECE * (half * DV / BWD_PIECE_COLS) + 2 * (t % 32) + bwd_piece_offset(16, 0) * rg * DQ_RT +
-               bwd_piece_offset(0, 8) * (cg * DQ_COLS / 8);
+        static_assert(DQ_WC == 1 || DQ_WC * DQ_COLS <= BWD_PIECE_COLS || DQ_COLS % BWD_PIECE_COLS == 0,
+                      "a warp's dQ columns are inside one piece, all of its dQ group's, or whole pieces");
+        return BWD_PIECE * (grp * DQG_COLS / BWD_PIECE_COLS) + 2 * (t % 32) + bwd_piece_offset(16, 0) * rg * DQ_RT +
+               (DQ_COLS >= BWD_PIECE_COLS ? BWD_PIECE * (cg * DQ_COLS / BWD_PIECE_COLS)
+                                          : bwd_piece_offset(0, 8) * (cg * DQ_COLS / 8));
     }
-    static_assert(KPW == 16 || (KPW == 32 && DP <= 128), "16 keys per warp, or 32 at DP <= 128");
+    static_assert(KPW == 16 || KPW == 32, "16 or 32 keys per warp");
     static_assert(THREADS >= 2 * BR, "one thread copies each row's LSE or Delta");
     static_assert(BR * 2 == 128, "the dS^T tile's rows must be 8 chunks for swz");
     static_assert(BC % FC_BWD_KEYS_PER_CTA == 0, "dispatch bounds the grid with FC_BWD_KEYS_PER_CTA");
-    static_assert(KPW == 16 || BC == FC_SM80_BWD_WIDE_KEYS, "dispatch counts the 32-key kernels' CTAs");
+    static_assert(KPW == 16 || DP > 128 || BC == FC_SM80_BWD_WIDE_KEYS,
+                  "dispatch counts the 32-key kernels' CTAs (DP = 256 has one kernel)");
     static_assert(BR == BWD_PIECE_ROWS && FC_BWD_ROW_PAD % BR == 0,
                   "a block's dQ rows are one row of pieces, inside the padded rows (and one turn counter)");
-    static_assert(DV % 64 == 0, "a half starts at a multiple of 8 chunks, outside the swizzle");
+    static_assert(DV % 64 == 0, "a group starts at a multiple of 8 chunks, outside the swizzle");
     static_assert(DQ_COLS % 16 == 0 && DQ_RT >= 1, "a dQ warp tile is whole m16 x 16-column pieces");
-    static_assert(HALVES == 1 || PARTS == HALVES, "with two halves, part h of the rows is group h's");
+    static_assert(GROUPS == 1 || PARTS == GROUPS, "with column groups, part g of the rows is group g's");
     static_assert((KV_BYTES + QDO_BYTES + DS_BYTES + VEC_BYTES) % 128 == 0,
                   "sP's rows start at multiples of 128 bytes (stash's XOR on the chunk bits)");
 };
@@ -184,7 +197,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     using Tile = BwdTile<DP, KPW>;
     constexpr int BR = Tile::BR, BC = Tile::BC, THREADS = Tile::THREADS, STAGES = Tile::STAGES, MT = Tile::MT;
     constexpr int CHUNKS = Tile::CHUNKS;
-    constexpr int D_TILES = Tile::DV / 8;  // 8-wide column tiles of this warp's dK, dV half
+    constexpr int D_TILES = Tile::DV / 8;  // 8-wide column tiles of this warp's dK, dV group
     constexpr int ROW_BYTES = DP * 2;
     constexpr int DS_ROW_BYTES = BR * 2;
 
@@ -196,14 +209,14 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     T* sdS = sdO + STAGES * BR * DP;         // (BC, BR) swizzled: dS^T, key rows
     float* sLse = reinterpret_cast<float*>(sdS + BC * BR);  // (STAGES, BR): LSE * log2(e)
     float* sDelta = sLse + STAGES * BR;                     // (STAGES, BR)
-    T* sP = reinterpret_cast<T*>(sDelta + STAGES * BR);     // (BC, BR) swizzled: P^T, key rows (HALVES = 2)
+    T* sP = reinterpret_cast<T*>(sDelta + STAGES * BR);     // (BC, BR) swizzled: P^T, key rows (GROUPS > 1)
 
     const int tid = threadIdx.x, lane = tid % 32;
-    // This warp's keys (kw: KPW keys from kw * KPW) and the first column of its dK, dV, dQ half (constants
-    // with one half).
-    const int kw = Tile::HALVES == 1 ? tid / 32 : (tid / 32) % Tile::KEY_WARPS;
-    const int half = Tile::HALVES == 1 ? 0 : tid / 32 / Tile::KEY_WARPS;
-    const int c_base = half * Tile::DV;
+    // This warp's keys (kw: KPW keys from kw * KPW) and the first column of its dK, dV, dQ group (constants
+    // with one group).
+    const int kw = Tile::GROUPS == 1 ? tid / 32 : (tid / 32) % Tile::KEY_WARPS;
+    const int grp = Tile::GROUPS == 1 ? 0 : tid / 32 / Tile::KEY_WARPS;
+    const int c_base = grp * Tile::DV;
     const BwdWalk w = bwd_walk(p, BC, BR, blockIdx.x);  // the grid and the query blocks this CTA visits
     const int hk = w.hk, b = w.b, G = w.G, k0 = w.k0, diag = w.diag;
     const bool causal = w.causal;
@@ -263,18 +276,20 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     //  k_a, v_a: A = this warp's first 16 K (V) rows, row-major (S^T = K Q^T, dP^T = V dO^T); key tile mt
     //            is mt * 16 rows further (outside the swizzle's 8 rows: a plain add), as in pt_a and dst_a.
     //  q_b:      B = Q (dO) rows as n, d as k, for S^T (dP^T); dO is at +QDO_OFF.
-    //  q_t:      B = Q (dO) with rows as k (.trans), for dK += dS^T Q (dV += P^T dO), at the half.
-    //  k_t:      B = K with keys as k (.trans), for dQ = dS K, at the half.
+    //  q_t:      B = Q (dO) with rows as k (.trans), for dK += dS^T Q (dV += P^T dO), at the group.
+    //  k_t:      B = K with keys as k (.trans), for dQ = dS K, at the group.
     //  ds_a:     A = dS (query rows, key k) read transposed from the dS^T tile, at the warp's first dQ row.
-    // The half's column offset (a multiple of 128 bytes) lies outside the swizzle: a plain add.
+    // The group's column offset (a multiple of 128 bytes) lies outside the swizzle: a plain add.
     const uint32_t k_a = smem_u32(sK + swz<DP>(kw * KPW + lane % 16, lane / 16));
     const uint32_t v_a = k_a + BC * ROW_BYTES;
     const uint32_t q_b = smem_u32(sQ + swz<DP>((lane / 16) * 8 + lane % 8, (lane / 8) % 2));
     const uint32_t q_t = smem_u32(sQ + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16) + c_base);
-    // This warp's dQ tile: its row group and column group (dq_rg = kw, dq_cg = 0 where a group's warps split
-    // rows only).
-    const int dq_rg = Tile::DQ_WC == 1 ? kw : kw % Tile::DQ_WR, dq_cg = Tile::DQ_WC == 1 ? 0 : kw / Tile::DQ_WR;
-    const uint32_t k_t = smem_u32(sK + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16) + c_base);
+    // This warp's dQ tile: its row group and column group in its dQ group (dq_rg = dq_w, dq_cg = 0 where a
+    // group's warps split rows only), from the dQ group's first column dq_c0.
+    const int dq_w = Tile::DQG_WARPS == Tile::KEY_WARPS ? kw : tid / 32;
+    const int dq_c0 = Tile::DQG_WARPS == Tile::KEY_WARPS ? c_base : 0;
+    const int dq_rg = Tile::DQ_WC == 1 ? dq_w : dq_w % Tile::DQ_WR, dq_cg = Tile::DQ_WC == 1 ? 0 : dq_w / Tile::DQ_WR;
+    const uint32_t k_t = smem_u32(sK + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16) + dq_c0);
     // k_t at this warp's first dQ column pair: chunk_step composes here, as the pair count per warp is 1, 2 or a
     // multiple of 4 (the steps' XOR-ed bits do not overlap).
     static_assert(Tile::DQ_COLS / 16 <= 2 || Tile::DQ_COLS / 16 % 4 == 0, "chunk_step(k_tw, pair) must compose");
@@ -284,7 +299,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     static_assert(Tile::DQ_RT <= 2, "chunk_step(ds_a, rt) must compose");
     const uint32_t ds_a =
         smem_u32(sdS + swz<BR>((lane / 16) * 8 + lane % 8, dq_rg * Tile::DQ_RT * 2 + (lane / 8) % 2));
-    //  pt_a, dst_a: A = this warp's first 16 rows of P^T (dS^T), row-major (HALVES = 2: dV, dK from shared
+    //  pt_a, dst_a: A = this warp's first 16 rows of P^T (dS^T), row-major (GROUPS > 1: dV, dK from shared
     //  memory).
     const uint32_t pt_a = smem_u32(sP + swz<BR>(kw * KPW + lane % 16, lane / 16));
     const uint32_t dst_a = smem_u32(sdS + swz<BR>(kw * KPW + lane % 16, lane / 16));
@@ -382,7 +397,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
 
         // The block's rows in PARTS parts of PART_ROWS (not unrolled: one part's S^T and dP^T live at a
         // time); with two halves, group h takes part h only.
-        const int part_first = Tile::HALVES == 1 ? 0 : half, part_end = Tile::HALVES == 1 ? Tile::PARTS : half + 1;
+        const int part_first = Tile::GROUPS == 1 ? 0 : grp, part_end = Tile::GROUPS == 1 ? Tile::PARTS : grp + 1;
 #pragma unroll 1
         for (int part = part_first; part < part_end; ++part) {
             const int col0 = part * PART_ROWS;  // first row of the part inside the block
@@ -436,7 +451,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                 for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                     for (int kk = 0; kk < NP / 2; ++kk) pack_a_from_c<T>(pa[mt][kk], s[mt][2 * kk], s[mt][2 * kk + 1]);
-                if constexpr (Tile::HALVES == 1) gemm_acc(acc_dv, pa, q_t + QDO_OFF + rows_off);
+                if constexpr (Tile::GROUPS == 1) gemm_acc(acc_dv, pa, q_t + QDO_OFF + rows_off);
                 else stash(sP, pa, col0);
             }
 
@@ -455,21 +470,21 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                     }
             }
 
-            // dK += dS^T Q (one half), and dS^T (16-bit) into the shared tile for dQ (and dK).
+            // dK += dS^T Q (one group), and dS^T (16-bit) into the shared tile for dQ (and dK).
             Pack dsa;
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int kk = 0; kk < NP / 2; ++kk) pack_a_from_c<T>(dsa[mt][kk], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
-            if constexpr (Tile::HALVES == 1) gemm_acc(acc_dk, dsa, q_t + rows_off);
+            if constexpr (Tile::GROUPS == 1) gemm_acc(acc_dk, dsa, q_t + rows_off);
             stash(sdS, dsa, col0);
         }
         if (p.deterministic && tid == 0) bwd_wait_turn<DP>(p, w, it, BC, bwd_sq_pad(p.Sq));  // this CTA's dQ turn
-        __syncthreads();  // orders the P^T and dS^T stores before the reads below, (one slot, one half)
+        __syncthreads();  // orders the P^T and dS^T stores before the reads below, (one slot, one group)
                           // every warp's reads of the Q/dO slot and LSE/Delta before the refill below, and
                           // (deterministic) the turn's wait before every warp's dQ adds
-        if constexpr (Tile::HALVES == 2) {
-            // dV += P^T dO and dK += dS^T Q over all BR rows, this warp's column half, A from shared memory.
+        if constexpr (Tile::GROUPS > 1) {
+            // dV += P^T dO and dK += dS^T Q over all BR rows, this warp's column group, A from shared memory.
 #pragma unroll 1
             for (int part = 0; part < Tile::PARTS; ++part) {
                 Pack pa, dsa;
@@ -493,7 +508,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
             cp_async_commit();
         }
 
-        // dQ rows row0 + dq_rg*16*DQ_RT .. (DQ_RT m16 tiles), DQ_COLS columns of this warp's half from
+        // dQ rows row0 + dq_rg*16*DQ_RT .. (DQ_RT m16 tiles), DQ_COLS columns of this warp's dQ group from
         // dq_cg*DQ_COLS, += dS K (all BC keys), unscaled, into the accumulator (deterministic: in this CTA's
         // turn, waited for above). With one row tile, dS's fragments for all BC keys are loaded once and the
         // column pairs run two at a time (one: 2-7 % slower on small grids; four spilled at DP = 256); with
@@ -537,8 +552,11 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                 }
                 // A lane's pair of each C fragment half (8 x 8 from multiples of 8) is in one piece at
                 // bwd_piece_offset(first row, first column) + 2 * lane: one address per lane, fixed offsets.
-                // Rows past Sq and columns past D add into padding nothing reads; an m16 tile wholly past Sq
-                // skips its adds (a warp-uniform branch).
+                // Rows past Sq and columns past D add into padding nothing reads; at DP <= 128 an m16 tile
+                // wholly past Sq skips its adds (a warp-uniform branch; without it the DP = 64 32-key kernel
+                // spilled). At DP = 256 the adds are unguarded: around the branches ptxas rebuilt one 64-bit
+                // address per pair of adds, each rebuild waiting for the previous add to read it (8-10 % of
+                // the kernel's stall samples in ncu, H100).
                 constexpr int M16 = bwd_piece_offset(16, 0), HALF8 = bwd_piece_offset(8, 0);
                 constexpr int N8 = bwd_piece_offset(0, 8), TILES = BWD_PIECE_COLS / 8;  // 8-column tiles of a piece
                 const int64_t block = ((int64_t)b * p.Hq + h) * (bwd_sq_pad(p.Sq) / BWD_PIECE_ROWS) + row0 / BR;
@@ -550,7 +568,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                         const int c = 2 * (pg + pp) + j;  // 8-column tile from the warp's first
 #pragma unroll
                         for (int rt = 0; rt < DQ_RT; ++rt) {
-                            if (row0 + (dq_rg * DQ_RT + rt) * 16 >= p.Sq) continue;
+                            if (DP <= 128 && row0 + (dq_rg * DQ_RT + rt) * 16 >= p.Sq) continue;
 #pragma unroll
                             for (int hr = 0; hr < 2; ++hr)
                                 bwd_red_add2(lane_dq + BWD_PIECE * (c / TILES) + N8 * (c % TILES) + HALF8 * hr +
@@ -568,7 +586,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     if (p.deterministic && n_iter > 0 && tid == 0) bwd_pass_turn<DP>(p, w, n_iter - 1, bwd_sq_pad(p.Sq));
 
     // Epilogue: dK * scale and dV through this warp's own K and V rows (the
-    // half's columns), then 16-byte coalesced stores of keys < Sk.
+    // group's columns), then 16-byte coalesced stores of keys < Sk.
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -583,10 +601,12 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
             }
         }
     __syncwarp();  // this warp's staged rows are complete before its lanes read them back
-    constexpr int OUT_CHUNKS = Tile::DV / 8;   // 16-byte chunks of a row's half
+    constexpr int OUT_CHUNKS = Tile::DV / 8;   // 16-byte chunks of a row's group
     constexpr int ROW_STEP = 32 / OUT_CHUNKS;  // rows per warp pass (OUT_CHUNKS <= 16)
     static_assert(32 % OUT_CHUNKS == 0 && KPW % ROW_STEP == 0, "a warp's rows split evenly into passes");
-    const int c_first = c_base / 8 + lane % OUT_CHUNKS, r_first = lane / OUT_CHUNKS;
+    // The lane read anew at DP = 256 (bwd_tid_fresh): its offsets below, hoisted across the loop, spilled on sm_80.
+    const int lane_o = DP > 128 ? bwd_tid_fresh() % 32 : lane;
+    const int c_first = c_base / 8 + lane_o % OUT_CHUNKS, r_first = lane_o / OUT_CHUNKS;
     const bool col_ok = c_first * 8 < p.D;
     const int64_t key_first = (int64_t)k0 + kw * KPW + r_first;
     T* dk = static_cast<T*>(p.dk) + b * p.dk_batch_stride + hk * p.dk_head_stride + key_first * p.dk_row_stride +
