@@ -19,8 +19,9 @@
 //     fragments of the next mma; with 32 keys each B fragment of Q or dO
 //     serves both key tiles). dS^T goes through shared memory; after a
 //     barrier each warp computes a tile of dQ_i += dS K over all BC keys
-//     (16 rows x its column group with 16-key warps, 32 rows x its group or half
-//     of it with 32-key warps) and adds it to the fp32 accumulator with global
+//     (16 rows x its column group with 16-key warps; with 32-key warps 32 rows
+//     x half of its group at DP <= 128, 16 rows x 128 columns at DP = 256)
+//     and adds it to the fp32 accumulator with global
 //     reductions (unscaled): the accumulator's 64 x 64 pieces keep each C
 //     fragment half's 8 rows x 8 columns in 256 contiguous bytes (bwd_piece),
 //     one reduction each, at a fixed offset from one address per lane (rows
@@ -92,7 +93,8 @@
 // three CTAs per SM: dispatch keeps those on 64-key CTAs (sm80_bwd_wide in dispatch.c). DP = 256 has no
 // room for 128 keys; its 64-key CTAs are two key groups of 32 x four column groups of 64 (FA2's layout
 // there): per block each warp reads a third less of shared memory for dV, dK and dQ than 16-key warps
-// in two halves did (+0.5-1.5 % alone on an H100; with the dQ adds below, +3.5-6 %, perf notes session 71).
+// in two halves did (+0.5-1.5 % alone on an H100; with the dQ tiles and adds below, +4.5-7 %, perf notes
+// session 71).
 // The DP = 128 32-key kernel takes FA2's time in ncu (H100, perf notes 68-70).
 // PARTS (DP >= 128, and 32-key warps): S^T and dP^T are computed for BR / PARTS of the 64 rows at a time
 // (with all 64 at once the 16-key kernels spilled 12-60 bytes at 255 registers). At DP = 256 the k loop
