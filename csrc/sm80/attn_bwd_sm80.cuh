@@ -97,8 +97,9 @@
 // session 71).
 // The DP = 128 32-key kernel takes FA2's time in ncu (H100, perf notes 68-70).
 // PARTS (DP >= 128, and 32-key warps): S^T and dP^T are computed for BR / PARTS of the 64 rows at a time
-// (with all 64 at once the 16-key kernels spilled 12-60 bytes at 255 registers). At DP = 256 the k loop
-// of S^T and dP^T (16 steps) is unrolled 8 deep (K_UNROLL): fully, it spilled 4 bytes.
+// (with all 64 at once the 16-key kernels spilled 12-60 bytes at 255 registers). The k loop of S^T and
+// dP^T is unrolled fully; at DP = 256 (16 steps) it was unrolled 8 deep while the full unroll spilled, and
+// reads 1 % faster fully unrolled since the layout above (H100, session 71).
 // Register caps and history: perf notes, sessions 59-60, 68-69 and 71.
 template <int DP, int KPW>
 struct BwdTile {
@@ -116,7 +117,6 @@ struct BwdTile {
     // S^T, dP^T computed in parts of BR / PARTS rows (with column groups, group g takes part g)
     static constexpr int PARTS = GROUPS > 1 ? GROUPS : DP <= 64 && KPW == 16 ? 1 : 2;
     static constexpr int CHUNKS = DP / 8;             // 16-byte chunks per row
-    static constexpr int K_UNROLL = 8;                // k steps of S^T, dP^T unrolled (all of them up to DP = 128)
     // dQ = dS K: dQ groups of DQG_WARPS warps tile the block's BR rows x DQG_COLS columns each, DQ_WR warps
     // down the rows (DQ_RT m16 tiles each) and DQ_WC across the columns (DQ_COLS each). A dQ group is a
     // column group's warps and columns, but at DP = 256 all eight warps and columns: 16-row tiles, whose dS
@@ -321,7 +321,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
             for (int nt = 0; nt < NP; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
-#pragma unroll Tile::K_UNROLL
+#pragma unroll
         for (int kk = 0; kk < DP / 16; ++kk) {
             uint32_t a[MT][4];
 #pragma unroll
