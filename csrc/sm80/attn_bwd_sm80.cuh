@@ -6,9 +6,9 @@
 //     (minus dlse_i) per query row, and the fp32 dQ accumulator zeroed.
 //  2. attn_bwd_sm80_kernel: one CTA owns BC keys of one (batch, KV head) and
 //     keeps their K and V tiles in swizzled shared memory; each of its key
-//     warps (four per column group, two at DP = 256; see below) owns KPW = 16 or 32 of the keys
-//     (one or two m16 tiles) and their dK, dV accumulators (fp32, in
-//     registers). The CTA walks the Hq/Hkv query heads that read the KV head
+//     warps (four per column group, two at DP = 256; see below) owns KPW =
+//     16 or 32 of the keys (one or two m16 tiles) and their dK, dV
+//     accumulators (fp32, in registers). The CTA walks the Hq/Hkv query heads that read the KV head
 //     and, for each, the query blocks of BR rows that see any of its keys
 //     (causal: from the first block at or past the CTA's first key's diagonal).
 //     Per block, Q_i and dO_i are cp.async'ed into shared memory with the
@@ -35,14 +35,15 @@
 // each waiting before its dQ phase for the CTAs of the key blocks after it.
 // Column groups (GROUPS = 2: DP = 128 with 32-key warps; 4: DP = 256): a
 // warp's dK and dV over all columns would not fit its registers beside S^T
-// and dP^T (at most 2 x 64 fp32 each: KPW x DV <= 2048), so the columns are
-// split into GROUPS groups of DV and the CTA has a group of KEY_WARPS warps
-// per column group: warp w owns keys KPW (w % KEY_WARPS) .. +KPW-1 and columns
-// DV (w / KEY_WARPS) .. +DV-1 of dK, dV and of the dQ rows it adds. The GROUPS
-// warps that own the same keys split the block's rows for S^T and dP^T (warp
-// w takes rows BR / GROUPS rows from (w / KEY_WARPS) BR / GROUPS, over all DP
-// columns) and pass P^T and dS^T through shared memory, so that each can add
-// all 64 rows into its column group of dV and dK.
+// and dP^T (dK and dV take at most 64 fp32 registers each: KPW x DV <= 2048),
+// so the columns are split into GROUPS groups of DV and the CTA has a group
+// of KEY_WARPS warps per column group: warp w owns keys KPW (w % KEY_WARPS)
+// .. +KPW-1 and columns DV (w / KEY_WARPS) .. +DV-1 of dK, dV and (DP <= 128)
+// of the dQ rows it adds; at DP = 256 the dQ tiles span the groups (DQ_ALL).
+// The GROUPS warps that own the same keys split the block's rows for S^T and
+// dP^T (warp w takes the BR / GROUPS rows from (w / KEY_WARPS) BR / GROUPS,
+// over all DP columns) and pass P^T and dS^T through shared memory, so that
+// each can add all 64 rows into its column group of dV and dK.
 //
 // Limits. D any multiple of 8 up to DP (64, 128 or 256); the padding columns are
 // zero-filled on load and never stored. Any Sq, Sk >= 1: tail rows and keys
@@ -86,28 +87,21 @@
 //      |     |       |     |    |             | + LSE/Delta 0.5 + P 8      | group; one CTA per SM (sm80, sm90; sm86/89
 //      |     |       |     |    |             | = 144.5 KB                 | allow 99 KB: dispatch refuses)
 // BR = 64 makes the dS^T tile rows 128 bytes, as the swizzle needs. 32-key warps (FlashAttention-2's
-// backward tiling) load each Q and dO B fragment once for two key tiles, and their 128-key CTAs halve,
-// per FLOP, the dQ reductions and the Q/dO loads and tile dQ = dS K in 32 x 32 pieces per warp: on an
-// H100 (harness, session 69) 14-36 % faster than 16-key warps at DP = 64 and 1.5-15 % at DP = 128 on the
-// standard grid, but 19-26 % slower on a 64-CTA grid, and causal at DP = 64 slower on grids of under
-// three CTAs per SM: dispatch keeps those on 64-key CTAs (sm80_bwd_wide in dispatch.c). DP = 256 has no
-// room for 128 keys; its 64-key CTAs are two key groups of 32 x four column groups of 64 (FA2's layout
-// there): per block each warp reads a third less of shared memory for dV, dK and dQ than 16-key warps
-// in two halves did (+0.5-1.5 % alone on an H100; with the dQ tiles and adds below, +4.5-7 %, perf notes
-// session 71).
-// The DP = 128 32-key kernel takes FA2's time in ncu (H100, perf notes 68-70).
-// PARTS (DP >= 128, and 32-key warps): S^T and dP^T are computed for BR / PARTS of the 64 rows at a time
-// (with all 64 at once the 16-key kernels spilled 12-60 bytes at 255 registers). The k loop of S^T and
-// dP^T is unrolled fully; at DP = 256 (16 steps) it was unrolled 8 deep while the full unroll spilled, and
-// reads 1 % faster fully unrolled since the layout above (H100, session 71).
-// Register caps and history: perf notes, sessions 59-60, 68-69 and 71.
+// backward tiling) load each Q and dO B fragment once for two key tiles; their 128-key CTAs (DP <= 128)
+// halve, per FLOP, the dQ reductions and the Q/dO loads, but are slower on small grids, so dispatch keeps
+// those on 64-key CTAs (sm80_bwd_wide in dispatch.c). DP = 256 has no room for 128 keys: its 64-key CTAs
+// are two key groups x four column groups (FA2's layout there), with about a fifth fewer shared-memory
+// reads than 16-key warps in two halves. PARTS (DP >= 128, and 32-key warps): S^T and dP^T are computed
+// for BR / PARTS of the 64 rows at a time (all 64 at once spilled). The k loop of S^T and dP^T is unrolled
+// fully. Measurements, register caps and history: perf notes, sessions 59-60, 68-69 and 71.
 template <int DP, int KPW>
 struct BwdTile {
     static constexpr int MAX_ACC = 2048;              // KPW x DV at most: dK, dV 2 x 2048 / 32 = 128 fp32 registers
     static constexpr int MT = KPW / 16;               // m16 tiles of keys per warp (KPW = 16 or 32)
-    // columns of dK, dV, dQ a warp computes: its dK and dV (2 x KPW x DV fp32) take at most 128 registers
+    // columns of dK, dV (and dQ at DP <= 128) a warp computes: its dK and dV (2 x KPW x DV fp32) take at
+    // most 128 registers
     static constexpr int DV = DP * KPW <= MAX_ACC ? DP : MAX_ACC / KPW;
-    static constexpr int GROUPS = DP / DV;            // column groups of dK, dV, dQ (a warp group each): see the header
+    static constexpr int GROUPS = DP / DV;            // column groups of dK, dV (a warp group each): see the header
     static constexpr int KEY_WARPS = GROUPS > 2 ? 2 : 4;  // warps of a group (at most 8 warps)
     static constexpr int WARPS = KEY_WARPS * GROUPS;
     static constexpr int THREADS = WARPS * 32;
@@ -119,11 +113,13 @@ struct BwdTile {
     static constexpr int CHUNKS = DP / 8;             // 16-byte chunks per row
     // dQ = dS K: dQ groups of DQG_WARPS warps tile the block's BR rows x DQG_COLS columns each, DQ_WR warps
     // down the rows (DQ_RT m16 tiles each) and DQ_WC across the columns (DQ_COLS each). A dQ group is a
-    // column group's warps and columns, but at DP = 256 all eight warps and columns: 16-row tiles, whose dS
-    // fragments a warp loads once (with 32-row tiles in its 64 columns it reloaded them per column pair).
-    static constexpr int DQG_WARPS = DP > 128 ? WARPS : KEY_WARPS;
-    static constexpr int DQG_COLS = DP > 128 ? DP : DV;
-    static constexpr int DQ_WR = KPW == 32 && DP <= 128 ? 2 : 4;
+    // column group's warps and columns, but with DQ_ALL (DP = 256) all eight warps and columns: 16-row tiles,
+    // whose dS fragments a warp loads once (with 32-row tiles in its 64 columns it reloaded them per column
+    // pair). DQ_ALL also drops the dQ adds' row guard and re-reads the lane in the epilogue (kernel).
+    static constexpr bool DQ_ALL = DP > 128;
+    static constexpr int DQG_WARPS = DQ_ALL ? WARPS : KEY_WARPS;
+    static constexpr int DQG_COLS = DQ_ALL ? DP : DV;
+    static constexpr int DQ_WR = KPW == 32 && !DQ_ALL ? 2 : 4;
     static constexpr int DQ_WC = DQG_WARPS / DQ_WR;
     static constexpr int DQ_RT = BR / 16 / DQ_WR;
     static constexpr int DQ_COLS = DQG_COLS / DQ_WC;
@@ -136,11 +132,11 @@ struct BwdTile {
     // Float offset of thread t's first dQ pair from its block's first piece (the dQ phase, bwd_piece_offset):
     // its dQ group's piece, its lane, its row group's first m16 tile and its column group's first column
     // (an 8-column tile of a piece, or a piece where DQ_COLS spans pieces).
-    // Derived from t again rather than from the kernel's kw, dq_rg, dq_cg: that form compiles to other
-    // SASS (no spills either) whose speed is unmeasured; this one is session 70's measured code.
+    // Derived from t again rather than from the kernel's dq_w, dq_rg, dq_cg: that form compiles to other
+    // SASS (no spills either) whose speed is unmeasured; this one is sessions 70-71's measured code.
     static FC_DEVICE int dq_lane_offset(int t) {
-        const int w = t / 32, kw = w % DQG_WARPS, grp = w / DQG_WARPS;
-        const int rg = DQ_WC == 1 ? kw : kw % DQ_WR, cg = DQ_WC == 1 ? 0 : kw / DQ_WR;
+        const int w = t / 32, qw = w % DQG_WARPS, grp = w / DQG_WARPS;  // qw: the warp in its dQ group
+        const int rg = DQ_WC == 1 ? qw : qw % DQ_WR, cg = DQ_WC == 1 ? 0 : qw / DQ_WR;
         static_assert(DQ_WC == 1 || DQ_WC * DQ_COLS <= BWD_PIECE_COLS || DQ_COLS % BWD_PIECE_COLS == 0,
                       "a warp's dQ columns are inside one piece, all of its dQ group's, or whole pieces");
         return BWD_PIECE * (grp * DQG_COLS / BWD_PIECE_COLS) + 2 * (t % 32) + bwd_piece_offset(16, 0) * rg * DQ_RT +
@@ -214,8 +210,8 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     T* sP = reinterpret_cast<T*>(sDelta + STAGES * BR);     // (BC, BR) swizzled: P^T, key rows (GROUPS > 1)
 
     const int tid = threadIdx.x, lane = tid % 32;
-    // This warp's keys (kw: KPW keys from kw * KPW) and the first column of its dK, dV, dQ group (constants
-    // with one group).
+    // This warp's keys (kw: KPW keys from kw * KPW) and the first column of its dK, dV column group (and of its
+    // dQ columns' group without DQ_ALL; constants with one group).
     const int kw = Tile::GROUPS == 1 ? tid / 32 : (tid / 32) % Tile::KEY_WARPS;
     const int grp = Tile::GROUPS == 1 ? 0 : tid / 32 / Tile::KEY_WARPS;
     const int c_base = grp * Tile::DV;
@@ -288,8 +284,8 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     const uint32_t q_t = smem_u32(sQ + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16) + c_base);
     // This warp's dQ tile: its row group and column group in its dQ group (dq_rg = dq_w, dq_cg = 0 where a
     // group's warps split rows only), from the dQ group's first column dq_c0.
-    const int dq_w = Tile::DQG_WARPS == Tile::KEY_WARPS ? kw : tid / 32;
-    const int dq_c0 = Tile::DQG_WARPS == Tile::KEY_WARPS ? c_base : 0;
+    const int dq_w = Tile::DQ_ALL ? tid / 32 : kw;
+    const int dq_c0 = Tile::DQ_ALL ? 0 : c_base;
     const int dq_rg = Tile::DQ_WC == 1 ? dq_w : dq_w % Tile::DQ_WR, dq_cg = Tile::DQ_WC == 1 ? 0 : dq_w / Tile::DQ_WR;
     const uint32_t k_t = smem_u32(sK + swz<DP>(((lane / 8) % 2) * 8 + lane % 8, lane / 16) + dq_c0);
     // k_t at this warp's first dQ column pair: chunk_step composes here, as the pair count per warp is 1, 2 or a
@@ -386,7 +382,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
         __syncthreads();     // orders every thread's block-it copies before any warp reads them, every
                              // warp's dQ-phase reads of sdS (block it-1) before the dS^T stores below,
                              // (two slots) the reads of slot it+1 in block it-1 before its refill,
-                             // (two halves, two slots) every warp's dV / dK-phase reads of sP and sdS
+                             // (column groups, two slots) every warp's dV / dK-phase reads of sP and sdS
                              // (block it-1) before the stores below, and (deterministic) every warp's
                              // dQ adds of block it-1 before they are counted
         if (p.deterministic && it > 0 && tid == 0) bwd_pass_turn<DP>(p, w, it - 1, bwd_sq_pad(p.Sq));
@@ -398,7 +394,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
         const bool need_mask = row0 + BR > p.Sq || k0 + BC > p.Sk || (causal && k0 + BC - 1 > row0 + diag);
 
         // The block's rows in PARTS parts of PART_ROWS (not unrolled: one part's S^T and dP^T live at a
-        // time); with two halves, group h takes part h only.
+        // time); with column groups, group g takes part g only.
         const int part_first = Tile::GROUPS == 1 ? 0 : grp, part_end = Tile::GROUPS == 1 ? Tile::PARTS : grp + 1;
 #pragma unroll 1
         for (int part = part_first; part < part_end; ++part) {
@@ -446,7 +442,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                     }
             }
 
-            // dV += P^T dO (two halves: P^T into shared memory, for both warps of the key group).
+            // dV += P^T dO (column groups: P^T into shared memory, for the GROUPS warps of the key group).
             {
                 Pack pa;
 #pragma unroll
@@ -513,7 +509,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
         // dQ rows row0 + dq_rg*16*DQ_RT .. (DQ_RT m16 tiles), DQ_COLS columns of this warp's dQ group from
         // dq_cg*DQ_COLS, += dS K (all BC keys), unscaled, into the accumulator (deterministic: in this CTA's
         // turn, waited for above). With one row tile, dS's fragments for all BC keys are loaded once and the
-        // column pairs run two at a time (one: 2-7 % slower on small grids; four spilled at DP = 256); with
+        // column pairs run two at a time (one: 2-7 % slower on small grids); with
         // more, the keys run outermost, each key step's dS fragments used by all of the warp's pairs (64
         // registers of fragments would spill at 128 keys).
         {
@@ -554,9 +550,9 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                 }
                 // A lane's pair of each C fragment half (8 x 8 from multiples of 8) is in one piece at
                 // bwd_piece_offset(first row, first column) + 2 * lane: one address per lane, fixed offsets.
-                // Rows past Sq and columns past D add into padding nothing reads; at DP <= 128 an m16 tile
+                // Rows past Sq and columns past D add into padding nothing reads; without DQ_ALL an m16 tile
                 // wholly past Sq skips its adds (a warp-uniform branch; without it the DP = 64 32-key kernel
-                // spilled). At DP = 256 the adds are unguarded: around the branches ptxas rebuilt one 64-bit
+                // spilled). With DQ_ALL (DP = 256) the adds are unguarded: around the branches ptxas rebuilt one 64-bit
                 // address per pair of adds, each rebuild waiting for the previous add to read it (8-10 % of
                 // the kernel's stall samples in ncu, H100).
                 constexpr int M16 = bwd_piece_offset(16, 0), HALF8 = bwd_piece_offset(8, 0);
@@ -570,7 +566,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                         const int c = 2 * (pg + pp) + j;  // 8-column tile from the warp's first
 #pragma unroll
                         for (int rt = 0; rt < DQ_RT; ++rt) {
-                            if (DP <= 128 && row0 + (dq_rg * DQ_RT + rt) * 16 >= p.Sq) continue;
+                            if (!Tile::DQ_ALL && row0 + (dq_rg * DQ_RT + rt) * 16 >= p.Sq) continue;
 #pragma unroll
                             for (int hr = 0; hr < 2; ++hr)
                                 bwd_red_add2(lane_dq + BWD_PIECE * (c / TILES) + N8 * (c % TILES) + HALF8 * hr +
@@ -606,8 +602,8 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     constexpr int OUT_CHUNKS = Tile::DV / 8;   // 16-byte chunks of a row's group
     constexpr int ROW_STEP = 32 / OUT_CHUNKS;  // rows per warp pass (OUT_CHUNKS <= 16)
     static_assert(32 % OUT_CHUNKS == 0 && KPW % ROW_STEP == 0, "a warp's rows split evenly into passes");
-    // The lane read anew at DP = 256 (bwd_tid_fresh): its offsets below, hoisted across the loop, spilled on sm_80.
-    const int lane_o = DP > 128 ? bwd_tid_fresh() % 32 : lane;
+    // The lane read anew with DQ_ALL (bwd_tid_fresh): its offsets below, hoisted across the loop, spilled on sm_80.
+    const int lane_o = Tile::DQ_ALL ? bwd_tid_fresh() % 32 : lane;
     const int c_first = c_base / 8 + lane_o % OUT_CHUNKS, r_first = lane_o / OUT_CHUNKS;
     const bool col_ok = c_first * 8 < p.D;
     const int64_t key_first = (int64_t)k0 + kw * KPW + r_first;
