@@ -129,19 +129,17 @@ struct BwdTile {
     static constexpr size_t VEC_BYTES = (size_t)STAGES * 2 * BR * 4;  // LSE and Delta of the rows
     static constexpr size_t P_BYTES = GROUPS > 1 ? (size_t)BC * BR * 2 : 0;  // P^T, passed between the groups
     static constexpr size_t SMEM_BYTES = KV_BYTES + QDO_BYTES + DS_BYTES + VEC_BYTES + P_BYTES;
-    // Float offset of thread t's first dQ pair from its block's first piece (the dQ phase, bwd_piece_offset):
-    // its dQ group's piece, its lane, its row group's first m16 tile and its column group's first column
-    // (an 8-column tile of a piece, or a piece where DQ_COLS spans pieces).
+    // Float offset of thread t's first dQ pair from its block's first piece (the dQ phase, bwd_piece_offset,
+    // which runs on across a 64-row block's pieces: column c of slab s is column 64 s + c of the block):
+    // its lane, its row group's first m16 tile and its dQ group's and column group's first column.
     // Derived from t again rather than from the kernel's dq_w, dq_rg, dq_cg: that form compiles to other
     // SASS (no spills either) whose speed is unmeasured; this one is sessions 70-71's measured code.
     static FC_DEVICE int dq_lane_offset(int t) {
         const int w = t / 32, qw = w % DQG_WARPS, grp = w / DQG_WARPS;  // qw: the warp in its dQ group
         const int rg = DQ_WC == 1 ? qw : qw % DQ_WR, cg = DQ_WC == 1 ? 0 : qw / DQ_WR;
-        static_assert(DQ_WC == 1 || DQ_WC * DQ_COLS <= BWD_PIECE_COLS || DQ_COLS % BWD_PIECE_COLS == 0,
-                      "a warp's dQ columns are inside one piece, all of its dQ group's, or whole pieces");
+        static_assert(bwd_piece_offset(0, BWD_PIECE_COLS) == BWD_PIECE, "a block's pieces continue its columns");
         return BWD_PIECE * (grp * DQG_COLS / BWD_PIECE_COLS) + 2 * (t % 32) + bwd_piece_offset(16, 0) * rg * DQ_RT +
-               (DQ_COLS >= BWD_PIECE_COLS ? BWD_PIECE * (cg * DQ_COLS / BWD_PIECE_COLS)
-                                          : bwd_piece_offset(0, 8) * (cg * DQ_COLS / 8));
+               bwd_piece_offset(0, 8) * (cg * DQ_COLS / 8);
     }
     static_assert(KPW == 16 || KPW == 32, "16 or 32 keys per warp");
     static_assert(THREADS >= 2 * BR, "one thread copies each row's LSE or Delta");
@@ -548,15 +546,15 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                         }
                     }
                 }
-                // A lane's pair of each C fragment half (8 x 8 from multiples of 8) is in one piece at
-                // bwd_piece_offset(first row, first column) + 2 * lane: one address per lane, fixed offsets.
+                // A lane's pair of each C fragment half (8 x 8 from multiples of 8) is at bwd_piece_offset(first
+                // row, first column) + 2 * lane from the block's first piece: one address per lane, fixed offsets.
                 // Rows past Sq and columns past D add into padding nothing reads; without DQ_ALL an m16 tile
                 // wholly past Sq skips its adds (a warp-uniform branch; without it the DP = 64 32-key kernel
                 // spilled). With DQ_ALL (DP = 256) the adds are unguarded: around the branches ptxas rebuilt one 64-bit
                 // address per pair of adds, each rebuild waiting for the previous add to read it (8-10 % of
                 // the kernel's stall samples in ncu, H100).
                 constexpr int M16 = bwd_piece_offset(16, 0), HALF8 = bwd_piece_offset(8, 0);
-                constexpr int N8 = bwd_piece_offset(0, 8), TILES = BWD_PIECE_COLS / 8;  // 8-column tiles of a piece
+                constexpr int N8 = bwd_piece_offset(0, 8);
                 const int64_t block = ((int64_t)b * p.Hq + h) * (bwd_sq_pad(p.Sq) / BWD_PIECE_ROWS) + row0 / BR;
                 float* lane_dq = dq_acc + bwd_piece<DP>(block, 0) + Tile::dq_lane_offset(tid);
 #pragma unroll
@@ -569,8 +567,8 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                             if (!Tile::DQ_ALL && row0 + (dq_rg * DQ_RT + rt) * 16 >= p.Sq) continue;
 #pragma unroll
                             for (int hr = 0; hr < 2; ++hr)
-                                bwd_red_add2(lane_dq + BWD_PIECE * (c / TILES) + N8 * (c % TILES) + HALF8 * hr +
-                                                 M16 * rt, acc[pp][rt][j][2 * hr], acc[pp][rt][j][2 * hr + 1]);
+                                bwd_red_add2(lane_dq + N8 * c + HALF8 * hr + M16 * rt, acc[pp][rt][j][2 * hr],
+                                             acc[pp][rt][j][2 * hr + 1]);
                         }
                     }
             }
