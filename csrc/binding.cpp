@@ -29,6 +29,13 @@ Args:
     value: (B, Hkv, Sk, D) tensor.
         B, H and S may be 0, as with SDPA: the output is then empty, or
         all zeros (LSE -inf) when Sk = 0.
+        SDPA's other shapes work too: (..., S, D) of any rank >= 2, dim -3
+        the heads and the dims before it batch dims, broadcast as SDPA
+        broadcasts them (a dim of 1 against any size; one query head
+        against k's heads; k's and v's heads where one of them is 1). They
+        run as one (B, H, S, D) call; a broadcast dim that no view of the
+        input expresses is copied. out has SDPA's output shape, lse that
+        shape without D.
     attn_mask, dropout_p: accepted for SDPA compatibility; only ``None``
         and ``0.0`` are supported, anything else raises ``ValueError``.
     is_causal / causal: apply a causal mask (the two names are aliases);
@@ -640,6 +647,20 @@ bool for_dispatcher(const pybind11::handle& o, const char* name) {
     return !t.is_nested() && t.layout() == at::kStrided && !t.has_storage();  // (check_inputs refuses the others)
 }
 
+// Whether q, k and v are already one (B, H, S, D) call: 4-D, one batch size,
+// k's heads equal to v's, and q's not a single head broadcast to several KV
+// heads. SDPA's other shapes ((..., S, D) of any rank >= 2, batch and head dims
+// broadcast) go to flashcore.attention, which makes them such a call
+// (_as_bhsd) and shapes the output back. A nested or non-strided tensor counts
+// as one call here: check_inputs refuses it.
+bool bhsd_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    for (const at::Tensor* t : {&q, &k, &v})
+        if (t->is_nested() || t->layout() != at::kStrided) return true;
+    if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return false;
+    return k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == v.size(1) &&
+           !(q.size(1) == 1 && k.size(1) > 1);
+}
+
 // Under torch.autocast SDPA runs in the autocast dtype (by default fp16 on
 // CUDA, bf16 on the CPU), casting floating inputs other than fp64: flashcore
 // casts as SDPA does.
@@ -670,6 +691,7 @@ pybind11::object attention(const pybind11::handle& query, const pybind11::handle
     at::Tensor q = tensor_arg(query, "q");
     at::Tensor k = tensor_arg(key, "k");
     at::Tensor v = tensor_arg(value, "v");
+    if (!bhsd_call(q, k, v)) return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
     // Inputs that require grad while autograd records take the custom op, whose
     // autograd formula runs the backward (flashcore/__init__.py); a forward-mode
     // tangent is refused first, as check_inputs refuses it.

@@ -38,6 +38,14 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                          causal_alignment, return_lse, kernel, num_splits)
         if r is not NotImplemented:
             return r
+    views = _as_bhsd(query, key, value)
+    if views is not None:
+        q4, k4, v4, shape = views
+        r = attention(q4, k4, v4, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal=causal,
+                      causal_alignment=causal_alignment, return_lse=return_lse, kernel=kernel,
+                      num_splits=num_splits)
+        out = (r[0] if return_lse else r).reshape(shape)
+        return (out, r[1].reshape(shape[:-1])) if return_lse else out
     dropout_p, scale = _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
                                         causal_alignment, return_lse, kernel, num_splits)
     grad = _needs_grad(query, key, value, kernel)
@@ -49,6 +57,57 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
 
 
 attention.__doc__ = _C.ATTENTION_DOC
+
+
+def _as_bhsd(query, key, value):
+    # SDPA's shapes beyond one (B, H, S, D) call: q (..., Sq, D), k and v
+    # (..., Sk, D), each of rank >= 2, with dim -3 (where there is one) the
+    # heads and the dims before it batch dims, broadcast against each other as
+    # SDPA broadcasts them; a single query head broadcasts to k's heads, and k
+    # and v's heads to each other where one has one. Returns (q, k, v) as
+    # (B, H, S, D) views and the output's shape, or None where the inputs are
+    # already one such call (binding.cpp's bhsd_call) or are not strided
+    # tensors (the call refuses them). Broadcast dims that a (B, H, S, D) view
+    # cannot express are copied (reshape), as SDPA's math backend expands them.
+    ts = (query, key, value)
+    if not all(isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested for t in ts):
+        return None
+    if _one_call(*ts):
+        return None
+    for name, t in zip("qkv", ts):
+        if t.dim() < 2:
+            raise ValueError(f"{name}: expected a tensor of at least 2 dims (..., S, D), got {t.dim()}-D of shape "
+                             f"{tuple(t.shape)}; add the missing dims with unsqueeze or reshape")
+    rank = max(3, *(t.dim() for t in ts))
+    shapes = [(1,) * (rank - t.dim()) + tuple(t.shape) for t in ts]
+    lead = [s[:-3] for s in shapes]
+    batch = lead[0]
+    for name, s in (("k", lead[1]), ("v", lead[2])):
+        try:
+            batch = torch.broadcast_shapes(batch, s)
+        except RuntimeError:
+            also = "" if name == "k" else f" and k's {lead[1]}"
+            raise ValueError(f"{name}: batch dims {s} do not broadcast with q's {lead[0]}{also}; use equal batch "
+                             f"dims, or 1 where one is shared") from None
+    hq, hk, hv = (s[-3] for s in shapes)
+    if hk != hv:
+        if min(hk, hv) != 1:
+            raise ValueError(f"v: {hv} heads but k has {hk}; k and v need the same number of heads (or one of "
+                             f"them 1, broadcast)")
+        hk = max(hk, hv)
+    if hq == 1 and hk > 1:
+        hq = hk  # (SDPA broadcasts a single query head)
+    # (a dim broadcast from 1 stays a stride-0 view where one batch dim holds it; the kernels read such views)
+    views = [t.reshape(s).expand(*batch, h, *s[-2:]).reshape(math.prod(batch), h, *s[-2:])
+             for t, s, h in zip(ts, shapes, (hq, hk, hk))]
+    out_shape = (*batch, hq, *shapes[0][-2:]) if max(t.dim() for t in ts) >= 3 else tuple(query.shape)
+    return (*views, out_shape)
+
+
+def _one_call(query, key, value):
+    # binding.cpp's bhsd_call for strided tensors: already one (B, H, S, D) call.
+    return all(t.dim() == 4 for t in (query, key, value)) and key.shape[0] == query.shape[0] == value.shape[0] \
+        and key.shape[1] == value.shape[1] and not (query.shape[1] == 1 and key.shape[1] > 1)
 
 
 def _needs_grad(query, key, value, kernel):
@@ -158,6 +217,10 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     # handler ran the op with torch functions off); its data is a plain tensor's.
     query, key, value = (t.as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t
                          for t in (query, key, value))
+    if _as_bhsd(query, key, value) is not None:
+        raise ValueError(f"q, k, v: the op takes one (B, H, S, D) call, got shapes {tuple(query.shape)}, "
+                         f"{tuple(key.shape)}, {tuple(value.shape)}; call flashcore.attention, which takes "
+                         f"SDPA's other shapes")
     with torch.no_grad():  # (the autograd formula below records the call, not the binding)
         r = _C.attention(query, key, value, attn_mask, dropout_p, is_causal, scale, False, causal,
                          causal_alignment, return_lse, kernel, num_splits)

@@ -116,10 +116,11 @@ def test_vmap_refusals_name_the_sample_shapes():
     not the folded N * B)."""
     q, k, v = qkv()
     qs = torch.stack([q, q])
-    with pytest.raises(ValueError, match=r"q: expected a 4-D \(B, H, S, D\) tensor, got 3-D of shape \(4, 17, 64\)"):
-        torch.vmap(lambda x: flashcore.attention(x, x, x))(qs[:, 0])
-    with pytest.raises(ValueError, match=r"k: batch 1 differs from q's 2"):
-        torch.vmap(lambda x: flashcore.attention(x, k[:1], v[:1]))(qs)
+    with pytest.raises(ValueError, match=r"q: expected a tensor of at least 2 dims \(\.\.\., S, D\), got 1-D of "
+                                         r"shape \(64,\)"):
+        torch.vmap(lambda x: flashcore.attention(x, x, x))(qs[:, 0, 0, 0])
+    with pytest.raises(ValueError, match=r"k: batch dims \(3,\) do not broadcast with q's \(2,\)"):
+        torch.vmap(lambda x: flashcore.attention(x, torch.cat([k, k[:1]]), torch.cat([v, v[:1]])))(qs)
     with pytest.raises(ValueError, match=r"attn_mask: flashcore supports no explicit mask"):
         torch.vmap(lambda x, m: flashcore.attention(x, k, v, attn_mask=m))(qs, torch.ones(2, 17, 23, dtype=torch.bool))
     with pytest.raises(TypeError, match=r"k: dtype Float differs from q's Half"):

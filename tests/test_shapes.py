@@ -1,0 +1,166 @@
+"""SDPA's shapes beyond one (B, H, S, D) call.
+
+torch's scaled_dot_product_attention takes q (..., Sq, D), k and v (..., Sk, D)
+of any rank >= 2, with dim -3 the heads and the dims before it batch dims,
+broadcast against each other. flashcore.attention folds such inputs into one
+(B, H, S, D) call (flashcore/__init__.py, _as_bhsd) and shapes out and lse
+back. Each case is checked, forward and backward, against an fp64 reference
+written with broadcasting matmuls (independent of the fold) and against SDPA
+on the same low-precision tensors, on the CPU path and on every GPU kernel.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flashcore
+
+from conftest import GPU_KERNELS, requires_gpu, visible_mask
+
+D = 64
+SQ, SK = 37, 53  # odd, Sq != Sk
+
+# (id, q shape, k shape, v shape) without the trailing (S, D)
+CASES = [
+    ("3d", (6,), (6,), (6,)),
+    ("2d", (), (), ()),
+    ("5d", (2, 3, 4), (2, 3, 4), (2, 3, 4)),
+    ("5d_gqa", (2, 3, 4), (2, 3, 2), (2, 3, 2)),
+    ("kv_batch1", (3, 4), (1, 4), (1, 4)),
+    ("k_batch1_v_full", (3, 4), (1, 4), (3, 4)),
+    ("kv_3d_q_4d", (2, 4), (4,), (4,)),
+    ("q_batch1", (1, 4), (3, 4), (3, 4)),
+    ("q_one_head", (2, 1), (2, 4), (2, 4)),
+    ("kv_heads_1_and_4", (2, 4), (2, 1), (2, 4)),
+    ("5d_mixed", (3, 1, 4), (1, 2, 4), (1, 2, 4)),
+    ("q_2d_kv_3d", (), (4,), (4,)),
+]
+
+DEVICES = [pytest.param("cpu", "cpu", id="cpu")] + [
+    pytest.param("cuda", k, id=f"cuda-{k}", marks=requires_gpu) for k in GPU_KERNELS]
+DTYPE = {"cpu": torch.float32, "cuda": torch.float16}
+
+
+def ref(q, k, v, causal):
+    """fp64 softmax(q k^T / sqrt(D)) v and its LSE with SDPA's broadcasting; a query head group of
+    Hq / Hk heads reads one KV head (GQA), a single query head reads every KV head."""
+    two_d = max(q.dim(), k.dim(), v.dim()) == 2
+    q, k, v = (t.double() for t in (q, k, v))
+    rank = max(3, q.dim(), k.dim(), v.dim())
+    q, k, v = (t.reshape((1,) * (rank - t.dim()) + tuple(t.shape)) for t in (q, k, v))
+    hk = max(k.shape[-3], v.shape[-3])
+    hq = q.shape[-3]
+    if hq % hk == 0:  # (heads, group) so that a KV head broadcasts over its group
+        q = q.unflatten(-3, (hk, hq // hk))
+        k, v = k.unsqueeze(-3), v.unsqueeze(-3)
+    s = q @ k.transpose(-1, -2) / D ** 0.5
+    if causal:
+        s = s.masked_fill(~visible_mask(SQ, SK, "top_left"), float("-inf"))
+    out, lse = torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+    if hq % hk == 0:
+        out, lse = out.flatten(-4, -3), lse.flatten(-3, -2)
+    return (out[0], lse[0]) if two_d else (out, lse)
+
+
+def inputs(case, dtype, dev):
+    _, qs, ks, vs = case
+    return tuple(torch.randn(*s, n, D, device=dev).to(dtype) for s, n in ((qs, SQ), (ks, SK), (vs, SK)))
+
+
+def sdpa(q, k, v, causal):
+    # enable_gqa where the heads neither match nor broadcast (SDPA refuses it on 2-D inputs)
+    gqa = q.dim() >= 3 and k.dim() >= 3 and q.shape[-3] not in (1, k.shape[-3]) and k.shape[-3] != 1
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+
+def err(a, b):
+    return (a.double() - b.double()).abs().max().item()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["nocausal", "causal"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("dev,kernel", DEVICES)
+def test_sdpa_shapes(dev, kernel, case, causal):
+    dtype = DTYPE[dev]
+    q, k, v = (t.requires_grad_() for t in inputs(case, dtype, dev))
+    out, lse = flashcore.attention(q, k, v, is_causal=causal, return_lse=True, kernel=kernel)
+    want, want_lse = ref(q, k, v, causal)
+    low = sdpa(q, k, v, causal)
+    assert out.shape == low.shape and out.dtype == dtype and lse.shape == low.shape[:-1]
+    eps = 1e-5 if dtype == torch.float32 else 1e-3
+    assert err(out, want) <= 2 * err(low, want) + eps
+    assert err(lse, want_lse) <= 1e-4
+    if dtype == torch.float16:
+        assert torch.allclose(out, low, atol=1e-3, rtol=1e-3)
+    # backward: the gradients of the broadcast inputs are summed over the dims they were broadcast in
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    low_grads = torch.autograd.grad(low, (q, k, v), g)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref_grads = torch.autograd.grad(ref(q64, k64, v64, causal)[0], (q64, k64, v64), g.double())
+    for name, a, lo, r, t in zip("qkv", grads, low_grads, ref_grads, (q, k, v)):
+        assert a.shape == t.shape, name
+        assert err(a, r) <= 2 * err(lo, r) + (1e-5 if dtype == torch.float32 else 2e-3), name
+
+
+@pytest.mark.parametrize("dev,kernel", DEVICES[:1] + DEVICES[1:2])
+def test_sdpa_shapes_no_grad_and_views(dev, kernel):
+    """Without autograd (the binding's path) the result is the same; the output is a fresh tensor."""
+    q, k, v = inputs(CASES[3], DTYPE[dev], dev)
+    a = flashcore.attention(q, k, v, kernel=kernel)
+    with torch.no_grad():
+        b = flashcore.attention(q.requires_grad_(), k, v, kernel=kernel)
+    assert torch.equal(a, b)
+    assert a.data_ptr() not in (q.data_ptr(), k.data_ptr(), v.data_ptr())
+
+
+@pytest.mark.parametrize("args,match", [
+    (((8,), (8,), (8,)), r"q: expected a tensor of at least 2 dims \(\.\.\., S, D\), got 1-D"),
+    (((4, 8), (8,), (4, 8)), r"k: expected a tensor of at least 2 dims"),
+    (((3, 2, 5, 8), (2, 2, 7, 8), (2, 2, 7, 8)), r"k: batch dims \(2,\) do not broadcast with q's \(3,\)"),
+    (((3, 2, 5, 8), (3, 2, 7, 8), (2, 2, 7, 8)), r"v: batch dims \(2,\) do not broadcast"),
+    (((2, 4, 5, 8), (2, 4, 7, 8), (2, 2, 7, 8)), r"v: 2 heads but k has 4"),
+    (((4, 5, 8), (3, 7, 8), (3, 7, 8)), r"k: 3 KV heads do not divide q's 4 heads"),
+])
+def test_sdpa_shapes_refused(args, match):
+    q, k, v = (torch.randn(*s) for s in args)
+    with pytest.raises(ValueError, match=match):
+        flashcore.attention(q, k, v)
+
+
+def test_sdpa_shapes_compiled():
+    """torch.compile(fullgraph=True) traces the fold: no graph break, the eager result bit for bit."""
+    torch._dynamo.reset()
+    q, k, v = inputs(CASES[10], torch.float32, "cpu")
+    want = flashcore.attention(q, k, v, is_causal=True, return_lse=True)
+    got = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, is_causal=True, return_lse=True),
+                        fullgraph=True, backend="aot_eager")(q, k, v)
+    torch._dynamo.reset()
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_op_refuses_other_shapes():
+    """The custom op itself takes one (B, H, S, D) call; flashcore.attention folds the rest."""
+    q = torch.randn(4, 5, 8)
+    with pytest.raises(ValueError, match=r"the op takes one \(B, H, S, D\) call.*call flashcore.attention"):
+        torch.ops.flashcore.attention(q, q, q, None, 0.0, False, None, None, "top_left", False, "auto", None)
+
+
+def test_sdpa_shapes_under_vmap():
+    """Per-sample 3-D inputs under torch.vmap: each sample as its own call."""
+    q, k, v = (torch.randn(3, 4, n, D) for n in (SQ, SK, SK))  # vmapped over dim 0: samples (4, S, D)
+    out = torch.vmap(lambda a, b, c: flashcore.attention(a, b, c, is_causal=True))(q, k, v)
+    for i in range(3):
+        assert torch.equal(out[i], flashcore.attention(q[i], k[i], v[i], is_causal=True))
+
+
+@pytest.mark.parametrize("dev,kernel", DEVICES[:1] + DEVICES[1:2])
+def test_sdpa_shapes_empty(dev, kernel):
+    """Empty batch dims, heads or keys fold as SDPA's do: an empty output, or zeros (LSE -inf) with no key."""
+    dt = DTYPE[dev]
+    for qs, ks in (((0, 3, 4, 5, D), (1, 3, 4, 7, D)), ((2, 0, 5, D), (2, 0, 7, D)), ((3, 4, 5, D), (4, 0, D))):
+        q, k = torch.randn(*qs, device=dev).to(dt), torch.randn(*ks, device=dev).to(dt)
+        out, lse = flashcore.attention(q, k, k, return_lse=True, kernel=kernel)
+        want = F.scaled_dot_product_attention(q[..., :1, :], k[..., :1, :], k[..., :1, :]).shape  # (any Sq, Sk)
+        assert out.shape == (*want[:-2], qs[-2], D) and lse.shape == out.shape[:-1]
+        if out.numel():
+            assert torch.all(out == 0) and torch.all(lse == float("-inf"))
