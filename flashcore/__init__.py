@@ -83,12 +83,11 @@ def _as_bhsd(query, key, value):
     lead = [s[:-3] for s in shapes]
     batch = lead[0]
     for name, s in (("k", lead[1]), ("v", lead[2])):
-        try:
-            batch = torch.broadcast_shapes(batch, s)
-        except RuntimeError:
+        if any(a != b and a != 1 and b != 1 for a, b in zip(batch, s)):
             also = "" if name == "k" else f" and k's {lead[1]}"
             raise ValueError(f"{name}: batch dims {s} do not broadcast with q's {lead[0]}{also}; use equal batch "
-                             f"dims, or 1 where one is shared") from None
+                             f"dims, or 1 where one is shared")
+        batch = tuple(b if a == 1 else a for a, b in zip(batch, s))
     hq, hk, hv = (s[-3] for s in shapes)
     if hk != hv:
         if min(hk, hv) != 1:
@@ -98,7 +97,7 @@ def _as_bhsd(query, key, value):
     if hq == 1 and hk > 1:
         hq = hk  # (SDPA broadcasts a single query head)
     # (a dim broadcast from 1 stays a stride-0 view where one batch dim holds it; the kernels read such views)
-    views = [t.reshape(s).expand(*batch, h, *s[-2:]).reshape(math.prod(batch), h, *s[-2:])
+    views = [t.expand(*batch, h, *s[-2:]).reshape(math.prod(batch), h, *s[-2:])
              for t, s, h in zip(ts, shapes, (hq, hk, hk))]
     out_shape = (*batch, hq, *shapes[0][-2:]) if max(t.dim() for t in ts) >= 3 else tuple(query.shape)
     return (*views, out_shape)

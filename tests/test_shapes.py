@@ -54,7 +54,7 @@ def ref(q, k, v, causal):
         k, v = k.unsqueeze(-3), v.unsqueeze(-3)
     s = q @ k.transpose(-1, -2) / D ** 0.5
     if causal:
-        s = s.masked_fill(~visible_mask(SQ, SK, "top_left"), float("-inf"))
+        s = s.masked_fill(~visible_mask(SQ, SK, "top_left", s.device), float("-inf"))
     out, lse = torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
     if hq % hk == 0:
         out, lse = out.flatten(-4, -3), lse.flatten(-3, -2)
@@ -99,7 +99,8 @@ def test_sdpa_shapes(dev, kernel, case, causal):
     ref_grads = torch.autograd.grad(ref(q64, k64, v64, causal)[0], (q64, k64, v64), g.double())
     for name, a, lo, r, t in zip("qkv", grads, low_grads, ref_grads, (q, k, v)):
         assert a.shape == t.shape, name
-        assert err(a, r) <= 2 * err(lo, r) + (1e-5 if dtype == torch.float32 else 2e-3), name
+        ulp = 1e-5 if dtype == torch.float32 else 2.0 ** -11  # (half an fp16 ulp at 1, as test_backward.py)
+        assert err(a, r) <= 2 * err(lo, r) + ulp * max(1.0, r.abs().max().item()), name
 
 
 @pytest.mark.parametrize("dev,kernel", DEVICES[:1] + DEVICES[1:2])
@@ -157,10 +158,13 @@ def test_sdpa_shapes_under_vmap():
 def test_sdpa_shapes_empty(dev, kernel):
     """Empty batch dims, heads or keys fold as SDPA's do: an empty output, or zeros (LSE -inf) with no key."""
     dt = DTYPE[dev]
-    for qs, ks in (((0, 3, 4, 5, D), (1, 3, 4, 7, D)), ((2, 0, 5, D), (2, 0, 7, D)), ((3, 4, 5, D), (4, 0, D))):
+    # (q shape, k and v shape, SDPA's output shape: taken from SDPA's CPU path, as its CUDA path has
+    # stopped a process with a floating-point exception on empty inputs)
+    for qs, ks, want in (((0, 3, 4, 5, D), (1, 3, 4, 7, D), (0, 3, 4, 5, D)), ((2, 0, 5, D), (2, 0, 7, D), (2, 0, 5, D)),
+                         ((3, 4, 5, D), (4, 0, D), (3, 4, 5, D))):
         q, k = torch.randn(*qs, device=dev).to(dt), torch.randn(*ks, device=dev).to(dt)
         out, lse = flashcore.attention(q, k, k, return_lse=True, kernel=kernel)
-        want = F.scaled_dot_product_attention(q[..., :1, :], k[..., :1, :], k[..., :1, :]).shape  # (any Sq, Sk)
-        assert out.shape == (*want[:-2], qs[-2], D) and lse.shape == out.shape[:-1]
+        assert F.scaled_dot_product_attention(q.cpu().float(), k.cpu().float(), k.cpu().float()).shape == want
+        assert out.shape == want and lse.shape == want[:-1]
         if out.numel():
             assert torch.all(out == 0) and torch.all(lse == float("-inf"))
