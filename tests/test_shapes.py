@@ -158,13 +158,12 @@ def test_sdpa_shapes_under_vmap():
 def test_sdpa_shapes_empty(dev, kernel):
     """Empty batch dims, heads or keys fold as SDPA's do: an empty output, or zeros (LSE -inf) with no key."""
     dt = DTYPE[dev]
-    # (q shape, k and v shape, SDPA's output shape: taken from SDPA's CPU path, as its CUDA path has
-    # stopped a process with a floating-point exception on empty inputs)
+    # (q shape, k and v shape, SDPA's output shape, as torch 2.14's CPU path gives it; SDPA is not called
+    # here: on an H100 with torch 2.11 it stopped the process with SIGFPE on zero heads, CPU and CUDA)
     for qs, ks, want in (((0, 3, 4, 5, D), (1, 3, 4, 7, D), (0, 3, 4, 5, D)), ((2, 0, 5, D), (2, 0, 7, D), (2, 0, 5, D)),
                          ((3, 4, 5, D), (4, 0, D), (3, 4, 5, D))):
         q, k = torch.randn(*qs, device=dev).to(dt), torch.randn(*ks, device=dev).to(dt)
         out, lse = flashcore.attention(q, k, k, return_lse=True, kernel=kernel)
-        assert F.scaled_dot_product_attention(q.cpu().float(), k.cpu().float(), k.cpu().float()).shape == want
         assert out.shape == want and lse.shape == want[:-1]
         if out.numel():
             assert torch.all(out == 0) and torch.all(lse == float("-inf"))
