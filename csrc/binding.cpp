@@ -29,13 +29,6 @@ Args:
     value: (B, Hkv, Sk, D) tensor.
         B, H and S may be 0, as with SDPA: the output is then empty, or
         all zeros (LSE -inf) when Sk = 0.
-        SDPA's other shapes work too: (..., S, D) of any rank >= 2, dim -3
-        the heads and the dims before it batch dims, broadcast as SDPA
-        broadcasts them (a dim of 1 against any size; one query head
-        against k's heads; k's and v's heads where one of them is 1). They
-        run as one (B, H, S, D) call; a broadcast dim that no view of the
-        input expresses is copied. out has SDPA's output shape, lse that
-        shape without D.
     attn_mask, dropout_p: accepted for SDPA compatibility; only ``None``
         and ``0.0`` are supported, anything else raises ``ValueError``.
     is_causal / causal: apply a causal mask (the two names are aliases);
@@ -67,6 +60,14 @@ GPUs: compute capability 8.0 and newer (A100, L4/Ada, H100/H200).
 Every tensor's last dim must be contiguous (stride 1); other strides are
 free, so ``x.transpose(1, 2)`` of a (B, S, H, D) tensor works as is.
 
+SDPA's other shapes work too: q (..., Sq, D), k and v (..., Sk, D) of any
+rank >= 2, dim -3 the heads (so a 3-D tensor is (H, S, D)) and the dims
+before it batch dims, broadcast as SDPA broadcasts them: a dim of 1
+against any size, a single query head against k's heads, k's and v's
+heads against each other. They run as one (B, H, S, D) call of views; a
+broadcast that no such view expresses is copied. Heads that differ and
+are not 1 take the GQA rule above, where SDPA needs enable_gqa=True.
+
 NaN in the inputs gives NaN where it is read: in every column of a row
 with a NaN score, in one column for a NaN value. Sq and Sk go up to 2^30.
 
@@ -82,7 +83,8 @@ in a fixed order (slower).
 There is no double backward and no forward-mode AD.
 
 Returns:
-    ``out`` of shape (B, Hq, Sq, D) and q's dtype, or ``(out, lse)``.)";
+    ``out`` of shape (B, Hq, Sq, D) (SDPA's output shape for its other
+    shapes) and q's dtype, or ``(out, lse)``, lse of out's shape without D.)";
 
 [[noreturn]] void value_error(const std::string& msg) { throw pybind11::value_error(msg); }
 
@@ -658,7 +660,7 @@ bool bhsd_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
         if (t->is_nested() || t->layout() != at::kStrided) return true;
     if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return false;
     return k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == v.size(1) &&
-           !(q.size(1) == 1 && k.size(1) > 1);
+           !(q.size(1) == 1 && k.size(1) != 1);
 }
 
 // Under torch.autocast SDPA runs in the autocast dtype (by default fp16 on

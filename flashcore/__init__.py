@@ -12,6 +12,7 @@ import math
 from typing import Optional, Tuple
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false, guard_or_true
 
 from . import _C
 
@@ -63,12 +64,13 @@ def _as_bhsd(query, key, value):
     # SDPA's shapes beyond one (B, H, S, D) call: q (..., Sq, D), k and v
     # (..., Sk, D), each of rank >= 2, with dim -3 (where there is one) the
     # heads and the dims before it batch dims, broadcast against each other as
-    # SDPA broadcasts them; a single query head broadcasts to k's heads, and k
-    # and v's heads to each other where one has one. Returns (q, k, v) as
-    # (B, H, S, D) views and the output's shape, or None where the inputs are
-    # already one such call (binding.cpp's bhsd_call) or are not strided
-    # tensors (the call refuses them). Broadcast dims that a (B, H, S, D) view
-    # cannot express are copied (reshape), as SDPA's math backend expands them.
+    # SDPA broadcasts them (a dim of 1 against any size); a single query head
+    # against k's heads, and k's and v's heads against each other. Returns
+    # (q, k, v) as (B, H, S, D) views and the output's shape, or None where the
+    # inputs are already one such call (binding.cpp's bhsd_call) or are not
+    # strided tensors (the call refuses them). Broadcast dims that a
+    # (B, H, S, D) view cannot express are copied (reshape), as SDPA's math
+    # backend expands them.
     ts = (query, key, value)
     if not all(isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested for t in ts):
         return None
@@ -78,24 +80,24 @@ def _as_bhsd(query, key, value):
         if t.dim() < 2:
             raise ValueError(f"{name}: expected a tensor of at least 2 dims (..., S, D), got {t.dim()}-D of shape "
                              f"{tuple(t.shape)}; add the missing dims with unsqueeze or reshape")
+        if t.stride(-1) != 1:  # (as the binding refuses it; a copy in the fold would hide it)
+            raise ValueError(f"{name}: the last dim must be contiguous (stride 1), got stride {t.stride(-1)}; call "
+                             f"{name}.contiguous()")
     rank = max(3, *(t.dim() for t in ts))
     shapes = [(1,) * (rank - t.dim()) + tuple(t.shape) for t in ts]
-    lead = [s[:-3] for s in shapes]
-    batch = lead[0]
-    for name, s in (("k", lead[1]), ("v", lead[2])):
-        if any(a != b and a != 1 and b != 1 for a, b in zip(batch, s)):
-            also = "" if name == "k" else f" and k's {lead[1]}"
-            raise ValueError(f"{name}: batch dims {s} do not broadcast with q's {lead[0]}{also}; use equal batch "
-                             f"dims, or 1 where one is shared")
-        batch = tuple(b if a == 1 else a for a, b in zip(batch, s))
+    batch = shapes[0][:-3]
+    for name, t, s in (("k", key, shapes[1]), ("v", value, shapes[2])):
+        if any(a != b and a != 1 and b != 1 for a, b in zip(batch, s[:-3])):
+            raise ValueError(f"{name}: the batch dims (all but the last three) of shape {tuple(t.shape)} do not "
+                             f"broadcast with q's {tuple(query.shape)}" + ("" if name == "k" else
+                             f" and k's {tuple(key.shape)}") + "; use equal batch dims, or 1 where one is shared")
+        batch = tuple(b if a == 1 else a for a, b in zip(batch, s[:-3]))
     hq, hk, hv = (s[-3] for s in shapes)
-    if hk != hv:
-        if min(hk, hv) != 1:
-            raise ValueError(f"v: {hv} heads but k has {hk}; k and v need the same number of heads (or one of "
-                             f"them 1, broadcast)")
-        hk = max(hk, hv)
-    if hq == 1 and hk > 1:
-        hq = hk  # (SDPA broadcasts a single query head)
+    if hk != hv and hk != 1 and hv != 1:
+        raise ValueError(f"v: {hv} heads but k has {hk}; k and v need the same number of heads (or one of them 1, "
+                         f"broadcast)")
+    hk = hv if hk == 1 else hk
+    hq = hk if hq == 1 else hq  # (a single query head against k's, as SDPA broadcasts it)
     # (a dim broadcast from 1 stays a stride-0 view where one batch dim holds it; the kernels read such views)
     views = [t.expand(*batch, h, *s[-2:]).reshape(math.prod(batch), h, *s[-2:])
              for t, s, h in zip(ts, shapes, (hq, hk, hk))]
@@ -105,8 +107,14 @@ def _as_bhsd(query, key, value):
 
 def _one_call(query, key, value):
     # binding.cpp's bhsd_call for strided tensors: already one (B, H, S, D) call.
-    return all(t.dim() == 4 for t in (query, key, value)) and key.shape[0] == query.shape[0] == value.shape[0] \
-        and key.shape[1] == value.shape[1] and not (query.shape[1] == 1 and key.shape[1] > 1)
+    # While torch.compile traces with sizes it cannot compare (unbacked, or
+    # exported as independent), a 4-D call counts as one: the op's run-time
+    # checks refuse the ones that are not, where a guard here would fail the trace.
+    if not all(t.dim() == 4 for t in (query, key, value)):
+        return False
+    (bq, hq), (bk, hk), (bv, hv) = (t.shape[:2] for t in (query, key, value))
+    yes, no = (guard_or_true, guard_or_false) if torch.compiler.is_compiling() else (bool, bool)
+    return yes(bk == bq) and yes(bv == bq) and yes(hk == hv) and not (no(hq == 1) and no(hk != 1))
 
 
 def _needs_grad(query, key, value, kernel):
@@ -216,7 +224,7 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     # handler ran the op with torch functions off); its data is a plain tensor's.
     query, key, value = (t.as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t
                          for t in (query, key, value))
-    if _as_bhsd(query, key, value) is not None:
+    if not _one_call(query, key, value):
         raise ValueError(f"q, k, v: the op takes one (B, H, S, D) call, got shapes {tuple(query.shape)}, "
                          f"{tuple(key.shape)}, {tuple(value.shape)}; call flashcore.attention, which takes "
                          f"SDPA's other shapes")

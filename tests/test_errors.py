@@ -54,7 +54,8 @@ CASES = [
     # (SDPA's other ranks are taken: test_shapes.py)
     _case("q_ndim1", lambda d: ((t(D, dev=d), *qkv(d)[1:]), {}), ValueError, r"\bq\b.*at least 2 dims"),
     _case("k_ndim5_batch", lambda d: ((qkv(d)[0], t(3, B + 1, H, S, D, dev=d), qkv(d)[2]), {}), ValueError,
-          r"\bk\b: batch dims \(3, 3\) do not broadcast with q's \(1, 2\)"),
+          r"\bk\b: the batch dims \(all but the last three\) of shape \(3, 3, 4, 16, 64\) do not broadcast with "
+          r"q's \(2, 4, 16, 64\)"),
     _case("v_ndim1", lambda d: ((*qkv(d)[:2], t(D, dev=d)), {}), ValueError, r"\bv\b.*at least 2 dims"),
     _case("k_batch", lambda d: (qkv(d, k=(B + 1, H, S, D), v=(B + 1, H, S, D)), {}), ValueError, r"\bk\b.*batch"),
     _case("v_batch", lambda d: (qkv(d, v=(B + 1, H, S, D)), {}), ValueError, r"\bv\b.*batch"),

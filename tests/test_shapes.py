@@ -117,8 +117,11 @@ def test_sdpa_shapes_no_grad_and_views(dev, kernel):
 @pytest.mark.parametrize("args,match", [
     (((8,), (8,), (8,)), r"q: expected a tensor of at least 2 dims \(\.\.\., S, D\), got 1-D"),
     (((4, 8), (8,), (4, 8)), r"k: expected a tensor of at least 2 dims"),
-    (((3, 2, 5, 8), (2, 2, 7, 8), (2, 2, 7, 8)), r"k: batch dims \(2,\) do not broadcast with q's \(3,\)"),
-    (((3, 2, 5, 8), (3, 2, 7, 8), (2, 2, 7, 8)), r"v: batch dims \(2,\) do not broadcast"),
+    (((3, 2, 5, 8), (2, 2, 7, 8), (2, 2, 7, 8)),
+     r"k: the batch dims \(all but the last three\) of shape \(2, 2, 7, 8\) do not broadcast with q's \(3, 2, 5, 8\)"),
+    (((3, 2, 5, 8), (3, 2, 7, 8), (2, 2, 7, 8)),
+     r"v: the batch dims .* of shape \(2, 2, 7, 8\) do not broadcast with q's \(3, 2, 5, 8\) and k's \(3, 2, 7, 8\)"),
+    (((2, 3, 2, 5, 8), (2, 2, 7, 8), (2, 2, 7, 8)), r"k: the batch dims .* of shape \(2, 2, 7, 8\) do not broadcast"),
     (((2, 4, 5, 8), (2, 4, 7, 8), (2, 2, 7, 8)), r"v: 2 heads but k has 4"),
     (((4, 5, 8), (3, 7, 8), (3, 7, 8)), r"k: 3 KV heads do not divide q's 4 heads"),
 ])
@@ -126,6 +129,41 @@ def test_sdpa_shapes_refused(args, match):
     q, k, v = (torch.randn(*s) for s in args)
     with pytest.raises(ValueError, match=match):
         flashcore.attention(q, k, v)
+
+
+def test_sdpa_shapes_strided_last_dim_refused():
+    """A last dim with stride != 1 is refused as on one (B, H, S, D) call, also where the fold would copy it."""
+    q = torch.randn(3, 1, 4, 5, 16)[..., ::2]
+    k = torch.randn(1, 2, 4, 7, 8)
+    with pytest.raises(ValueError, match=r"q: the last dim must be contiguous \(stride 1\), got stride 2"):
+        flashcore.attention(q, k, k)
+
+
+def test_sdpa_shapes_zero_heads():
+    """Heads of 1 broadcast against 0 as against any size (an empty output)."""
+    for qs, ks, vs, want in (((1, 5, 8), (1, 7, 8), (0, 7, 8), (0, 5, 8)), ((1, 5, 8), (0, 7, 8), (0, 7, 8), (0, 5, 8)),
+                             ((2, 1, 5, 8), (2, 0, 7, 8), (2, 0, 7, 8), (2, 0, 5, 8))):
+        out, lse = flashcore.attention(torch.randn(*qs), torch.randn(*ks), torch.randn(*vs), return_lse=True)
+        assert out.shape == want and lse.shape == want[:-1]
+
+
+def test_single_heads_against_more():
+    """q and k of one head against v of four: all broadcast to four heads, as SDPA broadcasts them."""
+    q, k, v = torch.randn(2, 1, 5, 8), torch.randn(2, 1, 7, 8), torch.randn(2, 4, 7, 8)
+    torch.testing.assert_close(flashcore.attention(q, k, v), F.scaled_dot_product_attention(q, k, v),
+                               atol=1e-6, rtol=1e-5)
+
+
+def test_compiled_unbacked_sizes():
+    """A 4-D call traced with sizes torch.compile cannot compare (unbacked) stays one call: no guard fails the
+    trace, and the result is the eager call's."""
+    torch._dynamo.reset()
+    q, k, v = (torch.randn(3, 4, n, 8) for n in (5, 7, 7))
+    for t in (q, k, v):
+        torch._dynamo.decorators.mark_unbacked(t, 0)
+    got = torch.compile(lambda q, k, v: flashcore.attention(q, k, v), fullgraph=True, backend="aot_eager")(q, k, v)
+    torch._dynamo.reset()
+    assert torch.equal(got, flashcore.attention(q, k, v))
 
 
 def test_sdpa_shapes_compiled():

@@ -119,7 +119,8 @@ def test_vmap_refusals_name_the_sample_shapes():
     with pytest.raises(ValueError, match=r"q: expected a tensor of at least 2 dims \(\.\.\., S, D\), got 1-D of "
                                          r"shape \(64,\)"):
         torch.vmap(lambda x: flashcore.attention(x, x, x))(qs[:, 0, 0, 0])
-    with pytest.raises(ValueError, match=r"k: batch dims \(3,\) do not broadcast with q's \(2,\)"):
+    with pytest.raises(ValueError, match=r"k: the batch dims \(all but the last three\) of shape \(3, 2, 23, 64\) "
+                                         r"do not broadcast with q's \(2, 4, 17, 64\)"):
         torch.vmap(lambda x: flashcore.attention(x, torch.cat([k, k[:1]]), torch.cat([v, v[:1]])))(qs)
     with pytest.raises(ValueError, match=r"attn_mask: flashcore supports no explicit mask"):
         torch.vmap(lambda x, m: flashcore.attention(x, k, v, attn_mask=m))(qs, torch.ones(2, 17, 23, dtype=torch.bool))
