@@ -12,7 +12,7 @@ import math
 from typing import Optional, Tuple
 
 import torch
-from torch.fx.experimental.symbolic_shapes import guard_or_false, guard_or_true
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import _C
 
@@ -107,14 +107,15 @@ def _as_bhsd(query, key, value):
 
 def _one_call(query, key, value):
     # binding.cpp's bhsd_call for strided tensors: already one (B, H, S, D) call.
-    # While torch.compile traces with sizes it cannot compare (unbacked, or
-    # exported as independent), a 4-D call counts as one: the op's run-time
-    # checks refuse the ones that are not, where a guard here would fail the trace.
+    # While torch.compile or torch.export traces, a 4-D call counts as one
+    # unless its sizes are known to differ without a guard (a guard on sizes
+    # that are unbacked, or exported as independent, would fail the trace):
+    # the op's run-time checks refuse the calls that are not one.
     if not all(t.dim() == 4 for t in (query, key, value)):
         return False
     (bq, hq), (bk, hk), (bv, hv) = (t.shape[:2] for t in (query, key, value))
-    yes, no = (guard_or_true, guard_or_false) if torch.compiler.is_compiling() else (bool, bool)
-    return yes(bk == bq) and yes(bv == bq) and yes(hk == hv) and not (no(hq == 1) and no(hk != 1))
+    known = statically_known_true if torch.compiler.is_compiling() else bool
+    return not (known(bk != bq) or known(bv != bq) or known(hk != hv) or (known(hq == 1) and known(hk != 1)))
 
 
 def _needs_grad(query, key, value, kernel):

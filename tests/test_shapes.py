@@ -205,3 +205,22 @@ def test_sdpa_shapes_empty(dev, kernel):
         assert out.shape == want and lse.shape == want[:-1]
         if out.numel():
             assert torch.all(out == 0) and torch.all(lse == float("-inf"))
+
+
+def test_exported_independent_batch_dims():
+    """torch.export with q's and k/v's batch sizes as independent dims (no guard ties them), and
+    torch.compile(dynamic=True) of a broadcast k/v batch of 1, each the eager result on two sizes."""
+    class M(torch.nn.Module):
+        def forward(self, q, k, v):
+            return flashcore.attention(q, k, v)
+
+    bq, bk = torch.export.Dim("bq"), torch.export.Dim("bk")
+    q, k, v = (torch.randn(3, 4, n, 8) for n in (5, 7, 7))
+    ep = torch.export.export(M(), (q, k, v), dynamic_shapes=({0: bq}, {0: bk}, {0: bk}))
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, k, v: flashcore.attention(q, k, v), dynamic=True, fullgraph=True, backend="aot_eager")
+    for b in (3, 5):
+        q, k, v = (torch.randn(b, 4, n, 8) for n in (5, 7, 7))
+        assert torch.equal(ep.module()(q, k, v), flashcore.attention(q, k, v))
+        assert torch.equal(f(q, k[:1], v[:1]), flashcore.attention(q, k[:1], v[:1]))
+    torch._dynamo.reset()
