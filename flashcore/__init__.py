@@ -17,6 +17,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from . import _C
 
 __all__ = ["attention", "KERNELS", "CAUSAL_ALIGNMENTS"]
+__version__ = "0.1.0"  # (pyproject.toml and setup.py carry the same; tests/test_setup.py checks)
 
 # Name -> id of fc_kernel and fc_causal (csrc/flashcore.h): the binding's own
 # tables, the ones flashcore.attention parses its string options with.

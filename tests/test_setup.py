@@ -22,3 +22,15 @@ def test_pin_follows_torchs_cuda_toolkit_requirement():
 def test_home_has_nvcc_or_is_none():
     home = pip_toolkit.home()
     assert home is None or os.path.isfile(os.path.join(home, "bin", "nvcc"))
+
+
+def test_version_is_one_number():
+    """flashcore.__version__, pyproject.toml's and setup.py's are the same string."""
+    import re
+
+    import flashcore
+
+    root = SCRIPT.parent.parent
+    found = {f: re.search(r'^\s*version\s*=\s*"([^"]+)"', (root / f).read_text(), re.M).group(1)
+             for f in ("pyproject.toml", "setup.py")}
+    assert found == {f: flashcore.__version__ for f in found}
