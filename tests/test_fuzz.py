@@ -17,12 +17,19 @@ mode and a loss that uses the returned LSE. Each checks dq, dk and dv against
 the fp64 autograd reference by test_backward's rule, and on the GPU reruns: dk
 and dv bit-identical always, dq too in the deterministic mode (by default its
 fp32 adds across key blocks come in any order: within two ulps of its largest value).
+
+The shape cases (test_fuzz_shapes_*, a third of FC_FUZZ_CASES on the GPU) write a drawn call in one of
+SDPA's other forms (ranks 2-6, broadcast batch and head dims) and require flashcore.attention's fold to
+give bit for bit the one (B, H, S, D) call on the broadcast inputs made contiguous.
 """
+import math
 import os
 import random
 
 import pytest
 import torch
+
+import flashcore
 
 from conftest import (CAUSAL_MODES, DTYPE_NAMES, GPU_KERNELS, GPU_OK, check_attention, make_qkv, mode_id,
                       run_poisoned)
@@ -227,3 +234,72 @@ def test_fuzz_bwd_cpu(i):
 @pytest.mark.parametrize("i", range(BWD_GPU_CASES))
 def test_fuzz_bwd_gpu(i):
     run_bwd_case(draw_bwd_case(i, "cuda"), "cuda")
+
+
+# ---- SDPA's other shapes ----
+#
+# A case draws a call (head dim, dtype, lengths, causal mode, kernel) and writes it in one of SDPA's other
+# forms: zero to three batch dims, each shared by q or by k and v (size 1 there, broadcast), k and v with
+# fewer leading dims than q, k's or v's heads 1 against the other's, a single query head against several KV
+# heads, or, with no batch dim, a 3-D or 2-D call. flashcore.attention's fold must give bit for bit what
+# the one (B, H, S, D) call on the broadcast inputs, made contiguous by torch, gives (strides change
+# addressing only), in out's and lse's SDPA shapes.
+SHAPE_GPU_CASES = max(1, GPU_CASES // 3)
+SHAPE_CPU_CASES = max(1, CPU_CASES // 2)
+
+
+def draw_shape_case(i, device):
+    rng = random.Random(SEED * 1_000_033 + i * 7907 + (0 if device == "cuda" else 1))
+    gpu = device == "cuda"
+    bdims = [rng.randint(1, 3) for _ in range(rng.choice([0, 0, 1, 2, 3]))]
+    shared = [rng.choice(["", "q", "kv"]) for _ in bdims]  # who has a 1 there (broadcast)
+    Hkv = rng.randint(1, 4)
+    Hq = 1 if rng.random() < 0.2 else Hkv * rng.choice([1, 2, 3])
+    kv_heads = rng.choice(["", "", "k1", "v1"])  # k's or v's heads given as 1 (broadcast to Hkv)
+    prefix = next((j for j, s in enumerate(shared) if s != "kv"), len(shared))
+    drop = rng.randint(0, prefix)  # leading dims k and v leave out (only dims they broadcast in)
+    cap = 1500 if gpu else 200
+    Sq, Sk = draw_len(rng, cap), draw_len(rng, cap)
+    D = rng.choice([64, 128, 256, 8 * rng.randint(1, 32)])
+    rank2 = not bdims and Hq == Hkv == 1 and rng.random() < 0.5
+    return dict(bdims=bdims, shared=shared, Hq=Hq, Hkv=Hkv, kv_heads=kv_heads, drop=drop, Sq=Sq, Sk=Sk, D=D,
+                rank2=rank2, dtype=rng.choice([torch.float16, torch.bfloat16] + ([] if gpu else [torch.float32])),
+                mode=rng.choice(CAUSAL_MODES), kernel=rng.choice(["auto", "sm80", "sm90"]) if gpu else "cpu",
+                torch_seed=rng.getrandbits(31))
+
+
+def run_shape_case(c, device):
+    torch.manual_seed(c["torch_seed"])
+    bd, sh = c["bdims"], c["shared"]
+    lead_q = [1 if s == "q" else n for n, s in zip(bd, sh)]
+    lead_kv = [1 if s == "kv" else n for n, s in zip(bd, sh)][c["drop"]:]
+    hk, hv = (1 if c["kv_heads"] == "k1" else c["Hkv"]), (1 if c["kv_heads"] == "v1" else c["Hkv"])
+    hq_full = c["Hkv"] if c["Hq"] == 1 else c["Hq"]
+    mk = lambda lead, h, s: torch.randn(*lead, h, s, c["D"], device=device).to(c["dtype"])  # noqa: E731
+    q, k, v = mk(lead_q, c["Hq"], c["Sq"]), mk(lead_kv, hk, c["Sk"]), mk(lead_kv, hv, c["Sk"])
+    if c["rank2"]:
+        q, k, v = q[0], k[0], v[0]
+    mode = c["mode"]
+    kw = dict(causal=mode is not None, causal_alignment=mode or "top_left", kernel=c["kernel"], return_lse=True)
+    try:
+        out, lse = flashcore.attention(q, k, v, **kw)
+        B = math.prod(bd)
+        full = lambda t, h, s: t.expand(*bd, h, s, c["D"]).contiguous().reshape(B, h, s, c["D"])  # noqa: E731
+        want, want_lse = flashcore.attention(full(q, hq_full, c["Sq"]), full(k, c["Hkv"], c["Sk"]),
+                                             full(v, c["Hkv"], c["Sk"]), **kw)
+        shape = (c["Sq"], c["D"]) if c["rank2"] else (*bd, hq_full, c["Sq"], c["D"])
+        assert out.shape == shape and lse.shape == shape[:-1], f"shapes {tuple(out.shape)} {tuple(lse.shape)}"
+        assert torch.equal(out.reshape(want.shape), want) and torch.equal(lse.reshape(want_lse.shape), want_lse)
+    except AssertionError as e:
+        raise AssertionError(f"FC_FUZZ_SEED={SEED} shape case {c}: {e}") from None
+
+
+@pytest.mark.parametrize("i", range(SHAPE_CPU_CASES))
+def test_fuzz_shapes_cpu(i):
+    run_shape_case(draw_shape_case(i, "cpu"), "cpu")
+
+
+@pytest.mark.skipif(not GPU_OK, reason="no usable CUDA device")
+@pytest.mark.parametrize("i", range(SHAPE_GPU_CASES))
+def test_fuzz_shapes_gpu(i):
+    run_shape_case(draw_shape_case(i, "cuda"), "cuda")
