@@ -18,7 +18,7 @@ the fp64 autograd reference by test_backward's rule, and on the GPU reruns: dk
 and dv bit-identical always, dq too in the deterministic mode (by default its
 fp32 adds across key blocks come in any order: within two ulps of its largest value).
 
-The shape cases (test_fuzz_shapes_*, a third of FC_FUZZ_CASES on the GPU) write a drawn call in one of
+The shape cases (test_fuzz_shapes, a third of FC_FUZZ_CASES on the GPU) write a drawn call in one of
 SDPA's other forms (ranks 2-6, broadcast batch and head dims) and require flashcore.attention's fold to
 give bit for bit the one (B, H, S, D) call on the broadcast inputs made contiguous.
 """
@@ -294,12 +294,8 @@ def run_shape_case(c, device):
         raise AssertionError(f"FC_FUZZ_SEED={SEED} shape case {c}: {e}") from None
 
 
-@pytest.mark.parametrize("i", range(SHAPE_CPU_CASES))
-def test_fuzz_shapes_cpu(i):
-    run_shape_case(draw_shape_case(i, "cpu"), "cpu")
-
-
-@pytest.mark.skipif(not GPU_OK, reason="no usable CUDA device")
-@pytest.mark.parametrize("i", range(SHAPE_GPU_CASES))
-def test_fuzz_shapes_gpu(i):
-    run_shape_case(draw_shape_case(i, "cuda"), "cuda")
+@pytest.mark.parametrize("dev,i", [("cpu", i) for i in range(SHAPE_CPU_CASES)] + [
+    pytest.param("cuda", i, marks=pytest.mark.skipif(not GPU_OK, reason="no usable CUDA device"))
+    for i in range(SHAPE_GPU_CASES)])
+def test_fuzz_shapes(dev, i):
+    run_shape_case(draw_shape_case(i, dev), dev)
