@@ -26,7 +26,9 @@ Args:
     query: (B, Hq, Sq, D) tensor.
     key: (B, Hkv, Sk, D) tensor; Hkv must divide Hq (grouped-query
         attention reads each KV head in place, with no copy).
-    value: (B, Hkv, Sk, D) tensor.
+    value: (B, Hkv, Sk, Dv) tensor; Dv may differ from D, as in SDPA (the
+        call runs at the wider of the two, zero-padded, and out has Dv
+        columns).
         B, H and S may be 0, as with SDPA: the output is then empty, or
         all zeros (LSE -inf) when Sk = 0.
     attn_mask, dropout_p: accepted for SDPA compatibility; only ``None``
@@ -83,8 +85,8 @@ in a fixed order (slower).
 There is no double backward and no forward-mode AD.
 
 Returns:
-    ``out`` of shape (B, Hq, Sq, D) (SDPA's output shape for its other
-    shapes) and q's dtype, or ``(out, lse)``, lse of out's shape without D.)";
+    ``out`` of shape (B, Hq, Sq, Dv) (SDPA's output shape for its other
+    shapes) and q's dtype, or ``(out, lse)``, lse of out's shape without Dv.)";
 
 [[noreturn]] void value_error(const std::string& msg) { throw pybind11::value_error(msg); }
 
@@ -650,16 +652,17 @@ bool for_dispatcher(const pybind11::handle& o, const char* name) {
 }
 
 // Whether q, k and v are already one (B, H, S, D) call: 4-D, one batch size,
-// k's heads equal to v's, and q's not a single head broadcast to several KV
-// heads. SDPA's other shapes ((..., S, D) of any rank >= 2, batch and head dims
-// broadcast) go to flashcore.attention, which makes them such a call
-// (_as_bhsd) and shapes the output back. A nested or non-strided tensor counts
+// k's heads equal to v's, q's not a single head broadcast to several KV
+// heads, and v's head dim q's. SDPA's other shapes ((..., S, D) of any rank
+// >= 2, batch and head dims broadcast, v's head dim its own) go to
+// flashcore.attention, which makes them such a call (_as_bhsd,
+// _pad_head_dims) and shapes the output back. A nested or non-strided tensor counts
 // as one call here: check_inputs refuses it.
 bool bhsd_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
     for (const at::Tensor* t : {&q, &k, &v})
         if (t->is_nested() || t->layout() != at::kStrided) return true;
     if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return false;
-    return k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == v.size(1) &&
+    return v.size(3) == q.size(3) && k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == v.size(1) &&
            !(q.size(1) == 1 && k.size(1) != 1);
 }
 
@@ -784,6 +787,7 @@ PYBIND11_MODULE(_C, m) {
           py::arg("out"), py::arg("lse"), py::arg("dlse"), py::arg("scale"), py::arg("causal"), py::arg("kernel") = 0,
           py::arg("deterministic") = false);
     m.attr("BWD_MAX_GPU_HEAD_DIM") = FC_BWD_MAX_GPU_HEAD_DIM;
+    m.attr("MAX_HEAD_DIM") = FC_MAX_HEAD_DIM;
     m.def("picked_kernel", &picked_kernel, "kernel that kernel='auto' runs for (q, k)");
     m.def("bwd_device_check", &bwd_device_check, "why the GPU backward cannot run at head dim D with this kernel "
           "id on this CUDA device; empty if it can", py::arg("D"), py::arg("kernel"), py::arg("device"));

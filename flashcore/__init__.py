@@ -48,6 +48,14 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                       num_splits=num_splits)
         out = (r[0] if return_lse else r).reshape(shape)
         return (out, r[1].reshape(shape[:-1])) if return_lse else out
+    padded = _pad_head_dims(query, key, value, scale)
+    if padded is not None:
+        qp, kp, vp, dv, scale = padded
+        r = attention(qp, kp, vp, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal=causal,
+                      causal_alignment=causal_alignment, return_lse=return_lse, kernel=kernel,
+                      num_splits=num_splits)
+        out = (r[0] if return_lse else r)[..., :dv].contiguous()
+        return (out, r[1]) if return_lse else out
     dropout_p, scale = _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
                                         causal_alignment, return_lse, kernel, num_splits)
     grad = _needs_grad(query, key, value, kernel)
@@ -102,8 +110,41 @@ def _as_bhsd(query, key, value):
     # (a dim broadcast from 1 stays a stride-0 view where one batch dim holds it; the kernels read such views)
     views = [t.expand(*batch, h, *s[-2:]).reshape(math.prod(batch), h, *s[-2:])
              for t, s, h in zip(ts, shapes, (hq, hk, hk))]
-    out_shape = (*batch, hq, *shapes[0][-2:]) if max(t.dim() for t in ts) >= 3 else tuple(query.shape)
+    out_shape = (*batch, hq, query.shape[-2], value.shape[-1]) if max(t.dim() for t in ts) >= 3 else \
+        (query.shape[-2], value.shape[-1])
     return (*views, out_shape)
+
+
+def _pad_head_dims(query, key, value, scale):
+    # v's head dim Dv may differ from q's and k's D, as in SDPA (out then has
+    # Dv columns): the call runs at Dp = max(D, Dv rounded up to 8) with zero
+    # columns appended (to q and k where Dv > D, which leaves every q . k as it
+    # is; to v where Dv < D, whose output columns are cut off), at D's scale.
+    # Exact, at the cost of the padded copies and the wider call. Returns
+    # (q, k, v, Dv, scale) padded, or None where Dv == D or an input is not a
+    # strided tensor (the call refuses it).
+    ts = (query, key, value)
+    if not all(isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested and t.dim() >= 1
+               for t in ts):
+        return None
+    d, dv = query.shape[-1], value.shape[-1]
+    if dv == d:
+        return None
+    if key.shape[-1] != d:
+        raise ValueError(f"k: head dim {key.shape[-1]} differs from q's {d}; q and k need the same D (v's may differ)")
+    if d < 8 or d % 8 != 0 or d > _C.MAX_HEAD_DIM:
+        raise ValueError(f"q: head dim D={d} is not supported; D must be a multiple of 8 between 8 and "
+                         f"{_C.MAX_HEAD_DIM} (pad the head dim)")
+    for name, t in zip("qkv", ts):
+        if t.stride(-1) != 1:  # (as the binding refuses it; the padded copy would hide it)
+            raise ValueError(f"{name}: the last dim must be contiguous (stride 1), got stride {t.stride(-1)}; call "
+                             f"{name}.contiguous()")
+    if dv > _C.MAX_HEAD_DIM:
+        raise ValueError(f"v: head dim {dv} exceeds {_C.MAX_HEAD_DIM}, the widest flashcore takes; split v's columns "
+                         f"into calls of at most {_C.MAX_HEAD_DIM}")
+    dp = max(d, -(-dv // 8) * 8)
+    pad = lambda t: torch.nn.functional.pad(t, (0, dp - t.shape[-1])) if t.shape[-1] < dp else t  # noqa: E731
+    return pad(query), pad(key), pad(value), dv, 1.0 / math.sqrt(d) if scale is None else scale
 
 
 def _one_call(query, key, value):
@@ -226,7 +267,7 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     # handler ran the op with torch functions off); its data is a plain tensor's.
     query, key, value = (t.as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t
                          for t in (query, key, value))
-    if not _one_call(query, key, value):
+    if not _one_call(query, key, value) or value.shape[-1] != query.shape[-1]:
         raise ValueError(f"q, k, v: the op takes one (B, H, S, D) call, got shapes {tuple(query.shape)}, "
                          f"{tuple(key.shape)}, {tuple(value.shape)}; call flashcore.attention, which takes "
                          f"SDPA's other shapes")

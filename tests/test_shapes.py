@@ -224,3 +224,50 @@ def test_exported_independent_batch_dims():
         assert torch.equal(ep.module()(q, k, v), flashcore.attention(q, k, v))
         assert torch.equal(f(q, k[:1], v[:1]), flashcore.attention(q, k[:1], v[:1]))
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["nocausal", "causal"])
+@pytest.mark.parametrize("dims", [(192, 128), (64, 128), (128, 64), (64, 100), (256, 8), (8, 256)],
+                         ids=lambda d: f"D{d[0]}-Dv{d[1]}")
+@pytest.mark.parametrize("dev,kernel", DEVICES)
+def test_v_head_dim_differs(dev, kernel, dims, causal):
+    """v's head dim Dv != D, as SDPA takes it (MLA-style 192 / 128 among them): out has Dv columns, the
+    scale is D's; against SDPA's fp64 math and SDPA on the low-precision inputs, forward and backward."""
+    d, dv = dims
+    dtype = DTYPE[dev]
+    q, k, v = (torch.randn(2, h, n, e, device=dev).to(dtype).requires_grad_()
+               for h, n, e in ((4, SQ, d), (2, SK, d), (2, SK, dv)))  # (GQA: two KV heads)
+    out, lse = flashcore.attention(q, k, v, is_causal=causal, return_lse=True, kernel=kernel)
+    assert out.shape == (2, 4, SQ, dv) and lse.shape == (2, 4, SQ) and out.is_contiguous()
+    kx, vx = (t.repeat_interleave(2, dim=1) for t in (k, v))
+    r64 = [t.detach().double().requires_grad_() for t in (q, kx, vx)]
+    want = F.scaled_dot_product_attention(*r64, is_causal=causal)
+    low = F.scaled_dot_product_attention(q, kx, vx, is_causal=causal)
+    eps = 1e-5 if dtype == torch.float32 else 1e-3
+    assert err(out, want) <= 2 * err(low, want) + eps
+    s = (r64[0] @ r64[1].transpose(-1, -2)) / d ** 0.5
+    if causal:
+        s = s.masked_fill(~visible_mask(SQ, SK, "top_left", s.device), float("-inf"))
+    assert err(lse, torch.logsumexp(s, -1)) <= 1e-4
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    ref_g = torch.autograd.grad(want, r64, g.double())
+    low_g = torch.autograd.grad(low, (q, k, v), g)
+    ref_g = (ref_g[0], ref_g[1].unflatten(1, (2, 2)).sum(2), ref_g[2].unflatten(1, (2, 2)).sum(2))
+    ulp = 1e-5 if dtype == torch.float32 else 2.0 ** -11
+    for name, a, lo, r, t in zip("qkv", got, low_g, ref_g, (q, k, v)):
+        assert a.shape == t.shape, name
+        assert err(a, r) <= 2 * err(lo, r) + ulp * max(1.0, r.abs().max().item()), name
+
+
+def test_v_head_dim_refusals():
+    q = torch.randn(2, 4, 5, 64)
+    with pytest.raises(ValueError, match=r"k: head dim 32 differs from q's 64; q and k need the same D \(v's may"):
+        flashcore.attention(q, torch.randn(2, 4, 7, 32), torch.randn(2, 4, 7, 128))
+    with pytest.raises(ValueError, match=r"q: head dim D=60 is not supported"):
+        flashcore.attention(torch.randn(2, 4, 5, 60), torch.randn(2, 4, 7, 60), torch.randn(2, 4, 7, 128))
+    with pytest.raises(ValueError, match=r"v: the last dim must be contiguous"):
+        flashcore.attention(q, torch.randn(2, 4, 7, 64), torch.randn(2, 4, 7, 256)[..., ::2])
+    with pytest.raises(ValueError, match=r"the op takes one \(B, H, S, D\) call"):
+        torch.ops.flashcore.attention(q, q, torch.randn(2, 4, 5, 128), None, 0.0, False, None, None, "top_left",
+                                      False, "auto", None)
