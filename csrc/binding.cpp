@@ -57,7 +57,9 @@ Args:
         in a scratch tensor from torch's allocator.
 
 Dtypes: fp16 and bf16 on CUDA; fp16, bf16 and fp32 on the CPU.
-Head dim D: any multiple of 8 from 8 to 256.
+Head dim D: any multiple of 8 from 8 to 256; v's Dv: 0 to 256 (a call with
+Dv != D runs at the wider of the two, as far as the GPU backward's limits
+go too).
 GPUs: compute capability 8.0 and newer (A100, L4/Ada, H100/H200).
 Every tensor's last dim must be contiguous (stride 1); other strides are
 free, so ``x.transpose(1, 2)`` of a (B, S, H, D) tensor works as is.
@@ -180,9 +182,10 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
         if (ts[i]->size(0) != q.size(0))
             value_error(std::string(names[i]) + ": batch " + std::to_string(ts[i]->size(0)) +
                         " differs from q's " + std::to_string(q.size(0)) + "; q, k and v need the same B");
-        if (ts[i]->size(3) != q.size(3))
+        if (ts[i]->size(3) != q.size(3))  // (flashcore.attention pads a v of its own head dim first)
             value_error(std::string(names[i]) + ": head dim " + std::to_string(ts[i]->size(3)) +
-                        " differs from q's " + std::to_string(q.size(3)) + "; q, k and v need the same D");
+                        " differs from q's " + std::to_string(q.size(3)) +
+                        (i == 1 ? "; q and k need the same D (v's may differ)" : "; this entry needs v's D = q's"));
     }
     if (v.size(1) != k.size(1))
         value_error("v: " + std::to_string(v.size(1)) + " heads but k has " + std::to_string(k.size(1)) +

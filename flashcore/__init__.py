@@ -40,14 +40,7 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                          causal_alignment, return_lse, kernel, num_splits)
         if r is not NotImplemented:
             return r
-    views = _as_bhsd(query, key, value)
-    if views is not None:
-        q4, k4, v4, shape = views
-        r = attention(q4, k4, v4, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal=causal,
-                      causal_alignment=causal_alignment, return_lse=return_lse, kernel=kernel,
-                      num_splits=num_splits)
-        out = (r[0] if return_lse else r).reshape(shape)
-        return (out, r[1].reshape(shape[:-1])) if return_lse else out
+    # (padded before the fold, so that a broadcast input is padded once, not per batch entry or head)
     padded = _pad_head_dims(query, key, value, scale)
     if padded is not None:
         qp, kp, vp, dv, scale = padded
@@ -56,6 +49,14 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                       num_splits=num_splits)
         out = (r[0] if return_lse else r)[..., :dv].contiguous()
         return (out, r[1]) if return_lse else out
+    views = _as_bhsd(query, key, value)
+    if views is not None:
+        q4, k4, v4, shape = views
+        r = attention(q4, k4, v4, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal=causal,
+                      causal_alignment=causal_alignment, return_lse=return_lse, kernel=kernel,
+                      num_splits=num_splits)
+        out = (r[0] if return_lse else r).reshape(shape)
+        return (out, r[1].reshape(shape[:-1])) if return_lse else out
     dropout_p, scale = _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
                                         causal_alignment, return_lse, kernel, num_splits)
     grad = _needs_grad(query, key, value, kernel)
@@ -89,7 +90,7 @@ def _as_bhsd(query, key, value):
         if t.dim() < 2:
             raise ValueError(f"{name}: expected a tensor of at least 2 dims (..., S, D), got {t.dim()}-D of shape "
                              f"{tuple(t.shape)}; add the missing dims with unsqueeze or reshape")
-        if t.stride(-1) != 1:  # (as the binding refuses it; a copy in the fold would hide it)
+        if t.stride(-1) != 1 and t.shape[-1] > 1:  # (as the binding refuses it; a copy in the fold would hide it)
             raise ValueError(f"{name}: the last dim must be contiguous (stride 1), got stride {t.stride(-1)}; call "
                              f"{name}.contiguous()")
     rank = max(3, *(t.dim() for t in ts))
@@ -120,6 +121,7 @@ def _pad_head_dims(query, key, value, scale):
     # Dv columns): the call runs at Dp = max(D, Dv rounded up to 8) with zero
     # columns appended (to q and k where Dv > D, which leaves every q . k as it
     # is; to v where Dv < D, whose output columns are cut off), at D's scale.
+    # Any rank: the padding precedes _as_bhsd's fold.
     # Exact, at the cost of the padded copies and the wider call. Returns
     # (q, k, v, Dv, scale) padded, or None where Dv == D or an input is not a
     # strided tensor (the call refuses it).
@@ -135,10 +137,12 @@ def _pad_head_dims(query, key, value, scale):
     if d < 8 or d % 8 != 0 or d > _C.MAX_HEAD_DIM:
         raise ValueError(f"q: head dim D={d} is not supported; D must be a multiple of 8 between 8 and "
                          f"{_C.MAX_HEAD_DIM} (pad the head dim)")
-    for name, t in zip("qkv", ts):
-        if t.stride(-1) != 1:  # (as the binding refuses it; the padded copy would hide it)
+    for name, t in zip("qkv", ts):  # (as the binding refuses them; the padded copy would hide them)
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
             raise ValueError(f"{name}: the last dim must be contiguous (stride 1), got stride {t.stride(-1)}; call "
                              f"{name}.contiguous()")
+        if not torch.compiler.is_compiling() and t.is_neg():  # (dynamo cannot trace is_neg)
+            raise ValueError(f"{name}: is a negated view; call {name}.resolve_neg()")
     if dv > _C.MAX_HEAD_DIM:
         raise ValueError(f"v: head dim {dv} exceeds {_C.MAX_HEAD_DIM}, the widest flashcore takes; split v's columns "
                          f"into calls of at most {_C.MAX_HEAD_DIM}")

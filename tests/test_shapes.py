@@ -271,3 +271,45 @@ def test_v_head_dim_refusals():
     with pytest.raises(ValueError, match=r"the op takes one \(B, H, S, D\) call"):
         torch.ops.flashcore.attention(q, q, torch.randn(2, 4, 5, 128), None, 0.0, False, None, None, "top_left",
                                       False, "auto", None)
+
+
+@pytest.mark.parametrize("dev,kernel", DEVICES)
+def test_v_head_dim_with_the_rest(dev, kernel):
+    """Dv != D together with SDPA's other shapes (3-D, 5-D with broadcast k/v), bottom-right causal with
+    Sq > Sk (rows that see no key), a scale of the caller's, gradients through the LSE, no keys, and Dv = 0."""
+    dtype = DTYPE[dev]
+    mk = lambda *s: torch.randn(*s, device=dev).to(dtype).requires_grad_()  # noqa: E731
+    for q, k, v, kw in (
+            (mk(4, 60, 64), mk(2, 41, 64), mk(2, 41, 96), dict(causal=True, causal_alignment="bottom_right")),
+            (mk(3, 2, 4, 37, 128), mk(1, 2, 1, 53, 128), mk(1, 2, 1, 53, 40), dict(scale=0.07)),
+            (mk(2, 4, 37, 64), mk(2, 4, 53, 64), mk(2, 4, 53, 256), dict(is_causal=True))):
+        out, lse = flashcore.attention(q, k, v, return_lse=True, kernel=kernel, **kw)
+        # the same call with v split into D-wide column blocks, each padded to D by hand (no _pad_head_dims)
+        d, dv = q.shape[-1], v.shape[-1]
+        parts = [flashcore.attention(q, k, F.pad(v[..., c:c + d], (0, max(0, c + d - dv))), return_lse=True,
+                                     kernel=kernel, **kw) for c in range(0, dv, d)]
+        want = torch.cat([o for o, _ in parts], -1)[..., :dv]
+        assert out.shape == want.shape and out.dtype == dtype
+        assert torch.equal(lse, parts[0][1])
+        assert err(out, want) <= (1e-6 if dtype == torch.float32 else 2e-3)  # (the wider call's own rounding)
+        g = torch.autograd.grad((out.float().square().sum() + lse.sum()), (q, k, v))
+        w = torch.autograd.grad((want.float().square().sum() + parts[0][1].sum()), (q, k, v))
+        for a, b, name in zip(g, w, "qkv"):
+            assert a.shape == b.shape and err(a, b) <= 1e-3 * max(1.0, b.abs().max().item()), name
+    q, k = torch.randn(2, 3, 5, 64, device=dev).to(dtype), torch.randn(2, 3, 0, 64, device=dev).to(dtype)
+    out, lse = flashcore.attention(q, k, torch.randn(2, 3, 0, 16, device=dev).to(dtype), return_lse=True,
+                                   kernel=kernel)
+    assert out.shape == (2, 3, 5, 16) and torch.all(out == 0) and torch.all(lse == float("-inf"))
+    out = flashcore.attention(q, q, torch.randn(2, 3, 1, 5, device=dev).to(dtype).transpose(-1, -2), kernel=kernel)
+    assert out.shape == (2, 3, 5, 1)  # (a last dim of one element: its stride does not matter)
+    assert flashcore.attention(q, q, q[..., :0], kernel=kernel).shape == (2, 3, 5, 0)
+
+
+def test_v_head_dim_compiled():
+    torch._dynamo.reset()
+    q, k, v = torch.randn(2, 4, 5, 64), torch.randn(2, 4, 7, 64), torch.randn(1, 4, 7, 128)
+    f = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, is_causal=True, return_lse=True), fullgraph=True,
+                      backend="aot_eager")
+    got, want = f(q, k, v), flashcore.attention(q, k, v, is_causal=True, return_lse=True)
+    torch._dynamo.reset()
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
