@@ -290,7 +290,8 @@ def test_v_head_dim_with_the_rest(dev, kernel):
                                      kernel=kernel, **kw) for c in range(0, dv, d)]
         want = torch.cat([o for o, _ in parts], -1)[..., :dv]
         assert out.shape == want.shape and out.dtype == dtype
-        assert err(lse, parts[0][1]) <= 1e-5  # (the wider call may run another tile kernel: its sums' order)
+        # (the wider call may run another tile kernel, whose sums come in another order; -inf rows equal)
+        torch.testing.assert_close(lse, parts[0][1], atol=1e-5, rtol=0)
         assert err(out, want) <= (1e-6 if dtype == torch.float32 else 2e-3)  # (the wider call's own rounding)
         g = torch.autograd.grad((out.float().square().sum() + lse.sum()), (q, k, v))
         w = torch.autograd.grad((want.float().square().sum() + parts[0][1].sum()), (q, k, v))
