@@ -57,9 +57,8 @@ Args:
         in a scratch tensor from torch's allocator.
 
 Dtypes: fp16 and bf16 on CUDA; fp16, bf16 and fp32 on the CPU.
-Head dim D: any multiple of 8 from 8 to 256; v's Dv: 0 to 256 (a call with
-Dv != D runs at the wider of the two, as far as the GPU backward's limits
-go too).
+Head dim D: any multiple of 8 from 8 to 256; v's Dv: 0 to 256 (see value;
+the GPU backward's limits apply to the wider of the two).
 GPUs: compute capability 8.0 and newer (A100, L4/Ada, H100/H200).
 Every tensor's last dim must be contiguous (stride 1); other strides are
 free, so ``x.transpose(1, 2)`` of a (B, S, H, D) tensor works as is.

@@ -40,23 +40,16 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                          causal_alignment, return_lse, kernel, num_splits)
         if r is not NotImplemented:
             return r
-    # (padded before the fold, so that a broadcast input is padded once, not per batch entry or head)
-    padded = _pad_head_dims(query, key, value, scale)
-    if padded is not None:
-        qp, kp, vp, dv, scale = padded
-        r = attention(qp, kp, vp, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal=causal,
+    # SDPA's calls that are not one (B, H, S, D) call run as one, rewritten: v's own head dim padded first
+    # (so that a broadcast input is padded once, not per batch entry or head), then the shapes folded.
+    rewrite = _pad_head_dims(query, key, value, scale) or _as_bhsd(query, key, value, scale)
+    if rewrite is not None:
+        q, k, v, scale, back = rewrite
+        r = attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal=causal,
                       causal_alignment=causal_alignment, return_lse=return_lse, kernel=kernel,
                       num_splits=num_splits)
-        out = (r[0] if return_lse else r)[..., :dv].contiguous()
-        return (out, r[1]) if return_lse else out
-    views = _as_bhsd(query, key, value)
-    if views is not None:
-        q4, k4, v4, shape = views
-        r = attention(q4, k4, v4, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal=causal,
-                      causal_alignment=causal_alignment, return_lse=return_lse, kernel=kernel,
-                      num_splits=num_splits)
-        out = (r[0] if return_lse else r).reshape(shape)
-        return (out, r[1].reshape(shape[:-1])) if return_lse else out
+        out, lse = back(*(r if return_lse else (r, None)))
+        return (out, lse) if return_lse else out
     dropout_p, scale = _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
                                         causal_alignment, return_lse, kernel, num_splits)
     grad = _needs_grad(query, key, value, kernel)
@@ -70,29 +63,25 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
 attention.__doc__ = _C.ATTENTION_DOC
 
 
-def _as_bhsd(query, key, value):
+def _as_bhsd(query, key, value, scale):
     # SDPA's shapes beyond one (B, H, S, D) call: q (..., Sq, D), k and v
     # (..., Sk, D), each of rank >= 2, with dim -3 (where there is one) the
     # heads and the dims before it batch dims, broadcast against each other as
     # SDPA broadcasts them (a dim of 1 against any size); a single query head
     # against k's heads, and k's and v's heads against each other. Returns
-    # (q, k, v) as (B, H, S, D) views and the output's shape, or None where the
-    # inputs are already one such call (binding.cpp's bhsd_call) or are not
-    # strided tensors (the call refuses them). Broadcast dims that a
-    # (B, H, S, D) view cannot express are copied (reshape), as SDPA's math
-    # backend expands them.
+    # (q, k, v) as (B, H, S, D) views, scale, and back(out, lse), which gives
+    # out and lse (or None) the call's shapes; or None where the inputs are
+    # already one such call (binding.cpp's bhsd_call) or are not strided
+    # tensors (the call refuses them). Broadcast dims that a (B, H, S, D) view
+    # cannot express are copied (reshape), as SDPA's math backend expands them.
     ts = (query, key, value)
-    if not all(isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested for t in ts):
-        return None
-    if _one_call(*ts):
+    if not _strided(ts) or _one_call(*ts):
         return None
     for name, t in zip("qkv", ts):
         if t.dim() < 2:
             raise ValueError(f"{name}: expected a tensor of at least 2 dims (..., S, D), got {t.dim()}-D of shape "
                              f"{tuple(t.shape)}; add the missing dims with unsqueeze or reshape")
-        if t.stride(-1) != 1 and t.shape[-1] > 1:  # (as the binding refuses it; a copy in the fold would hide it)
-            raise ValueError(f"{name}: the last dim must be contiguous (stride 1), got stride {t.stride(-1)}; call "
-                             f"{name}.contiguous()")
+    _refuse_hidden_views(ts, neg=False)  # (a copy in the fold would hide a strided last dim)
     rank = max(3, *(t.dim() for t in ts))
     shapes = [(1,) * (rank - t.dim()) + tuple(t.shape) for t in ts]
     batch = shapes[0][:-3]
@@ -111,9 +100,9 @@ def _as_bhsd(query, key, value):
     # (a dim broadcast from 1 stays a stride-0 view where one batch dim holds it; the kernels read such views)
     views = [t.expand(*batch, h, *s[-2:]).reshape(math.prod(batch), h, *s[-2:])
              for t, s, h in zip(ts, shapes, (hq, hk, hk))]
-    out_shape = (*batch, hq, query.shape[-2], value.shape[-1]) if max(t.dim() for t in ts) >= 3 else \
+    shape = (*batch, hq, query.shape[-2], value.shape[-1]) if max(t.dim() for t in ts) >= 3 else \
         (query.shape[-2], value.shape[-1])
-    return (*views, out_shape)
+    return (*views, scale, lambda out, lse: (out.reshape(shape), None if lse is None else lse.reshape(shape[:-1])))
 
 
 def _pad_head_dims(query, key, value, scale):
@@ -123,11 +112,11 @@ def _pad_head_dims(query, key, value, scale):
     # is; to v where Dv < D, whose output columns are cut off), at D's scale.
     # Any rank: the padding precedes _as_bhsd's fold.
     # Exact, at the cost of the padded copies and the wider call. Returns
-    # (q, k, v, Dv, scale) padded, or None where Dv == D or an input is not a
-    # strided tensor (the call refuses it).
+    # (q, k, v) padded, the scale and back(out, lse), which cuts out to Dv
+    # columns; or None where Dv == D or an input is not a strided tensor of
+    # rank >= 1 (the call refuses it).
     ts = (query, key, value)
-    if not all(isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested and t.dim() >= 1
-               for t in ts):
+    if not _strided(ts) or any(t.dim() < 1 for t in ts):
         return None
     d, dv = query.shape[-1], value.shape[-1]
     if dv == d:
@@ -137,18 +126,31 @@ def _pad_head_dims(query, key, value, scale):
     if d < 8 or d % 8 != 0 or d > _C.MAX_HEAD_DIM:
         raise ValueError(f"q: head dim D={d} is not supported; D must be a multiple of 8 between 8 and "
                          f"{_C.MAX_HEAD_DIM} (pad the head dim)")
-    for name, t in zip("qkv", ts):  # (as the binding refuses them; the padded copy would hide them)
-        if t.stride(-1) != 1 and t.shape[-1] > 1:
-            raise ValueError(f"{name}: the last dim must be contiguous (stride 1), got stride {t.stride(-1)}; call "
-                             f"{name}.contiguous()")
-        if not torch.compiler.is_compiling() and t.is_neg():  # (dynamo cannot trace is_neg)
-            raise ValueError(f"{name}: is a negated view; call {name}.resolve_neg()")
+    _refuse_hidden_views(ts, neg=True)  # (the padded copy would hide them)
     if dv > _C.MAX_HEAD_DIM:
         raise ValueError(f"v: head dim {dv} exceeds {_C.MAX_HEAD_DIM}, the widest flashcore takes; split v's columns "
                          f"into calls of at most {_C.MAX_HEAD_DIM}")
     dp = max(d, -(-dv // 8) * 8)
     pad = lambda t: torch.nn.functional.pad(t, (0, dp - t.shape[-1])) if t.shape[-1] < dp else t  # noqa: E731
-    return pad(query), pad(key), pad(value), dv, 1.0 / math.sqrt(d) if scale is None else scale
+    return (pad(query), pad(key), pad(value), 1.0 / math.sqrt(d) if scale is None else scale,
+            lambda out, lse: (out[..., :dv].contiguous(), lse))
+
+
+def _strided(ts):
+    # Tensors the rewrites of SDPA's other calls apply to (others go on to the call, which refuses them).
+    return all(isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested for t in ts)
+
+
+def _refuse_hidden_views(ts, neg):
+    # What the binding refuses in q, k and v (a last dim with stride != 1, and with neg a negated view),
+    # refused before a rewrite's copy would hide it. (A last dim of one element has no stride to speak of;
+    # dynamo cannot trace is_neg, so a traced call leaves that to the op.)
+    for name, t in zip("qkv", ts):
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            raise ValueError(f"{name}: the last dim must be contiguous (stride 1), got stride {t.stride(-1)}; call "
+                             f"{name}.contiguous()")
+        if neg and not torch.compiler.is_compiling() and t.is_neg():
+            raise ValueError(f"{name}: is a negated view; call {name}.resolve_neg()")
 
 
 def _one_call(query, key, value):
@@ -161,7 +163,8 @@ def _one_call(query, key, value):
         return False
     (bq, hq), (bk, hk), (bv, hv) = (t.shape[:2] for t in (query, key, value))
     known = statically_known_true if torch.compiler.is_compiling() else bool
-    return not (known(bk != bq) or known(bv != bq) or known(hk != hv) or (known(hq == 1) and known(hk != 1)))
+    return not (known(bk != bq) or known(bv != bq) or known(hk != hv) or (known(hq == 1) and known(hk != 1)) or
+                known(value.shape[3] != query.shape[3]))
 
 
 def _needs_grad(query, key, value, kernel):
@@ -271,7 +274,7 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     # handler ran the op with torch functions off); its data is a plain tensor's.
     query, key, value = (t.as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t
                          for t in (query, key, value))
-    if not _one_call(query, key, value) or value.shape[-1] != query.shape[-1]:
+    if not _one_call(query, key, value):
         raise ValueError(f"q, k, v: the op takes one (B, H, S, D) call, got shapes {tuple(query.shape)}, "
                          f"{tuple(key.shape)}, {tuple(value.shape)}; call flashcore.attention, which takes "
                          f"SDPA's other shapes")
