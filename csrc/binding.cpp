@@ -55,6 +55,18 @@ Args:
         the split-KV kernel with Sk split n ways (clamped to the number of
         key tiles). GPU only; ignored on the CPU. The partial results live
         in a scratch tensor from torch's allocator.
+    window: sliding-window (local) attention, ``None`` (default) or
+        ``(left, right)``: query i sees keys j with i + d - left <= j <=
+        i + d + right, d the diagonal of ``causal_alignment`` (0, or
+        Sk - Sq for bottom_right); each side an int >= 0, or ``None`` (or
+        -1) for no bound. With ``causal=True`` right must be 0 or None
+        (``window=(4095, 0)``: each query sees itself and the 4095 keys
+        before it, Mistral's 4096-key window). FlashAttention's
+        ``window_size`` with ``causal_alignment="bottom_right"``. Blocks of
+        keys outside every row's window are skipped, so the cost grows
+        with the window, not with Sk. On the GPU the forward runs the
+        portable kernel (``"auto"`` picks it; ``"sm90"`` with a window
+        raises ValueError); the backward runs either family.
 
 Dtypes: fp16 and bf16 on CUDA; fp16, bf16 and fp32 on the CPU.
 Head dim D: any multiple of 8 from 8 to 256; v's Dv: 0 to 256 (see value;
@@ -238,8 +250,22 @@ void check_num_splits(int64_t num_splits) {
 
 // Everything but the output pointers; o borrows q's pointer and strides (the
 // size and plan queries look at shapes only).
+// A sliding window as the C API takes it (fc_attn_params' window fields).
+struct Window {
+    int on;           // window: 0 none, 1 on
+    int left, right;  // window_left, window_right (-1: no bound)
+};
+
+// The raw entry points' window (fwd, bwd, num_splits): None, or (left, right) in the C API's terms
+// (ints >= -1, -1 no bound); the C checks judge the values.
+Window raw_window(const pybind11::object& w) {
+    if (w.is_none()) return {0, 0, 0};
+    const auto t = w.cast<std::pair<int, int>>();
+    return {1, t.first, t.second};
+}
+
 fc_attn_params fill_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                           int causal, int kernel, int64_t num_splits) {
+                           int causal, int kernel, int64_t num_splits, const Window& w) {
     fc_attn_params p = {};
     p.q = q.data_ptr(); p.k = k.data_ptr(); p.v = v.data_ptr(); p.o = q.data_ptr();
     p.q_batch_stride = q.stride(0); p.q_head_stride = q.stride(1); p.q_row_stride = q.stride(2);
@@ -251,6 +277,7 @@ fc_attn_params fill_params(const at::Tensor& q, const at::Tensor& k, const at::T
     p.dtype = to_fc_dtype(q.scalar_type());
     p.scale = (float)scale;
     p.causal = (fc_causal)causal;
+    p.window = w.on; p.window_left = w.left; p.window_right = w.right;
     p.kernel = q.is_cpu() ? FC_KERNEL_CPU : (fc_kernel)kernel;
     p.num_splits = (int)num_splits;
     return p;
@@ -355,7 +382,7 @@ void check_kernel_id(const at::Tensor& q, int kernel) {
 // Checks, allocates out (and lse), runs the C API; lse is undefined unless return_lse.
 std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                           double scale, int causal, int kernel, bool return_lse,
-                                          int64_t num_splits) {
+                                          int64_t num_splits, const Window& w) {
     check_inputs(q, k, v);
     check_num_splits(num_splits);
     check_scale(scale);
@@ -368,7 +395,7 @@ std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor&
     at::Tensor lse;
     if (return_lse) lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
 
-    fc_attn_params p = fill_params(q, k, v, scale, causal, kernel, num_splits);
+    fc_attn_params p = fill_params(q, k, v, scale, causal, kernel, num_splits, w);
     p.o = out.data_ptr();
     p.o_batch_stride = out.stride(0); p.o_head_stride = out.stride(1); p.o_row_stride = out.stride(2);
     p.lse = return_lse ? lse.data_ptr<float>() : nullptr;
@@ -407,12 +434,13 @@ std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor&
     return {out, lse};
 }
 
-// fwd(q, k, v, scale, causal_mode, kernel, return_lse, num_splits) -> (out, lse | None):
-// the raw entry point with ids for causal mode and kernel (tests, benchmarks).
+// fwd(q, k, v, scale, causal_mode, kernel, return_lse, num_splits, window=None) -> (out, lse | None):
+// the raw entry point with ids for causal mode and kernel, and the C API's window (tests, benchmarks).
 std::tuple<at::Tensor, c10::optional<at::Tensor>> fwd(const at::Tensor& q, const at::Tensor& k,
                                                       const at::Tensor& v, double scale, int causal,
-                                                      int kernel, bool return_lse, int64_t num_splits) {
-    auto r = run_fwd(q, k, v, scale, causal, kernel, return_lse, num_splits);
+                                                      int kernel, bool return_lse, int64_t num_splits,
+                                                      const pybind11::object& window) {
+    auto r = run_fwd(q, k, v, scale, causal, kernel, return_lse, num_splits, raw_window(window));
     return {r.first, return_lse ? c10::optional<at::Tensor>(r.second) : c10::nullopt};
 }
 
@@ -427,15 +455,17 @@ at::Tensor rows_usable(const at::Tensor& t) {
     return ok ? t : t.contiguous();
 }
 
-// bwd(dout, q, k, v, out, lse, dlse | None, scale, causal_mode, kernel=0) -> (dq, dk, dv):
-// the backward of a forward call with these q, k, v, scale and causal mode that
+// bwd(dout, q, k, v, out, lse, dlse | None, scale, causal_mode, kernel=0, deterministic=False,
+// window=None) -> (dq, dk, dv):
+// the backward of a forward call with these q, k, v, scale, causal mode and window that
 // gave out and lse (flashcore/__init__.py's autograd formula), on the kernel
 // family of id `kernel` (auto: sm90 on H100/H200, else sm80). dq, dk, dv are
 // contiguous, in q's dtype.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                                    const c10::optional<at::Tensor>& dlse, double scale, int causal,
-                                                   int kernel, bool deterministic) {
+                                                   int kernel, bool deterministic, const pybind11::object& window) {
+    const Window w = raw_window(window);
     at::NoGradGuard no_grad;  // (a create_graph backward: the op itself has no derivative)
     check_inputs(q, k, v);
     check_kernel_id(q, kernel);
@@ -492,6 +522,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
     p.dtype = to_fc_dtype(q.scalar_type());
     p.scale = (float)scale;
     p.causal = (fc_causal)causal;
+    p.window = w.on; p.window_left = w.left; p.window_right = w.right;
     p.kernel = q.is_cpu() ? FC_KERNEL_CPU : (fc_kernel)kernel;
     p.deterministic = deterministic;
 
@@ -586,11 +617,49 @@ double float_arg(const pybind11::handle& o, const char* name, const char* fix) {
     return d;
 }
 
+// One side of flashcore.attention's window: an int >= 0, or None or -1 (no bound on that side).
+int window_side(const pybind11::handle& o, const char* side) {
+    if (o.is_none()) return -1;
+    if (PyBool_Check(o.ptr()) || !PyIndex_Check(o.ptr()))
+        type_error(std::string("window: ") + side + " is " + type_name(o) + "; pass an int >= 0 (keys), or None "
+                   "for no bound");
+    const long long n = pybind11::reinterpret_steal<pybind11::int_>(PyNumber_Index(o.ptr())).cast<long long>();
+    if (n < -1 || n > INT32_MAX)
+        value_error(std::string("window: ") + side + " = " + std::to_string(n) + "; pass an int from 0 to 2^31-1 "
+                    "(keys), or None (or -1) for no bound");
+    return (int)n;
+}
+
+// flashcore.attention's window with its causal flag and alignment: the C causal mode (the alignment's
+// diagonal whenever a window is on) and the C window. None, or (left, right): key j visible to query i
+// iff i + d - left <= j <= i + d + right, d the alignment's diagonal. A causal call sees no key after the
+// diagonal (right 0, or None); a window with no bound on either side is none (plain causal or full).
+Window parse_window(const pybind11::object& w, bool causal_v, int alignment, int* mode) {
+    *mode = causal_v ? alignment : FC_CAUSAL_NONE;
+    if (w.is_none()) return {0, 0, 0};
+    if (!(PyTuple_Check(w.ptr()) || PyList_Check(w.ptr())) || pybind11::len(w) != 2)
+        type_error("window: expected None or a pair (left, right) of keys before and after the diagonal, got " +
+                   pybind11::repr(w).cast<std::string>());
+    const pybind11::sequence seq = pybind11::reinterpret_borrow<pybind11::sequence>(w);
+    const int left = window_side(seq[0], "left");
+    int right = window_side(seq[1], "right");
+    if (causal_v) {
+        if (right > 0)
+            value_error("window: right = " + std::to_string(right) + " with causal=True, which sees no key after "
+                        "the diagonal; pass window=(left, 0), or causal=False with window=(left, right)");
+        right = 0;
+    }
+    if (left == -1 && right == (causal_v ? 0 : -1)) return {0, 0, 0};
+    *mode = alignment;
+    return {1, left, right};
+}
+
 // flashcore.attention's non-tensor arguments: their types checked as a typed
 // signature would (flashcore/__init__.py's _check_arg_types repeats the type
 // checks for the torch.compile path), then their values.
 struct CallArgs {
-    int causal_mode;   // fc_causal
+    int causal_mode;   // fc_causal (a window's diagonal where there is one, causal or not)
+    Window window;     // the window, in the C API's terms
     int kernel;        // fc_kernel
     int64_t splits;    // num_splits (0: heuristic)
     bool has_scale;    // scale given (else 1/sqrt(D))
@@ -602,7 +671,8 @@ CallArgs parse_args(const pybind11::object& attn_mask, const pybind11::object& d
                     const pybind11::object& is_causal, const pybind11::object& scale,
                     const pybind11::object& enable_gqa, const pybind11::object& causal,
                     const pybind11::object& causal_alignment, const pybind11::object& return_lse,
-                    const pybind11::object& kernel, const pybind11::object& num_splits) {
+                    const pybind11::object& kernel, const pybind11::object& num_splits,
+                    const pybind11::object& window) {
     CallArgs a = {};
     if (!attn_mask.is_none())
         value_error("attn_mask: flashcore supports no explicit mask; pass attn_mask=None "
@@ -621,7 +691,7 @@ CallArgs parse_args(const pybind11::object& attn_mask, const pybind11::object& d
             value_error("causal / is_causal: both given and they disagree; pass only one");
     }
     const int alignment = named_id(ALIGNMENT_IDS, causal_alignment, "causal_alignment");  // checked causal or not
-    a.causal_mode = causal_v ? alignment : FC_CAUSAL_NONE;
+    a.window = parse_window(window, causal_v, alignment, &a.causal_mode);
     a.kernel = named_id(KERNEL_IDS, kernel, "kernel");
     if (!num_splits.is_none()) {
         if (pybind11::isinstance<pybind11::bool_>(num_splits) || !pybind11::isinstance<pybind11::int_>(num_splits))
@@ -691,7 +761,8 @@ pybind11::object attention(const pybind11::handle& query, const pybind11::handle
                            const pybind11::object& is_causal, const pybind11::object& scale,
                            const pybind11::object& enable_gqa, const pybind11::object& causal,
                            const pybind11::object& causal_alignment, const pybind11::object& return_lse,
-                           const pybind11::object& kernel, const pybind11::object& num_splits) {
+                           const pybind11::object& kernel, const pybind11::object& num_splits,
+                           const pybind11::object& window) {
     if (torch::jit::tracer::isTracing() || for_dispatcher(query, "q") || for_dispatcher(key, "k") ||
         for_dispatcher(value, "v"))
         return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
@@ -710,10 +781,10 @@ pybind11::object attention(const pybind11::handle& query, const pybind11::handle
     }
     autocast_inputs(q, k, v);
     const CallArgs a = parse_args(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal, causal_alignment,
-                                  return_lse, kernel, num_splits);
+                                  return_lse, kernel, num_splits, window);
     const double d = q.dim() > 0 ? (double)q.size(-1) : 0.0;
     const double scale_v = a.has_scale ? a.scale : (d > 0 ? 1.0 / std::sqrt(d) : 1.0);
-    auto r = run_fwd(q, k, v, scale_v, a.causal_mode, a.kernel, a.return_lse, a.splits);
+    auto r = run_fwd(q, k, v, scale_v, a.causal_mode, a.kernel, a.return_lse, a.splits, a.window);
     if (a.return_lse) return pybind11::make_tuple(r.first, r.second);
     return pybind11::cast(r.first);
 }
@@ -721,22 +792,23 @@ pybind11::object attention(const pybind11::handle& query, const pybind11::handle
 // Split-KV plan for these inputs: 0 when the tile kernel runs, else the number
 // of Sk splits (1 = split-KV kernel without a combine). For tests and benchmarks.
 int num_splits_for(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int causal, int kernel,
-                   int64_t num_splits) {
+                   int64_t num_splits, const pybind11::object& window) {
     check_inputs(q, k, v);
     check_num_splits(num_splits);
     if (q.is_cpu()) return 0;
     c10::OptionalDeviceGuard guard(q.device());
-    fc_attn_params p = fill_params(q, k, v, 1.0, causal, kernel, num_splits);
+    fc_attn_params p = fill_params(q, k, v, 1.0, causal, kernel, num_splits, raw_window(window));
     return fc_attn_fwd_num_splits(&p);
 }
 
-// Which kernel 'auto' resolves to for these inputs (for tests and benchmarks).
-std::string picked_kernel(const at::Tensor& q, const at::Tensor& k) {
+// Which kernel 'auto' resolves to for these inputs (windowed: a call with a window; for tests and benchmarks).
+std::string picked_kernel(const at::Tensor& q, const at::Tensor& k, bool windowed) {
     if (q.is_cpu()) return "cpu";
     c10::OptionalDeviceGuard guard(q.device());
     fc_attn_params p = {};
     p.B = 1; p.Hq = (int)q.size(1); p.Hkv = (int)k.size(1); p.Sq = (int)q.size(2);
     p.Sk = (int)k.size(2); p.D = (int)q.size(3); p.dtype = to_fc_dtype(q.scalar_type());
+    p.window = windowed;
     switch (fc_attn_fwd_pick(&p)) {
         case FC_KERNEL_SM80: return "sm80";
         case FC_KERNEL_SM90: return "sm90";
@@ -774,27 +846,39 @@ std::string sm90_route(int B, int Hq, int Hkv, int Sq, int Sk, int D, int causal
 PYBIND11_MODULE(_C, m) {
     m.doc() = "flashcore C core binding";
     namespace py = pybind11;
-    // flashcore.attention (flashcore/__init__.py) passes all 13 arguments by
-    // position, and makes the last five keyword-only for its callers.
+    // flashcore.attention (flashcore/__init__.py) passes all 14 arguments by
+    // position, and makes the last six keyword-only for its callers.
     m.def("attention", &attention, "flashcore.attention's eager path; see flashcore.attention",
           py::arg("query"), py::arg("key"), py::arg("value"), py::arg("attn_mask"), py::arg("dropout_p"),
           py::arg("is_causal"), py::arg("scale"), py::arg("enable_gqa"), py::arg("causal"),
-          py::arg("causal_alignment"), py::arg("return_lse"), py::arg("kernel"), py::arg("num_splits"));
+          py::arg("causal_alignment"), py::arg("return_lse"), py::arg("kernel"), py::arg("num_splits"),
+          py::arg("window"));
+    m.def("causal_window", [](bool causal, const pybind11::object& causal_alignment, const pybind11::object& window) {
+        int mode = 0;
+        const Window w = parse_window(window, causal, named_id(ALIGNMENT_IDS, causal_alignment, "causal_alignment"),
+                                      &mode);
+        return std::make_pair(mode, w.on ? pybind11::cast(std::make_pair(w.left, w.right)) : pybind11::none());
+    }, "(causal on, causal_alignment, window) -> (causal mode id, (window_left, window_right) | None) as the C API "
+       "takes them (the op's backward)", py::arg("causal"), py::arg("causal_alignment"), py::arg("window"));
     m.attr("ATTENTION_DOC") = FC_ATTENTION_DOC;
     m.attr("KERNELS") = name_dict(KERNEL_IDS);
     m.attr("CAUSAL_ALIGNMENTS") = name_dict(ALIGNMENT_IDS);
-    m.def("fwd", &fwd, "attention forward with causal mode and kernel ids (see flashcore.attention)");
+    m.def("fwd", &fwd, "attention forward with causal mode and kernel ids, the C API's window (see "
+          "flashcore.attention)", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("causal"),
+          py::arg("kernel"), py::arg("return_lse"), py::arg("num_splits"), py::arg("window") = pybind11::none());
     m.def("bwd", &bwd, "attention backward: (dout, q, k, v, out, lse, dlse | None, scale, causal_mode, "
           "kernel id, deterministic) -> (dq, dk, dv)", py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"),
           py::arg("out"), py::arg("lse"), py::arg("dlse"), py::arg("scale"), py::arg("causal"), py::arg("kernel") = 0,
-          py::arg("deterministic") = false);
+          py::arg("deterministic") = false, py::arg("window") = pybind11::none());
     m.attr("BWD_MAX_GPU_HEAD_DIM") = FC_BWD_MAX_GPU_HEAD_DIM;
     m.attr("MAX_HEAD_DIM") = FC_MAX_HEAD_DIM;
-    m.def("picked_kernel", &picked_kernel, "kernel that kernel='auto' runs for (q, k)");
+    m.def("picked_kernel", &picked_kernel, "kernel that kernel='auto' runs for (q, k), with or without a window",
+          py::arg("q"), py::arg("k"), py::arg("windowed") = false);
     m.def("bwd_device_check", &bwd_device_check, "why the GPU backward cannot run at head dim D with this kernel "
           "id on this CUDA device; empty if it can", py::arg("D"), py::arg("kernel"), py::arg("device"));
-    m.def("num_splits", &num_splits_for, "split-KV plan for (q, k, v, causal_mode, kernel, num_splits): "
-          "0 = tile kernel, n >= 1 = split-KV kernel with n splits");
+    m.def("num_splits", &num_splits_for, "split-KV plan for (q, k, v, causal_mode, kernel, num_splits, window): "
+          "0 = tile kernel, n >= 1 = split-KV kernel with n splits", py::arg("q"), py::arg("k"), py::arg("v"),
+          py::arg("causal"), py::arg("kernel"), py::arg("num_splits"), py::arg("window") = pybind11::none());
 #ifdef FC_HAVE_SM90
     m.def("sm90_route", &sm90_route, "the sm90 instantiation (B, Hq, Hkv, Sq, Sk, D, causal_mode, num_sms) runs",
           py::arg("B"), py::arg("Hq"), py::arg("Hkv"), py::arg("Sq"), py::arg("Sk"), py::arg("D"),

@@ -112,6 +112,7 @@ static size_t kernel_smem(fc_kernel k, int D) {
 
 fc_kernel fc_attn_fwd_pick(const fc_attn_params* p) {
     if (p && p->kernel != FC_KERNEL_AUTO) return p->kernel;
+    if (p && p->window) return FC_KERNEL_SM80;  /* (the sm90 forward has no sliding window) */
     const fc_device_info* dev = current_device();
     if (dev && fc_arch_reason(FC_KERNEL_SM90, dev->major, dev->minor) == NULL) return FC_KERNEL_SM90;
     return FC_KERNEL_SM80;
@@ -167,15 +168,17 @@ static int plan_split(const fc_attn_params* p, const fc_device_info* dev, fc_spl
     const int ctas_per_sm = dev->decode_ctas_per_sm[padded_dim_index(p->D)];
     if (ctas_per_sm == 0) return 0;  /* cannot run here; check reports it when forced */
 
-    /* keys any row can see: the last query row's limit */
+    /* key tiles any row can see: from row 0's first visible key (the kernel's
+     * fc_decode_first_tile) to the last row's last one */
+    const fc_band band = FC_BAND(*p);
     int64_t visible = p->Sk;
-    if (p->causal != FC_CAUSAL_NONE) {
-        const int64_t diag = p->causal == FC_CAUSAL_BOTTOM_RIGHT ? (int64_t)p->Sk - p->Sq : 0;
-        const int64_t last = (int64_t)p->Sq - 1 + diag + 1;
+    if (band.has_hi) {
+        const int64_t last = (int64_t)p->Sq - 1 + band.hi + 1;
         visible = last < visible ? last : visible;
     }
     const int bc = decode_bc(p->D);
-    const int64_t tiles = visible <= 0 ? 1 : (visible + bc - 1) / bc;
+    const int64_t first = fc_decode_first_tile(band, bc);
+    const int64_t tiles = visible <= first * bc ? 1 : (visible + bc - 1) / bc - first;
     const int64_t groups = row_blocks * p->B * p->Hkv;  /* CTAs per split */
     /* 1-D grid limits of the split and combine kernels; check rejects them when forced */
     if (groups > FC_GRID_X_MAX || combine_blocks(p) > FC_GRID_X_MAX) return 0;
@@ -301,6 +304,21 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
         fail(&r, FC_ERR_INVALID_SCALE, "scale: %g must be > 0 and at most FC_MAX_SCALE (2.3e38)", (double)p->scale);
     if (p->causal != FC_CAUSAL_NONE && p->causal != FC_CAUSAL_TOP_LEFT && p->causal != FC_CAUSAL_BOTTOM_RIGHT)
         fail(&r, FC_ERR_INVALID_ARGUMENT, "causal: unknown mode %d", (int)p->causal);
+    if (p->window != 0 && p->window != 1)
+        fail(&r, FC_ERR_INVALID_ARGUMENT, "window: %d; use 0 (no window) or 1 (window_left, window_right)",
+             p->window);
+    else if (p->window == 0 && (p->window_left != 0 || p->window_right != 0))
+        fail(&r, FC_ERR_INVALID_ARGUMENT, "window_left, window_right: %d, %d with window = 0; set window = 1 to "
+             "use them, or leave them 0", p->window_left, p->window_right);
+    else if (p->window == 1 && p->causal == FC_CAUSAL_NONE)
+        fail(&r, FC_ERR_INVALID_ARGUMENT, "causal: a window needs a diagonal; pass FC_CAUSAL_TOP_LEFT or "
+             "FC_CAUSAL_BOTTOM_RIGHT (window_right = -1 leaves the keys after it visible)");
+    else if (p->window == 1 && (p->window_left < -1 || p->window_right < -1))
+        fail(&r, FC_ERR_INVALID_ARGUMENT, "window_left, window_right: %d, %d; use keys >= 0, or -1 for no bound",
+             p->window_left, p->window_right);
+    if (p->window && p->kernel == FC_KERNEL_SM90)
+        fail(&r, FC_ERR_INVALID_ARGUMENT, "window: the sm90 forward kernel has no sliding window; pass kernel "
+             "auto or sm80 (the portable kernel)");
     if (p->dtype != FC_DTYPE_FP16 && p->dtype != FC_DTYPE_BF16 && p->dtype != FC_DTYPE_FP32)
         fail(&r, FC_ERR_UNSUPPORTED_DTYPE, "dtype: unknown value %d", (int)p->dtype);
     if (p->num_splits < 0)
@@ -487,6 +505,7 @@ static fc_attn_params bwd_forward_view(const fc_attn_bwd_params* p) {
     f.o_batch_stride = p->o_batch_stride; f.o_head_stride = p->o_head_stride; f.o_row_stride = p->o_row_stride;
     f.B = p->B; f.Hq = p->Hq; f.Hkv = p->Hkv; f.Sq = p->Sq; f.Sk = p->Sk; f.D = p->D;
     f.dtype = p->dtype; f.scale = p->scale; f.causal = p->causal;
+    f.window = p->window; f.window_left = p->window_left; f.window_right = p->window_right;
     f.kernel = p->kernel == FC_KERNEL_CPU ? FC_KERNEL_CPU : FC_KERNEL_SM80;
     f.num_splits = 1;
     return f;

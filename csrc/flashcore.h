@@ -87,6 +87,12 @@ typedef struct {
     float scale;      /* softmax scale, finite and > 0 (usually 1/sqrt(D)) */
     fc_causal causal; /* mask mode; see fc_causal */
     fc_kernel kernel; /* which implementation runs; FC_KERNEL_AUTO picks */
+    int window;       /* 0: no window (the default). 1: a sliding window around the diagonal that `causal`
+                         names (TOP_LEFT: diag = 0, BOTTOM_RIGHT: diag = Sk - Sq; NONE is refused): key j is
+                         visible to query i iff i + diag - window_left <= j <= i + diag + window_right.
+                         GPU: the portable kernels only (AUTO picks them for a windowed call) */
+    int window_left;  /* window = 1: keys before the diagonal a query sees, >= 0; -1: all of them */
+    int window_right; /* window = 1: keys after the diagonal a query sees, >= 0 (0: causal); -1: all */
 
     int num_splits;   /* split-KV: 0 = heuristic, 1 = no split, n > 1 = run the split-KV kernel with Sk
                          split n ways (clamped to the key tiles and FC_MAX_SPLITS); the CPU path ignores it */
@@ -206,6 +212,7 @@ typedef struct {
     fc_dtype dtype;   /* element type of every tensor but lse */
     float scale;      /* the forward's softmax scale */
     fc_causal causal; /* the forward's mask mode */
+    int window, window_left, window_right; /* the forward's sliding window (fc_attn_params); both GPU kernels */
     fc_kernel kernel; /* FC_KERNEL_AUTO (sm90 on H100/H200 in a build with sm_90a code, else
                          sm80), FC_KERNEL_SM80 (mma.sync, sm80+),
                          FC_KERNEL_SM90 (wgmma + TMA, compute capability 9.0) or FC_KERNEL_CPU */

@@ -10,6 +10,42 @@
 extern "C" {
 #endif
 
+/* The keys a query row sees, from the causal mode and the sliding window
+ * (fc_attn_params): key j is visible to query i iff j < Sk, j <= i + hi
+ * (when has_hi) and j >= i + lo (when has_lo). Without a window, has_hi is
+ * `causal != NONE` and hi the causal diagonal, as the kernels always read
+ * them. A window's hi is capped at Sk (every key visible from row 0 on) and
+ * its lo dropped where no row's bound reaches past key 0, so i + hi and
+ * i + lo stay within int32 for Sq, Sk <= FC_MAX_SEQ_LEN. Every kernel and
+ * the CPU path take their masks and block ranges from here. */
+typedef struct {
+    int has_hi, hi;  /* upper bound: j <= i + hi */
+    int has_lo, lo;  /* lower bound: j >= i + lo */
+} fc_band;
+#ifdef __CUDACC__
+#define FC_BAND_FN static inline __host__ __device__
+#else
+#define FC_BAND_FN static inline
+#endif
+FC_BAND_FN fc_band fc_band_make(fc_causal causal, int window, int left, int right, int Sq, int Sk) {
+    fc_band b;
+    const long long diag = causal == FC_CAUSAL_BOTTOM_RIGHT ? (long long)Sk - Sq : 0;
+    b.has_hi = causal != FC_CAUSAL_NONE;
+    b.hi = (int)diag;
+    b.has_lo = 0;
+    b.lo = 0;
+    if (window) {
+        const long long hi = right < 0 ? (long long)Sk : diag + right, lo = diag - left;
+        b.has_hi = hi < Sk;
+        b.hi = (int)(hi < Sk ? hi : Sk);
+        b.has_lo = left >= 0 && Sq - 1 + lo > 0;
+        b.lo = b.has_lo ? (int)lo : 0;
+    }
+    return b;
+}
+/* The band of params p (fc_attn_params or fc_attn_bwd_params, by value). */
+#define FC_BAND(p) fc_band_make((p).causal, (p).window, (p).window_left, (p).window_right, (p).Sq, (p).Sk)
+
 /* Portable mma.sync kernels, one per padded head dim (csrc/sm80/). */
 fc_status fc_sm80_fwd_d64(const fc_attn_params* p, fc_stream_t stream);   /* D <= 64 */
 fc_status fc_sm80_fwd_d128(const fc_attn_params* p, fc_stream_t stream);  /* 64 < D <= 128 */
@@ -205,6 +241,13 @@ size_t fc_sm90_smem_d256(void);
  * of FC_DECODE_BC(DP) keys. */
 #define FC_DECODE_ROWS 16                        /* packed query rows per CTA: one m16 mma tile */
 #define FC_DECODE_BC(DP) ((DP) <= 128 ? 64 : 32) /* keys per K/V tile at padded head dim DP */
+
+/* The first key tile (of bc keys) the split-KV kernel's splits start from:
+ * the one of row 0's first visible key, so a window's splits share out only
+ * the keys its rows see (dispatch's plan counts the tiles from here too). */
+FC_BAND_FN int fc_decode_first_tile(fc_band band, int bc) {
+    return band.has_lo && band.lo > 0 ? band.lo / bc : 0;
+}
 
 typedef struct {
     int splits;           /* key ranges (CTAs per row block); 1 = write O and LSE directly */

@@ -2,6 +2,7 @@
 
     import flashcore
     out = flashcore.attention(q, k, v, causal=True)
+    out = flashcore.attention(q, k, v, causal=True, window=(4095, 0))  # sliding window
 
 ``flashcore.attention`` is a drop-in for
 ``torch.nn.functional.scaled_dot_product_attention`` without a mask or dropout.
@@ -9,7 +10,7 @@ It also works under ``torch.compile`` (``fullgraph=True`` included): there it
 runs as the custom op ``torch.ops.flashcore.attention``.
 """
 import math
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
@@ -27,7 +28,7 @@ CAUSAL_ALIGNMENTS = dict(_C.CAUSAL_ALIGNMENTS)
 
 def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
               enable_gqa=False, *, causal=None, causal_alignment="top_left", return_lse=False,
-              kernel="auto", num_splits=None):
+              kernel="auto", num_splits=None, window=None):
     # Eager calls go straight to the binding, which does all the argument
     # handling in C++ (per-call host time is the point). What only torch's
     # dispatcher can run is the custom op below (the same binding at run time,
@@ -37,7 +38,7 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     # functorch transforms).
     if not torch.compiler.is_compiling():
         r = _C.attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
-                         causal_alignment, return_lse, kernel, num_splits)
+                         causal_alignment, return_lse, kernel, num_splits, window)
         if r is not NotImplemented:
             return r
     # SDPA's calls that are not one (B, H, S, D) call run as one, rewritten: v's own head dim padded first
@@ -47,16 +48,16 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         q, k, v, scale, back = rewrite
         r = attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal=causal,
                       causal_alignment=causal_alignment, return_lse=return_lse, kernel=kernel,
-                      num_splits=num_splits)
+                      num_splits=num_splits, window=window)
         out, lse = back(*(r if return_lse else (r, None)))
         return (out, lse) if return_lse else out
-    dropout_p, scale = _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
-                                        causal_alignment, return_lse, kernel, num_splits)
+    dropout_p, scale, window = _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
+                                                causal_alignment, return_lse, kernel, num_splits, window)
     grad = _needs_grad(query, key, value, kernel)
     query, key, value = _autocast(query, key, value)
     # With grad the op always returns the LSE: the backward reads it.
     out, lse = _attention_op(query, key, value, attn_mask, dropout_p, is_causal, scale, causal,
-                             causal_alignment, return_lse or grad, kernel, num_splits)
+                             causal_alignment, return_lse or grad, kernel, num_splits, window)
     return (out, lse) if return_lse else out
 
 
@@ -228,13 +229,14 @@ def _autocast(query, key, value):
 
 
 def _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal, causal_alignment, return_lse,
-                     kernel, num_splits):
+                     kernel, num_splits, window):
     # The argument checks that the binding's parse_args makes in eager calls,
     # with its messages, made here for the op path: the op's schema below would
     # coerce some (is_causal=2 to True) and refuse others in its own words
     # (kernel=1). Returns dropout_p and scale as Python floats (the schema
-    # takes no numpy scalar). Their values (kernel="nope", a mask tensor), and
-    # the tensors, are checked when the op runs.
+    # takes no numpy scalar), and window as the op's list of two ints (-1: no
+    # bound) or None. Their values (kernel="nope", a mask tensor, a window's
+    # sides), and the tensors, are checked when the op runs.
     if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
         raise ValueError("attn_mask: flashcore supports no explicit mask; pass attn_mask=None "
                          "(use causal=True for a causal mask)")
@@ -248,6 +250,15 @@ def _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
         raise TypeError(f"causal: expected None or a bool, got {type(causal).__name__}; pass True or False")
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)):
         raise TypeError(f"num_splits: expected None or an int, got {type(num_splits).__name__}")
+    if window is not None:
+        if not isinstance(window, (tuple, list)) or len(window) != 2:
+            raise TypeError(f"window: expected None or a pair (left, right) of keys before and after the diagonal, "
+                            f"got {window!r}")
+        for side, n in zip(("left", "right"), window):
+            if n is not None and (isinstance(n, bool) or not isinstance(n, int)):
+                raise TypeError(f"window: {side} is {type(n).__name__}; pass an int >= 0 (keys), or None for no "
+                                f"bound")
+        window = [-1 if n is None else n for n in window]
     floats = []
     for name, val, fix in (("dropout_p", dropout_p, "pass 0.0"),
                            ("scale", scale, "pass None for 1/sqrt(D) or a float > 0")):
@@ -261,14 +272,15 @@ def _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
             floats.append(float(val))
         except OverflowError:
             raise ValueError(f"{name}: {val!r} is out of range; {fix}") from None
-    return floats
+    return (*floats, window)
 
 
 @torch.library.custom_op("flashcore::attention", mutates_args=())
 def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attn_mask: Optional[torch.Tensor], dropout_p: float, is_causal: bool,
                   scale: Optional[float], causal: Optional[bool], causal_alignment: str,
-                  return_lse: bool, kernel: str, num_splits: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+                  return_lse: bool, kernel: str, num_splits: Optional[int],
+                  window: Optional[List[int]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """flashcore.attention as a torch.library op: (out, lse), lse of shape (0,) unless return_lse."""
     # A __torch_function__ subclass reaches the implementation as itself (its
     # handler ran the op with torch functions off); its data is a plain tensor's.
@@ -280,7 +292,7 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                          f"SDPA's other shapes")
     with torch.no_grad():  # (the autograd formula below records the call, not the binding)
         r = _C.attention(query, key, value, attn_mask, dropout_p, is_causal, scale, False, causal,
-                         causal_alignment, return_lse, kernel, num_splits)
+                         causal_alignment, return_lse, kernel, num_splits, window)
     if r is NotImplemented:
         raise RuntimeError("flashcore: internal error: the custom op's implementation got tensors without storage")
     if return_lse:
@@ -290,7 +302,7 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 @_attention_op.register_fake
 def _attention_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, causal, causal_alignment,
-                    return_lse, kernel, num_splits):
+                    return_lse, kernel, num_splits, window=None):
     # The shapes the binding allocates: out like q (contiguous), lse (B, Hq, Sq)
     # fp32. Bad arguments raise when the op runs, with the eager messages.
     out = torch.empty_like(query, memory_format=torch.contiguous_format)
@@ -300,7 +312,7 @@ def _attention_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, c
 
 @_attention_op.register_vmap
 def _attention_vmap(info, in_dims, query, key, value, attn_mask, dropout_p, is_causal, scale, causal,
-                    causal_alignment, return_lse, kernel, num_splits):
+                    causal_alignment, return_lse, kernel, num_splits, window=None):
     # torch.vmap's batching rule: one call for all N samples, in place of
     # torch's fallback of one call per sample. A sample's query rows never see
     # another sample's keys, so folding the samples into one call is exact:
@@ -312,7 +324,7 @@ def _attention_vmap(info, in_dims, query, key, value, attn_mask, dropout_p, is_c
     # is copied. What an unbatched call would refuse is refused by sample 0's
     # own call, so the message names per-sample shapes.
     n = info.batch_size
-    args = (dropout_p, is_causal, scale, causal, causal_alignment, return_lse, kernel, num_splits)
+    args = (dropout_p, is_causal, scale, causal, causal_alignment, return_lse, kernel, num_splits, window)
     ts = [t.movedim(d, 0) if d is not None else t.expand(n, *t.shape) for t, d in zip((query, key, value), in_dims)]
     _refuse_transforms(*ts)  # (a transform below this vmap level, e.g. grad(vmap(f)))
     error = None
@@ -348,19 +360,17 @@ def _attention_vmap(info, in_dims, query, key, value, attn_mask, dropout_p, is_c
 # elsewhere).
 # The gradient of lse, when the caller used it, enters as dlse.
 
-def _causal_mode(is_causal, causal, causal_alignment):
-    on = is_causal if causal is None else causal
-    return CAUSAL_ALIGNMENTS[causal_alignment] if on else 0
-
-
 def _attention_setup_context(ctx, inputs, output):
-    query, key, value, attn_mask, dropout_p, is_causal, scale, causal, causal_alignment, _, kernel, num_splits = inputs
+    (query, key, value, attn_mask, dropout_p, is_causal, scale, causal, causal_alignment, _, kernel, num_splits,
+     window) = inputs
     out, lse = output
     ctx.scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
-    ctx.causal_mode = _causal_mode(is_causal, causal, causal_alignment)
+    # (the forward ran, so the arguments are valid; the binding's own reading of them)
+    ctx.causal_mode, ctx.window = _C.causal_window(is_causal if causal is None else causal, causal_alignment, window)
     # (a direct op call without return_lse leaves lse empty: the backward recomputes it)
     ctx.set_materialize_grads(False)  # an unused lse (or out) gradient comes as None, not zeros
-    ctx.forward_args = (attn_mask, dropout_p, is_causal, scale, causal, causal_alignment, True, kernel, num_splits)
+    ctx.forward_args = (attn_mask, dropout_p, is_causal, scale, causal, causal_alignment, True, kernel, num_splits,
+                        window)
     ctx.kernel = kernel  # the backward runs the same family
     ctx.save_for_backward(query, key, value, out, lse)
 
@@ -374,30 +384,31 @@ def _attention_backward(ctx, grad_out, grad_lse):
     dlse = grad_lse if grad_lse is not None and grad_lse.dim() == 3 else None
     det = torch.are_deterministic_algorithms_enabled()  # on: dQ summed in a fixed order
     dq, dk, dv = _attention_backward_op(grad_out, query, key, value, out, lse, dlse, ctx.scale, ctx.causal_mode,
-                                        ctx.kernel, det)
-    return (dq, dk, dv) + (None,) * 9
+                                        ctx.kernel, det, None if ctx.window is None else list(ctx.window))
+    return (dq, dk, dv) + (None,) * 10
 
 
 @torch.library.custom_op("flashcore::attention_backward", mutates_args=())
 def _attention_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                            out: torch.Tensor, lse: torch.Tensor, grad_lse: Optional[torch.Tensor], scale: float,
-                           causal_mode: int, family: str = "auto",
-                           deterministic: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           causal_mode: int, family: str = "auto", deterministic: bool = False,
+                           window: Optional[List[int]] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward of flashcore::attention: (dq, dk, dv), contiguous, in q's dtype, on the
     forward's kernel family (``family``: the forward's ``kernel``, as flashcore.attention takes it;
     not named ``kernel``, which inductor's fallback passes as a keyword of its own).
     ``deterministic`` (the autograd formula passes torch.are_deterministic_algorithms_enabled()):
-    dq summed in a fixed order on CUDA (both GPU backward kernels)."""
+    dq summed in a fixed order on CUDA (both GPU backward kernels). ``window``: the forward's
+    sliding window as the C API takes it, [window_left, window_right] (-1: no bound), or None."""
     if family not in KERNELS:
         raise ValueError(f"family: expected one of {sorted(KERNELS)}, got {family!r}")
     ts = [t.as_subclass(torch.Tensor) if t is not None and type(t) is not torch.Tensor else t
           for t in (grad_out, query, key, value, out, lse, grad_lse)]
-    return _C.bwd(*ts, scale, causal_mode, KERNELS[family], deterministic)
+    return _C.bwd(*ts, scale, causal_mode, KERNELS[family], deterministic, window)
 
 
 @_attention_backward_op.register_fake
 def _attention_backward_fake(grad_out, query, key, value, out, lse, grad_lse, scale, causal_mode, family="auto",
-                             deterministic=False):
+                             deterministic=False, window=None):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (query, key, value))
 
 

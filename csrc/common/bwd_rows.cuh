@@ -74,24 +74,32 @@ static inline __host__ __device__ int bwd_sq_pad(int Sq) {
 // persistent CTAs take their first there and the next ones from a counter. An item
 // walks the G = Hq / Hkv query heads of its KV head and, per head, the br-row
 // query blocks that see any of its keys:
-// key j is visible to row i iff j <= i + diag (causal) and j < Sk, so the
-// first row that sees key k0 is k0 - diag and earlier blocks are skipped.
+// key j is visible to row i iff j < Sk, j <= i + diag (causal, or a window's
+// right edge) and j >= i + lo (a window's left edge; kernels.h's fc_band), so
+// the first row that sees key k0 is k0 - diag, the last that sees key
+// k0 + bc - 1 is k0 + bc - 1 - lo, and the blocks outside are skipped.
 struct BwdWalk {
     int hk, b;     // KV head and batch
     int G;         // query heads per KV head
     int k0;        // first key of the CTA
-    bool causal;   // a causal mode
-    int diag;      // key j visible to row i iff j <= i + diag (causal)
+    bool causal;   // an upper bound: key j visible to row i only if j <= i + diag
+    int diag;
+    bool windowed; // a lower bound: key j visible to row i only if j >= i + lo
+    int lo;
     int m_first;   // first query block (of br rows) a head's walk visits
     int per_head;  // query blocks per head
     int n_iter;    // (head, query block) pairs, head-major
 };
-// Key j is visible to row i iff j <= i + diag (causal modes).
-FC_DEVICE int bwd_diag(const fc_attn_bwd_params& p) { return p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0; }
 // The first query block (of br rows) that sees key k0 (the number of blocks if none does).
 FC_DEVICE int bwd_m_first(const fc_attn_bwd_params& p, int k0, int br) {
-    const int diag = bwd_diag(p);
-    return p.causal == FC_CAUSAL_NONE || k0 - diag <= 0 ? 0 : min((p.Sq + br - 1) / br, (k0 - diag) / br);
+    const fc_band band = FC_BAND(p);
+    return !band.has_hi || k0 - band.hi <= 0 ? 0 : min((p.Sq + br - 1) / br, (k0 - band.hi) / br);
+}
+// One past the last query block (of br rows) that sees a key before k0 + bc.
+FC_DEVICE int bwd_m_end(const fc_attn_bwd_params& p, int k0, int bc, int br) {
+    const fc_band band = FC_BAND(p);
+    const int n_mblocks = (p.Sq + br - 1) / br, last_row = k0 + bc - 1 - band.lo;
+    return !band.has_lo ? n_mblocks : last_row < 0 ? 0 : min(n_mblocks, last_row / br + 1);
 }
 FC_DEVICE BwdWalk bwd_walk(const fc_attn_bwd_params& p, int bc, int br, unsigned item) {
     BwdWalk w;
@@ -102,10 +110,13 @@ FC_DEVICE BwdWalk bwd_walk(const fc_attn_bwd_params& p, int bc, int br, unsigned
     w.b = bhk / p.Hkv;
     w.G = p.Hq / p.Hkv;
     w.k0 = kb * bc;
-    w.causal = p.causal != FC_CAUSAL_NONE;
-    w.diag = bwd_diag(p);
+    const fc_band band = FC_BAND(p);
+    w.causal = band.has_hi;
+    w.diag = band.hi;
+    w.windowed = band.has_lo;
+    w.lo = band.lo;
     w.m_first = bwd_m_first(p, w.k0, br);
-    w.per_head = (p.Sq + br - 1) / br - w.m_first;
+    w.per_head = max(0, bwd_m_end(p, w.k0, bc, br) - w.m_first);
     w.n_iter = w.per_head * w.G;
     return w;
 }
@@ -129,6 +140,8 @@ static constexpr int BWD_TURN_SLEEP_NS = 64;  // back-off between polls of a tur
 
 // How many key blocks add into iteration it's query block (of br rows) before
 // this CTA (of bc keys): those after it, up to the last one that visits the block.
+// (With a window the blocks that visit m are still one run: m_first and
+// bwd_m_end both grow with the key block.)
 FC_DEVICE int bwd_turn_rank(const fc_attn_bwd_params& p, const BwdWalk& w, int it, int bc, int br) {
     const int m = w.m_first + it % w.per_head;
     int lo = w.k0 / bc, hi = (p.Sk + bc - 1) / bc - 1;  // the last key block that visits m is in [lo, hi]

@@ -1,6 +1,6 @@
 /* attn_cpu.c -- the C reference path: attention forward on host memory.
  *
- * Same semantics as the GPU kernels (fc_attn_params, both causal alignments,
+ * Same semantics as the GPU kernels (fc_attn_params, both causal alignments, sliding windows,
  * GQA, strides, LSE, fully masked rows -> O = 0 and LSE = -inf, a NaN among
  * a row's visible scores -> that row's O and LSE NaN) for fp16/bf16/fp32
  * inputs, with the same online softmax: a block of QB query rows streams over
@@ -117,17 +117,25 @@ static double dot_d(const float* a, const float* b, int D) {
     return s;
 }
 
-/* whether key j is visible to query i (diag: Sk - Sq for bottom-right, else 0) */
-static int visible(fc_causal causal, int i, int j, int diag) {
-    return causal == FC_CAUSAL_NONE || j <= i + diag;
+/* whether key j is visible to query i (kernels.h's band: causal mode and window) */
+static int visible(fc_band band, int i, int j) {
+    return (!band.has_hi || (int64_t)j <= (int64_t)i + band.hi) && (!band.has_lo || (int64_t)j >= (int64_t)i + band.lo);
 }
 
 /* End of the keys rows r0 .. r0 + rows - 1 see: keys past the block's last
  * visible key are never loaded. */
-static int key_end_of(fc_causal causal, int Sk, int r0, int rows, int diag) {
-    if (causal == FC_CAUSAL_NONE) return Sk;
-    const int last = r0 + rows - 1 + diag + 1;
-    return last < 0 ? 0 : (last < Sk ? last : Sk);
+static int key_end_of(fc_band band, int Sk, int r0, int rows) {
+    if (!band.has_hi) return Sk;
+    const int64_t last = (int64_t)r0 + rows - 1 + band.hi + 1;
+    return last < 0 ? 0 : (last < Sk ? (int)last : Sk);
+}
+
+/* Start of the keys those rows see (a window's lower bound for row r0): keys
+ * before it are never loaded. */
+static int key_begin_of(fc_band band, int Sk, int r0) {
+    if (!band.has_lo) return 0;
+    const int64_t first = (int64_t)r0 + band.lo;
+    return first < 0 ? 0 : (first < Sk ? (int)first : Sk);
 }
 
 /* Keys c0 .. c0 + nk - 1 of one KV head (element offsets ko, vo) into kc, vc as fp32 rows of D. */
@@ -145,7 +153,7 @@ static void load_kv_chunk(float* kc, float* vc, const void* k, int64_t ko, int64
 static void attn_block(const fc_attn_params* p, int b, int h, int r0, void* scratch) {
     const int D = p->D, hk = h / (p->Hq / p->Hkv);
     const int rows = p->Sq - r0 < QB ? p->Sq - r0 : QB;
-    const int diag = p->causal == FC_CAUSAL_BOTTOM_RIGHT ? p->Sk - p->Sq : 0;
+    const fc_band band = FC_BAND(*p);
     const int64_t qo = (int64_t)b * p->q_batch_stride + (int64_t)h * p->q_head_stride;
     const int64_t ko = (int64_t)b * p->k_batch_stride + (int64_t)hk * p->k_head_stride;
     const int64_t vo = (int64_t)b * p->v_batch_stride + (int64_t)hk * p->v_head_stride;
@@ -162,8 +170,8 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0, void* scra
         m[r] = -INFINITY;
         l[r] = 0.;
     }
-    const int key_end = key_end_of(p->causal, p->Sk, r0, rows, diag);
-    for (int c0 = 0; c0 < key_end; c0 += KC) {
+    const int key_end = key_end_of(band, p->Sk, r0, rows);
+    for (int c0 = key_begin_of(band, p->Sk, r0); c0 < key_end; c0 += KC) {
         const int nk = key_end - c0 < KC ? key_end - c0 : KC;
         load_kv_chunk(kc, vc, p->k, ko, p->k_row_stride, p->v, vo, p->v_row_stride, c0, nk, D, p->dtype);
         for (int r = 0; r < rows; ++r) {
@@ -173,7 +181,7 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0, void* scra
             double mx = -INFINITY;
             for (int j = 0; j < nk; ++j) {
                 const int key = c0 + j;
-                if (!visible(p->causal, i, key, diag)) { s[j] = -INFINITY; continue; }
+                if (!visible(band, i, key)) { s[j] = -INFINITY; continue; }
                 s[j] = fp32_range(fp32_range(dot_d(qr, kc + j * D, D)) * p->scale);  /* the kernels' fp32 overflow */
                 if (s[j] > mx || isnan(s[j])) mx = s[j];  /* a NaN score sticks: the row's result is NaN */
             }
@@ -257,7 +265,7 @@ fc_status fc_cpu_fwd(const fc_attn_params* p) {
 static void bwd_rows_block(const fc_attn_bwd_params* p, int b, int h, int r0, double* delta, void* scratch) {
     const int D = p->D, hk = h / (p->Hq / p->Hkv);
     const int rows = p->Sq - r0 < QB ? p->Sq - r0 : QB;
-    const int diag = p->causal == FC_CAUSAL_BOTTOM_RIGHT ? p->Sk - p->Sq : 0;
+    const fc_band band = FC_BAND(*p);
     const int64_t qo = (int64_t)b * p->q_batch_stride + (int64_t)h * p->q_head_stride;
     const int64_t go = (int64_t)b * p->do_batch_stride + (int64_t)h * p->do_head_stride;
     const int64_t ko = (int64_t)b * p->k_batch_stride + (int64_t)hk * p->k_head_stride;
@@ -280,14 +288,14 @@ static void bwd_rows_block(const fc_attn_bwd_params* p, int b, int h, int r0, do
         lse[r] = p->lse[row0 + r];
         dsum[r] = 0.;
     }
-    const int key_end = key_end_of(p->causal, p->Sk, r0, rows, diag);
-    for (int c0 = 0; c0 < key_end; c0 += KC) {
+    const int key_end = key_end_of(band, p->Sk, r0, rows);
+    for (int c0 = key_begin_of(band, p->Sk, r0); c0 < key_end; c0 += KC) {
         const int nk = key_end - c0 < KC ? key_end - c0 : KC;
         load_kv_chunk(kc, vc, p->k, ko, p->k_row_stride, p->v, vo, p->v_row_stride, c0, nk, D, p->dtype);
         for (int r = 0; r < rows; ++r) {
             if (lse[r] == -INFINITY) continue; /* the row sees no key */
             for (int j = 0; j < nk; ++j) {
-                if (!visible(p->causal, r0 + r, c0 + j, diag)) continue;
+                if (!visible(band, r0 + r, c0 + j)) continue;
                 const float* kj = kc + j * D;
                 const double s = fp32_range(fp32_range(dot_d(q + r * D, kj, D)) * p->scale);
                 const double pij = exp(s - lse[r]);
@@ -315,7 +323,7 @@ static void bwd_rows_block(const fc_attn_bwd_params* p, int b, int h, int r0, do
 static void bwd_keys_block(const fc_attn_bwd_params* p, int b, int hk, int c0, const double* delta, void* scratch) {
     const int D = p->D, G = p->Hq / p->Hkv;
     const int nk = p->Sk - c0 < KC ? p->Sk - c0 : KC;
-    const int diag = p->causal == FC_CAUSAL_BOTTOM_RIGHT ? p->Sk - p->Sq : 0;
+    const fc_band band = FC_BAND(*p);
     const int64_t ko = (int64_t)b * p->k_batch_stride + (int64_t)hk * p->k_head_stride;
     const int64_t vo = (int64_t)b * p->v_batch_stride + (int64_t)hk * p->v_head_stride;
 
@@ -327,20 +335,22 @@ static void bwd_keys_block(const fc_attn_bwd_params* p, int b, int hk, int c0, c
     float* g = q + D;       /* its dO row */
     load_kv_chunk(kc, vc, p->k, ko, p->k_row_stride, p->v, vo, p->v_row_stride, c0, nk, D, p->dtype);
     memset(dk, 0, (size_t)2 * KC * D * sizeof(double));
-    /* rows that see key c0 or later: i + diag >= c0 */
-    int64_t first = p->causal == FC_CAUSAL_NONE ? 0 : (int64_t)c0 - diag;
+    /* rows that see key c0 or later (i + hi >= c0), up to the last that sees key c0 + nk - 1 or
+     * earlier (i + lo <= c0 + nk - 1) */
+    int64_t first = band.has_hi ? (int64_t)c0 - band.hi : 0, end = p->Sq;
     if (first < 0) first = 0;
+    if (band.has_lo && (int64_t)c0 + nk - band.lo < end) end = (int64_t)c0 + nk - band.lo;
     for (int h = hk * G; h < (hk + 1) * G; ++h) {
         const int64_t qo = (int64_t)b * p->q_batch_stride + (int64_t)h * p->q_head_stride;
         const int64_t go = (int64_t)b * p->do_batch_stride + (int64_t)h * p->do_head_stride;
         const int64_t row0 = ((int64_t)b * p->Hq + h) * p->Sq;
-        for (int64_t i = first; i < p->Sq; ++i) {
+        for (int64_t i = first; i < end; ++i) {
             const double lse = p->lse[row0 + i];
             if (lse == -INFINITY) continue;
             load_row(q, p->q, qo + i * p->q_row_stride, D, p->dtype);
             load_row(g, p->dout, go + i * p->do_row_stride, D, p->dtype);
             for (int j = 0; j < nk; ++j) {
-                if (!visible(p->causal, (int)i, c0 + j, diag)) continue;
+                if (!visible(band, (int)i, c0 + j)) continue;
                 const double s = fp32_range(fp32_range(dot_d(q, kc + j * D, D)) * p->scale);
                 const double pij = exp(s - lse);
                 const double ds = pij * (dot_d(g, vc + j * D, D) - delta[row0 + i]); /* delta: Delta - dlse */

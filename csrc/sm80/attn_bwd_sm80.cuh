@@ -214,8 +214,8 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     const int grp = Tile::GROUPS == 1 ? 0 : tid / 32 / Tile::KEY_WARPS;
     const int c_base = grp * Tile::DV;
     const BwdWalk w = bwd_walk(p, BC, BR, blockIdx.x);  // the grid and the query blocks this CTA visits
-    const int hk = w.hk, b = w.b, G = w.G, k0 = w.k0, diag = w.diag;
-    const bool causal = w.causal;
+    const int hk = w.hk, b = w.b, G = w.G, k0 = w.k0, diag = w.diag, lo = w.lo;
+    const bool causal = w.causal, windowed = w.windowed;
     const int m_first = w.m_first, per_head = w.per_head, n_iter = w.n_iter;
 
     // The workspace: the dQ accumulator (B, Hq, sq_pad, DP) in pieces, then Delta and LSE * log2(e), (B, Hq,
@@ -389,7 +389,8 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
             cp_async_commit();
         }
         const int h = h_cur, row0 = m_cur * BR;
-        const bool need_mask = row0 + BR > p.Sq || k0 + BC > p.Sk || (causal && k0 + BC - 1 > row0 + diag);
+        const bool need_mask = row0 + BR > p.Sq || k0 + BC > p.Sk || (causal && k0 + BC - 1 > row0 + diag) ||
+                               (windowed && k0 < row0 + BR - 1 + lo);
 
         // The block's rows in PARTS parts of PART_ROWS (not unrolled: one part's S^T and dP^T live at a
         // time); with column groups, group g takes part g only.
@@ -418,24 +419,29 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                             s[mt][nt][2 * hr + e] =
                                 fast_exp2(fmaf(s[mt][nt][2 * hr + e], scale_log2, e ? -m2.y : -m2.x));
             }
-            // Mask: query rows past Sq, keys past Sk, causal (query i < key - diag).
+            // Mask: query rows past Sq, keys past Sk, causal (query i < key - diag), window (i > key - lo).
             // Column c = nt*8 + e of this lane is query row0 + col0 + (lane%4)*2 + c.
             if (need_mask) {
                 const int q_first = row0 + col0 + (lane % 4) * 2;
                 const int q_lim = p.Sq - q_first;  // masked iff c >= q_lim
+                // This lane's key of (mt, hr) is key_first + off, off = mt*16 + hr*8 (compile-time), so one
+                // register per bound: masked iff off >= key_room, c - off < c_lim (causal) or c - off > c_top
+                // (window).
+                const int key_first = k0 + kw * KPW + lane / 4, key_room = p.Sk - key_first;
+                const int c_lim = causal ? key_first - diag - q_first : INT_MIN / 2;
+                const int c_top = windowed ? key_first - lo - q_first : INT_MAX / 2;
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                     for (int hr = 0; hr < 2; ++hr) {
-                        const int key = k0 + kw * KPW + mt * 16 + lane / 4 + hr * 8;
-                        const int c_lim = causal ? key - diag - q_first : INT_MIN;  // masked iff c < c_lim
-                        const bool key_bad = key >= p.Sk;
+                        const int off = mt * 16 + hr * 8;
+                        const bool key_bad = off >= key_room;
 #pragma unroll
                         for (int nt = 0; nt < NP; ++nt)
 #pragma unroll
                             for (int e = 0; e < 2; ++e) {
                                 const int c = nt * 8 + e;
-                                if (key_bad || c >= q_lim || c < c_lim) s[mt][nt][2 * hr + e] = 0.f;
+                                if (key_bad || c >= q_lim || c - off < c_lim || c - off > c_top) s[mt][nt][2 * hr + e] = 0.f;
                             }
                     }
             }

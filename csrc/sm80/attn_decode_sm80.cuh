@@ -19,8 +19,8 @@
 // attn_combine.cu merges the splits by their LSEs.
 //
 // Limits. D any multiple of 8 up to DP (64, 128 or 256), zero-padded. Any
-// Sq, Sk >= 1 and both causal alignments: each packed row has its own last
-// visible key. G * Sq > 16 works (more row blocks, each re-reading K/V, mostly
+// Sq, Sk >= 1, both causal alignments and sliding windows: each packed row
+// has its own first and last visible key. G * Sq > 16 works (more row blocks, each re-reading K/V, mostly
 // from L2) but is what the tile kernel is for; dispatch only picks this kernel
 // for <= 64 packed rows unless num_splits > 1 forces it. Rows that see no key
 // (in a split or at all) give O = 0 and LSE = -inf, even where v holds NaN.
@@ -101,13 +101,13 @@ attn_decode_sm80_kernel(const __grid_constant__ fc_attn_params p, const fc_split
     const int G = p.Hq / p.Hkv, n_rows = G * p.Sq;  // packed rows of this KV head
     const int r0 = rb * ROWS;
 
-    // Key j is visible to query i iff j <= i + diag (causal) and j < Sk.
-    const bool causal = p.causal != FC_CAUSAL_NONE;
-    const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
+    // Key j is visible to query i iff j < Sk, j <= i + hi (causal, or a window's right edge) and
+    // j >= i + lo (a window's left edge; kernels.h's fc_band).
+    const fc_band band = FC_BAND(p);
 
     // This lane's two fragment rows (lane/4 and lane/4 + 8): last visible key
-    // (-1: padding row or no key) and Q fragments, read once from global.
-    int lim[2];
+    // (-1: padding row or no key), first visible key, and Q fragments, read once from global.
+    int lim[2], lim_lo[2];
     bool row_ok[2];
     const T* q_lane[2];  // this lane's first Q element of each fragment row
 #pragma unroll
@@ -115,7 +115,8 @@ attn_decode_sm80_kernel(const __grid_constant__ fc_attn_params p, const fc_split
         const int r = r0 + lane / 4 + hr * 8;
         row_ok[hr] = r < n_rows;
         const int i = row_ok[hr] ? r / G : 0, h = hk * G + (row_ok[hr] ? r % G : 0);
-        lim[hr] = !row_ok[hr] ? -1 : causal ? min(p.Sk - 1, i + diag) : p.Sk - 1;
+        lim[hr] = !row_ok[hr] ? -1 : band.has_hi ? min(p.Sk - 1, i + band.hi) : p.Sk - 1;
+        lim_lo[hr] = band.has_lo ? i + band.lo : INT_MIN;
         q_lane[hr] = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride +
                      (int64_t)i * p.q_row_stride + (lane % 4) * 2;
     }
@@ -140,15 +141,18 @@ attn_decode_sm80_kernel(const __grid_constant__ fc_attn_params p, const fc_split
         }
     }
 
-    // This CTA's key tiles: its split's range, cut at the last key any of its rows sees.
+    // This CTA's key tiles: its split's range (splits count from the tile of row 0's first key,
+    // fc_decode_first_tile), cut at the last key any of its rows sees and started at the first.
     const int tiles_all = (p.Sk + BC - 1) / BC;
-    const int t_begin = split * sp.tiles_per_split;
-    int t_end = min(t_begin + sp.tiles_per_split, tiles_all);
+    const int t_split = fc_decode_first_tile(band, BC) + split * sp.tiles_per_split;
+    int t_end = min(t_split + sp.tiles_per_split, tiles_all);
     {
         const int last_row = min(n_rows, r0 + ROWS) - 1;
-        const int last_key = causal ? min(p.Sk - 1, last_row / G + diag) : p.Sk - 1;
+        const int last_key = band.has_hi ? min(p.Sk - 1, last_row / G + band.hi) : p.Sk - 1;
         t_end = last_key < 0 ? 0 : min(t_end, last_key / BC + 1);
     }
+    const int first_key = band.has_lo ? r0 / G + band.lo : 0;  // the first key of this CTA's first row
+    const int t_begin = first_key > t_split * BC ? first_key / BC : t_split;
     const int n_tiles = max(0, t_end - t_begin);
 
     const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride;
@@ -214,7 +218,7 @@ attn_decode_sm80_kernel(const __grid_constant__ fc_attn_params p, const fc_split
             mma_16816<T>(s[1], a, bk[2], bk[3]);
         }
 
-        // Mask keys past each row's last visible key (split tail, Sk tail, causal).
+        // Mask keys past each row's last visible key (split tail, Sk tail, causal) and before its first.
         const int key_lane = (t_begin + j) * BC + warp * 16 + (lane % 4) * 2;
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr)
@@ -222,7 +226,7 @@ attn_decode_sm80_kernel(const __grid_constant__ fc_attn_params p, const fc_split
             for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
                 for (int e = 0; e < 2; ++e)
-                    if (key_lane + nt * 8 + e > lim[hr]) s[nt][2 * hr + e] = -INFINITY;
+                    if (key_lane + nt * 8 + e > lim[hr] || key_lane + nt * 8 + e < lim_lo[hr]) s[nt][2 * hr + e] = -INFINITY;
 
         // Online softmax per row; P overwrites S.
         float corr[2];

@@ -18,6 +18,8 @@
 // Any Sq, Sk >= 1: tail rows are zero-filled and tail keys masked. Pointers
 // must be 16-byte aligned and row/head/batch strides multiples of 8 elements
 // (checked by dispatch). Rows that see no key give O = 0 and LSE = -inf.
+// Sliding windows (fc_band): a CTA starts at the key block of its first row's
+// first key and masks the blocks its rows' left edges cross.
 // Causal CTAs launch in windows of a few heads, longest-first inside each.
 #pragma once
 
@@ -101,7 +103,7 @@ struct Sm80Tile {
 
 template <int DP, int MT, typename T>
 __global__ void __launch_bounds__(Sm80Tile<DP, MT>::THREADS)
-attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
+attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p, const fc_band band) {
     using Tile = Sm80Tile<DP, MT>;
     constexpr int BR = Tile::BR, BC = Tile::BC, M_TILES = Tile::M_TILES, THREADS = Tile::THREADS;
     constexpr int STAGES = Tile::KV_STAGES;
@@ -137,8 +139,8 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
     const int row0 = mblock * BR;  // first query row of this CTA
 
     const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + (int64_t)row0 * p.q_row_stride;
-    const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride;
-    const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride;
+    const T* k_head = static_cast<const T*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride;
+    const T* v_head = static_cast<const T*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride;
     // O and LSE rows of this CTA. At DP = 256 ptxas uses all 255 registers and
     // its spills depend on where these two pointers are formed: after the main
     // loop is spill-free on sm_80 but spills on sm_90a, before it the reverse
@@ -157,16 +159,22 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
     float* lse = LATE_OUT_PTRS ? nullptr : lse_ptr();
     const int q_rows = min(BR, p.Sq - row0);
 
-    // Key j is visible to query i iff j <= i + diag (causal) and j < Sk.
-    const bool causal = p.causal != FC_CAUSAL_NONE;
-    const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
+    // Key j is visible to query i iff j < Sk, j <= i + hi (causal, or a window's right edge) and
+    // j >= i + lo (a window's left edge): `band`, FC_BAND(p) from the launcher (a kernel parameter, so
+    // its fields are read from the constant bank, not held in registers).
+    const bool causal = band.has_hi, windowed = band.has_lo;
     int n_blocks = (p.Sk + BC - 1) / BC;
     if (causal) {
-        const int last_key = row0 + q_rows - 1 + diag;
+        const int last_key = row0 + q_rows - 1 + band.hi;
         n_blocks = last_key < 0 ? 0 : min(n_blocks, last_key / BC + 1);
     }
+    // A window skips the key blocks before its first row's first key: the loop below counts blocks
+    // from kb (k and v start there; key0 below is relative to it).
+    const int j0 = windowed && row0 + band.lo > 0 ? min(n_blocks, (row0 + band.lo) / BC) : 0;
+    n_blocks -= j0;
+    const int kb = j0 * BC;
 
-    if (n_blocks == 0) {  // every row of this CTA sees no key: O = 0, LSE = -inf
+    if (n_blocks <= 0) {  // every row of this CTA sees no key: O = 0, LSE = -inf
         if (LATE_OUT_PTRS) { o = out_ptr(); lse = lse_ptr(); }
         for (int idx = tid; idx < q_rows * Tile::CHUNKS; idx += THREADS) {
             const int r = idx / Tile::CHUNKS, c = idx % Tile::CHUNKS;
@@ -181,17 +189,19 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
     // (Q rides in the first group).
     // This thread's first element of each tile (see load_tile); K/V advance by BC rows per tile.
     const int64_t thr_col = (tid % Tile::CHUNKS) * 8, thr_row = tid / Tile::CHUNKS;
+    const T* k = k_head + (int64_t)kb * p.k_row_stride;  // key block j0, the loop's block 0
+    const T* v = v_head + (int64_t)kb * p.v_row_stride;
     const T* k_thr = k + thr_row * p.k_row_stride + thr_col;
     const T* v_thr = v + thr_row * p.v_row_stride + thr_col;
     const int64_t k_tile_stride = BC * p.k_row_stride, v_tile_stride = BC * p.v_row_stride;
     load_tile<DP, BR, THREADS>(sQ, q + thr_row * p.q_row_stride + thr_col, q, p.q_row_stride, q_rows, p.D, tid);
     if constexpr (Tile::STAGGER) {  // K of tile 0 rides in Q's group; V of tile j loads inside iteration j
-        load_tile<DP, BC, THREADS>(sK, k_thr, k, p.k_row_stride, min(BC, p.Sk), p.D, tid);
+        load_tile<DP, BC, THREADS>(sK, k_thr, k, p.k_row_stride, min(BC, p.Sk - kb), p.D, tid);
         cp_async_commit();
     }
     // K and V of tile t into ring slot t % STAGES (the ring variants).
     auto load_kv = [&](int t) {
-        const int slot = t % STAGES, keys = min(BC, p.Sk - t * BC);
+        const int slot = t % STAGES, keys = min(BC, p.Sk - kb - t * BC);
         load_tile<DP, BC, THREADS>(sK + slot * BC * DP, k_thr + t * k_tile_stride, k, p.k_row_stride, keys, p.D, tid);
         load_tile<DP, BC, THREADS>(sV + slot * BC * DP, v_thr + t * v_tile_stride, v, p.v_row_stride, keys, p.D, tid);
     };
@@ -280,25 +290,33 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
         }
     };
 
-    // Masks the key tile that starts at key0 (callers skip the tiles that need
-    // no mask: all but the key tail and the causal diagonal). Column c = nt*8 + (lane%4)*2 + e of the tile is masked iff
-    // c >= key_lim or (causal and c > diag_lim): two compares against compile-time c.
+    // Masks the key tile that starts at key0 (relative to kb, as every key below; callers skip the tiles
+    // that need no mask: all but the key tail, the causal diagonal and a window's left edge, needs_mask).
+    // Column c = nt*8 + (lane%4)*2 + e of the tile is masked iff c >= key_lim, c > diag_lim (causal) or
+    // c < lo_lim (window): compares against compile-time c.
     auto mask = [&](STile& acc_s, int key0) {
-        const int key_lim = p.Sk - key0 - (lane % 4) * 2;
+        // Row mt*16 + hr*8 of this lane's (relative to its first) is masked at c > diag_base + that offset
+        // and c < lo_base + it: one register each, the offsets compile-time (no per-row limits held).
+        const int key_lim = p.Sk - kb - key0 - (lane % 4) * 2;
+        const int base = row0 + wrow + lane / 4 - kb - key0 - (lane % 4) * 2;
+        const int diag_base = causal ? base + band.hi : INT_MAX / 2;
+        const int lo_base = windowed ? base + band.lo : INT_MIN / 2;
 #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr) {
-                const int row = row0 + wrow + mt * 16 + lane / 4 + hr * 8;
-                const int diag_lim = causal ? row + diag - key0 - (lane % 4) * 2 : INT_MAX;
 #pragma unroll
                 for (int nt = 0; nt < N_TILES; ++nt)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        const int c = nt * 8 + e;
-                        if (c >= key_lim || c > diag_lim) acc_s[mt][nt][2 * hr + e] = -INFINITY;
+                        const int c = nt * 8 + e, c_row = c - mt * 16 - hr * 8;  // c against this row's limits
+                        if (c >= key_lim || c_row > diag_base || c_row < lo_base) acc_s[mt][nt][2 * hr + e] = -INFINITY;
                     }
             }
+    };
+    auto needs_mask = [&](int key0) {
+        const int key = kb + key0;
+        return key + BC > p.Sk || (causal && key + BC - 1 > row0 + band.hi) || (windowed && key < row0 + BR - 1 + band.lo);
     };
 
     // Online softmax: new row max, P = exp2(S*scale_log2 - m) in place, rescale l and O.
@@ -409,7 +427,7 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
         STile acc_s;
         PTile p_prev;  // P of the previous tile, waiting for its P V
         qk(acc_s, 0);
-        if (BC > p.Sk || (causal && BC - 1 > row0 + diag)) mask(acc_s, 0);
+        if (needs_mask(0)) mask(acc_s, 0);
         softmax(acc_s);
         pack_tile(p_prev, acc_s);
         for (int j = 1; j < n_blocks; ++j) {
@@ -421,7 +439,7 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
             cp_async_commit();
             qk(acc_s, (j % STAGES) * SLOT_BYTES);
             const int key0 = j * BC;
-            if (key0 + BC > p.Sk || (causal && key0 + BC - 1 > row0 + diag)) mask(acc_s, key0);
+            if (needs_mask(key0)) mask(acc_s, key0);
             pv(acc_s, p_prev, true, ((j - 1) % STAGES) * SLOT_BYTES);
             softmax(acc_s);
             pack_tile(p_prev, acc_s);
@@ -439,7 +457,7 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                 // V_j, in its own group, lands during S_j and the softmax (issued after S_j, it
                 // waited on the tail of it: perf notes, session 17, +3-5 % at D = 256).
                 load_tile<DP, BC, THREADS>(sV, v + (j * BC + thr_row) * p.v_row_stride + thr_col, v, p.v_row_stride,
-                                           min(BC, p.Sk - j * BC), p.D, tid);
+                                           min(BC, p.Sk - kb - j * BC), p.D, tid);
                 cp_async_commit();
             } else if (jn < n_blocks) {
                 load_kv(jn);
@@ -455,7 +473,7 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
             qk(acc_s, slot_off);
 
             const int key0 = j * BC;
-            if (key0 + BC > p.Sk || (causal && key0 + BC - 1 > row0 + diag)) mask(acc_s, key0);
+            if (needs_mask(key0)) mask(acc_s, key0);
             softmax(acc_s);
 
             // With the stagger at DP = 128, P is packed to 16 bits before the V
@@ -470,7 +488,7 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p) {
                                      // warp's reads of K_j (S) before K_{j+1} overwrites the K slot
                 if (j + 1 < n_blocks) {
                     load_tile<DP, BC, THREADS>(sK, k_thr + (j + 1) * k_tile_stride, k, p.k_row_stride,
-                                               min(BC, p.Sk - (j + 1) * BC), p.D, tid);
+                                               min(BC, p.Sk - kb - (j + 1) * BC), p.D, tid);
                     cp_async_commit();
                 }
             }
@@ -525,7 +543,7 @@ static fc_status attn_fwd_sm80_launch(const fc_attn_params* p, cudaStream_t stre
     const size_t smem = Tile::SMEM_BYTES;
     if (fc_smem_limit_once<attn_fwd_sm80_kernel<DP, MT, T>>((int)smem) != cudaSuccess) return FC_ERR_CUDA;
     const unsigned grid = (unsigned)((p->Sq + Tile::BR - 1) / Tile::BR) * (unsigned)(p->B * p->Hq);
-    attn_fwd_sm80_kernel<DP, MT, T><<<grid, Tile::THREADS, smem, stream>>>(*p);
+    attn_fwd_sm80_kernel<DP, MT, T><<<grid, Tile::THREADS, smem, stream>>>(*p, FC_BAND(*p));
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 

@@ -29,7 +29,7 @@
 //     ahead). Per block,
 //     each warpgroup runs, for its 64 keys x BR rows,
 //       S^T = K Q^T, dP^T = V dO^T        wgmma, both operands in shared memory
-//       P^T = exp2(S^T scale log2e - LSE log2e)   (masked: keys >= Sk, causal)
+//       P^T = exp2(S^T scale log2e - LSE log2e)   (masked: keys >= Sk, causal, window)
 //       dV += P^T dO                      wgmma, P^T from registers
 //       dS^T = P^T (dP^T - Delta)
 //       dK += dS^T Q                      wgmma, dS^T from registers
@@ -328,8 +328,8 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     unsigned item = blockIdx.x;
     for (int k = 0; item < n_items; ++k) {  // the CTA's k-th item
         const BwdWalk w = bwd_walk(p, BC, BR, item);  // the query blocks this item visits
-        const int hk = w.hk, b = w.b, G = w.G, k0 = w.k0, diag = w.diag;
-        const bool causal = w.causal;
+        const int hk = w.hk, b = w.b, G = w.G, k0 = w.k0, diag = w.diag, lo = w.lo;
+        const bool causal = w.causal, windowed = w.windowed;
         const int m_first = w.m_first, per_head = w.per_head, n_iter = w.n_iter;
         // Index of this warpgroup's dQ piece c of iteration j (bwd_piece_index), and (deterministic) its turn counter.
         auto piece_index = [&](int j, int c) {
@@ -408,18 +408,20 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                     s[4 * nt + 2 * hr + 1] = fast_exp2(fmaf(s[4 * nt + 2 * hr + 1], scale_log2, -l.y));
                 }
             }
-            if (key_w0 + Tile::WG_KEYS > p.Sk || (causal && key_w0 + Tile::WG_KEYS - 1 > row0 + q_off + diag)) {
+            if (key_w0 + Tile::WG_KEYS > p.Sk || (causal && key_w0 + Tile::WG_KEYS - 1 > row0 + q_off + diag) ||
+                (windowed && key_w0 < row0 + q_off + QW - 1 + lo)) {
                 const int q_first = row0 + q_off + (lane % 4) * 2;
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
                     const int key = key_w0 + warp * 16 + lane / 4 + 8 * hr;
                     const int c_lim = causal ? key - diag - q_first : INT_MIN;  // masked iff column c < c_lim
+                    const int c_top = windowed ? key - lo - q_first : INT_MAX;  // (window) masked iff c > c_top
                     const bool key_bad = key >= p.Sk;
 #pragma unroll
                     for (int nt = 0; nt < QW / 8; ++nt)
 #pragma unroll
                         for (int e = 0; e < 2; ++e)
-                            if (key_bad || nt * 8 + e < c_lim) s[4 * nt + 2 * hr + e] = 0.f;
+                            if (key_bad || nt * 8 + e < c_lim || nt * 8 + e > c_top) s[4 * nt + 2 * hr + e] = 0.f;
                 }
             }
 

@@ -1,0 +1,288 @@
+"""Sliding-window (local) attention: flashcore.attention(..., window=(left, right)).
+
+Query i sees key j iff i + d - left <= j <= i + d + right (d: the causal
+alignment's diagonal, 0 or Sk - Sq; None for no bound on a side; causal=True
+takes right 0). Reference: fp64 attention math with that band as an explicit
+mask (rows that see no key: out 0, lse -inf, dq 0); pass rule as the suite's
+(conftest): max|out - ref| <= 2 * max|sdpa - ref| + eps, where sdpa is torch
+SDPA in the same low precision with the band as its boolean attn_mask over the
+rows that see a key (SDPA gives NaN on the others), and for fp16 also
+allclose(out, sdpa, atol=1e-3). Gradients by test_backward's rule. Outputs are
+poisoned before every call (conftest). The CPU cases run in CI.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flashcore
+from flashcore import _C
+
+from conftest import (EPS, GPU_KERNELS, LSE_ATOL, default_scale, dtype_id, expand_kv, make_qkv, ref_dtype,
+                      requires_gpu)
+
+HALF_ULP = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 1e-5}
+
+# (B, Hq, Hkv, Sq, Sk, causal, alignment, left, right): the seed shape with a 128-key window, odd lengths,
+# Sq != Sk both ways (top-left with Sq > Sk leaves rows past the window's reach with no key), a two-sided
+# window, each side alone, the diagonal alone, windows wider than the keys, decode rows (the split-KV
+# kernel) and more key blocks than an H100 has SMs.
+CASES = [
+    (2, 8, 8, 512, 512, True, "top_left", 127, 0),
+    (1, 4, 2, 1000, 1000, True, "top_left", 255, 0),
+    (2, 2, 1, 113, 203, True, "bottom_right", 50, 0),
+    (1, 2, 2, 203, 113, True, "top_left", 17, 0),
+    (1, 4, 4, 1025, 1023, False, "bottom_right", 100, 37),
+    (1, 2, 2, 97, 1000, False, "top_left", None, 20),
+    (1, 2, 1, 1000, 97, False, "bottom_right", 30, None),
+    (1, 2, 2, 300, 300, True, "top_left", 0, 0),
+    (1, 2, 2, 300, 257, False, "top_left", 5000, 5000),
+    (1, 8, 1, 1, 4096, True, "bottom_right", 1023, 0),
+    (2, 8, 2, 4, 3000, True, "bottom_right", 511, 0),
+    (1, 4, 4, 17, 1, False, "top_left", 3, 3),
+]
+SMALL = [c for c in CASES if c[3] * c[4] <= 300 * 300]  # the CPU path's share
+
+
+def case_id(c):
+    B, Hq, Hkv, Sq, Sk, causal, al, left, right = c
+    return f"B{B}H{Hq}-{Hkv}q{Sq}k{Sk}-{'causal' if causal else 'full'}-{al}-w{left}_{right}"
+
+
+def band(Sq, Sk, causal, alignment, left, right, device):
+    """Bool (Sq, Sk): True where query i sees key j."""
+    i = torch.arange(Sq, device=device).unsqueeze(1)
+    j = torch.arange(Sk, device=device).unsqueeze(0)
+    d = Sk - Sq if alignment == "bottom_right" else 0
+    vis = torch.ones(Sq, Sk, dtype=torch.bool, device=device)
+    if causal:
+        right = 0 if right is None else right
+    if left is not None:
+        vis &= j >= i + d - left
+    if right is not None:
+        vis &= j <= i + d + right
+    return vis
+
+
+def call(q, k, v, c, kernel="auto", **kw):
+    causal, al, left, right = c[5:]
+    return flashcore.attention(q, k, v, causal=causal, causal_alignment=al, window=(left, right), kernel=kernel,
+                               **kw)
+
+
+def ref(q, k, v, vis, scale):
+    """fp64 (out, lse) with mask vis; rows that see no key give 0 and -inf."""
+    dt = ref_dtype(q.device)
+    ke, ve = expand_kv(q, k, v)
+    s = torch.matmul(q.to(dt), ke.to(dt).transpose(-1, -2)) * scale
+    s = s.masked_fill(~vis, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - torch.where(torch.isneginf(lse), 0.0, lse).unsqueeze(-1))
+    return torch.matmul(p, ve.to(dt)), lse
+
+
+def maxerr(a, b):
+    return 0.0 if a.numel() == 0 else (a.double() - b.double()).abs().max().item()
+
+
+def check_fwd(out, lse, q, k, v, vis, scale):
+    dt = q.dtype
+    assert out.shape == q.shape and out.dtype == dt
+    assert torch.isfinite(out).all(), "out has NaN/Inf (a row left unwritten?)"
+    r_out, r_lse = ref(q, k, v, vis, scale)
+    live = vis.any(-1)
+    assert (out[:, :, ~live] == 0).all(), "rows that see no key must give out == 0"
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(r_lse)), "-inf lse rows differ from the reference's"
+    if live.any():
+        assert maxerr(lse[..., live], r_lse[..., live]) <= LSE_ATOL[dt]
+    err = maxerr(out, r_out)
+    if dt == torch.float32:
+        assert err <= EPS[dt], f"max|out-ref| = {err:.3e}"
+        return
+    ke, ve = expand_kv(q, k, v)
+    sd = F.scaled_dot_product_attention(q[:, :, live], ke, ve, attn_mask=vis[live], scale=scale)
+    sd_err = maxerr(sd, r_out[:, :, live])
+    assert err <= 2 * sd_err + EPS[dt], f"max|out-ref| = {err:.3e} > 2*{sd_err:.3e} + eps"
+    if dt == torch.float16:
+        assert torch.allclose(out[:, :, live], sd, atol=1e-3, rtol=1e-3), f"vs SDPA {maxerr(out[:, :, live], sd):.3e}"
+
+
+def run_case(c, D, dtype, dev, kernel, **kw):
+    B, Hq, Hkv, Sq, Sk = c[:5]
+    q, k, v = make_qkv(B, Hq, Hkv, Sq, Sk, D, dtype, dev)
+    out, lse = call(q, k, v, c, kernel=kernel, return_lse=True, **kw)
+    check_fwd(out, lse, q, k, v, band(Sq, Sk, *c[5:], dev), default_scale(q))
+    return q, k, v, out, lse
+
+
+@pytest.mark.parametrize("c", SMALL, ids=case_id)
+@pytest.mark.parametrize("D", [64, 136])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=dtype_id)
+def test_forward_cpu(c, D, dtype):
+    run_case(c, D, dtype, "cpu", "auto")
+
+
+@requires_gpu
+@pytest.mark.parametrize("c", CASES, ids=case_id)
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("kernel", ["auto", "sm80"])
+def test_forward_gpu(kernel, dtype, D, c):
+    run_case(c, D, dtype, "cuda", kernel)
+
+
+@requires_gpu
+@pytest.mark.parametrize("num_splits", [1, 3, 16])
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_forward_split_kv(D, num_splits):
+    """The split-KV kernel with a window, forced splits: each split starts at the window's first tile."""
+    for c in [(1, 8, 1, 1, 4096, True, "bottom_right", 1023, 0), (2, 8, 2, 4, 3000, False, "bottom_right", 300, 5),
+              (1, 4, 4, 3, 2000, True, "top_left", 1, 0)]:
+        run_case(c, D, torch.float16, "cuda", "auto", num_splits=num_splits)
+
+
+@requires_gpu
+def test_split_plan_counts_window_keys():
+    """The split heuristic counts only the window's key tiles: a 1024-key window over 128k keys splits no
+    more than the same window over 1024 keys would need the SMs for."""
+    q = torch.randn(1, 8, 1, 128, device="cuda", dtype=torch.float16)
+    k = torch.randn(1, 1, 131072, 128, device="cuda", dtype=torch.float16)
+    full = _C.num_splits(q, k, k, 2, 0, 0)
+    win = _C.num_splits(q, k, k, 2, 0, 0, (1023, 0))
+    assert 1 <= win <= 16 < full, (win, full)
+
+
+@pytest.mark.parametrize("dev,kernel", [("cpu", "auto")] +
+                         [pytest.param("cuda", k, marks=requires_gpu) for k in ["auto", "sm80"]])
+def test_no_bound_is_no_window(dev, kernel):
+    """window=None, (None, None), (-1, -1) and, causal, (None, 0): the plain call, bit for bit; a window wider
+    than the keys on the portable kernel: the plain call's values."""
+    q, k, v = make_qkv(1, 4, 2, 300, 333, 64, torch.float16, dev)
+    for causal in (False, True):
+        base = flashcore.attention(q, k, v, causal=causal, kernel=kernel)
+        for w in (None, (None, None), (-1, -1)) + (((None, 0), (-1, 0)) if causal else ()):
+            assert torch.equal(flashcore.attention(q, k, v, causal=causal, kernel=kernel, window=w), base), w
+    sm80 = "cpu" if dev == "cpu" else "sm80"
+    base = flashcore.attention(q, k, v, causal=True, kernel=sm80)
+    assert torch.equal(flashcore.attention(q, k, v, causal=True, kernel=sm80, window=(400, 0)), base)
+
+
+@pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=requires_gpu)])
+def test_refusals(dev):
+    q, k, v = make_qkv(1, 2, 2, 16, 16, 64, torch.float16, dev)
+    with pytest.raises(ValueError, match=r"window: right = 3 with causal=True"):
+        flashcore.attention(q, k, v, causal=True, window=(4, 3))
+    with pytest.raises(ValueError, match=r"window: left = -2"):
+        flashcore.attention(q, k, v, window=(-2, 0))
+    with pytest.raises(TypeError, match=r"window: expected None or a pair"):
+        flashcore.attention(q, k, v, window=5)
+    with pytest.raises(TypeError, match=r"window: expected None or a pair"):
+        flashcore.attention(q, k, v, window=(1, 2, 3))
+    with pytest.raises(TypeError, match=r"window: right is float"):
+        flashcore.attention(q, k, v, window=(1, 2.0))
+    with pytest.raises(TypeError, match=r"window: left is bool"):
+        flashcore.attention(q, k, v, window=(True, 2))
+
+
+@requires_gpu
+@pytest.mark.skipif("sm90" not in GPU_KERNELS, reason="the sm90 kernel does not run here")
+def test_sm90_forward_refuses_window():
+    q, k, v = make_qkv(1, 2, 2, 128, 128, 64, torch.float16, "cuda")
+    with pytest.raises(ValueError, match=r"window: the sm90 forward kernel has no sliding window"):
+        flashcore.attention(q, k, v, causal=True, window=(16, 0), kernel="sm90")
+    assert _C.picked_kernel(q, k, True) == "sm80" and _C.picked_kernel(q, k) == "sm90"
+
+
+def grads(q, k, v, c, go, kernel):
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    out = call(q, k, v, c, kernel=kernel)
+    (out.float() * go.float()).sum().backward()
+    return q.grad, k.grad, v.grad
+
+
+def check_bwd(got, q, k, v, vis, go, scale):
+    dt = q.dtype
+    for g in got:
+        assert torch.isfinite(g).all(), "a gradient has NaN/Inf (an element left unwritten?)"
+    live = vis.any(-1)
+    assert (got[0][:, :, ~live] == 0).all(), "dq of rows that see no key must be 0"
+    rdt = ref_dtype(q.device)
+    qf, kf, vf = (t.detach().to(rdt).requires_grad_(True) for t in (q, k, v))
+    ke, ve = expand_kv(qf, kf, vf)
+    s = (torch.matmul(qf[:, :, live], ke.transpose(-1, -2)) * scale).masked_fill(~vis[live], float("-inf"))
+    (torch.matmul(torch.softmax(s, -1), ve) * go[:, :, live].to(rdt)).sum().backward()
+    refs = (qf.grad[:, :, live], kf.grad, vf.grad)
+    ours = (got[0][:, :, live], got[1], got[2])
+    if dt == torch.float32:
+        theirs = (None,) * 3
+    else:
+        qs, ks, vs = (t.detach().requires_grad_(True) for t in (q, k, v))
+        kse, vse = expand_kv(qs, ks, vs)
+        o = F.scaled_dot_product_attention(qs[:, :, live], kse, vse, attn_mask=vis[live], scale=scale)
+        (o.float() * go[:, :, live].float()).sum().backward()
+        theirs = (qs.grad[:, :, live], ks.grad, vs.grad)
+    for name, g, r, sd in zip(("dq", "dk", "dv"), ours, refs, theirs):
+        eps = HALF_ULP[dt] * max(1.0, r.abs().max().item() if r.numel() else 1.0)
+        err = maxerr(g, r)
+        tol = eps if sd is None else 2 * maxerr(sd, r) + eps
+        assert err <= tol, f"{name}: max|fc-ref| = {err:.3e} > {tol:.3e}"
+
+
+BWD_CASES = [CASES[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 10)]
+
+
+@pytest.mark.parametrize("c", [c for c in BWD_CASES if c in SMALL], ids=case_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_backward_cpu(c, dtype):
+    B, Hq, Hkv, Sq, Sk = c[:5]
+    q, k, v = make_qkv(B, Hq, Hkv, Sq, Sk, 64, dtype, "cpu")
+    go = torch.randn(B, Hq, Sq, 64).to(dtype)
+    check_bwd(grads(q, k, v, c, go, "auto"), q, k, v, band(Sq, Sk, *c[5:], "cpu"), go, default_scale(q))
+
+
+@requires_gpu
+@pytest.mark.parametrize("c", BWD_CASES, ids=case_id)
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("kernel", ["auto", "sm80"])
+def test_backward_gpu(kernel, dtype, D, c):
+    B, Hq, Hkv, Sq, Sk = c[:5]
+    q, k, v = make_qkv(B, Hq, Hkv, Sq, Sk, D, dtype, "cuda")
+    go = torch.randn(B, Hq, Sq, D, device="cuda").to(dtype)
+    check_bwd(grads(q, k, v, c, go, kernel), q, k, v, band(Sq, Sk, *c[5:], "cuda"), go, default_scale(q))
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", ["auto", "sm80"])
+def test_reruns_bit_identical(kernel):
+    """Five reruns of a windowed forward and a deterministic backward give the same bits."""
+    c = (2, 8, 2, 1500, 1500, True, "top_left", 300, 0)
+    q, k, v = make_qkv(*c[:5], 128, torch.float16, "cuda")
+    go = torch.randn_like(q)
+    torch.use_deterministic_algorithms(True)
+    try:
+        first = None
+        for _ in range(5):
+            r = (call(q, k, v, c, kernel=kernel),) + grads(q, k, v, c, go, kernel)
+            if first is None:
+                first = r
+            assert all(torch.equal(a, b) for a, b in zip(r, first))
+        check_bwd(first[1:], q, k, v, band(*c[3:5], *c[5:], "cuda"), go, default_scale(q))
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=requires_gpu)])
+def test_compile(dev):
+    """torch.compile(fullgraph=True) of a windowed call (forward and backward) matches eager bit for bit."""
+    c = (1, 4, 2, 130, 190, False, "bottom_right", 40, 7)
+    q, k, v = make_qkv(*c[:5], 64, torch.float16, dev)
+
+    def f(q, k, v):
+        return call(q, k, v, c)
+
+    eager = grads(q, k, v, c, torch.ones_like(q), "auto")
+    qc, kc, vc = (t.detach().requires_grad_(True) for t in (q, k, v))
+    out = torch.compile(f, fullgraph=True)(qc, kc, vc)
+    assert torch.equal(out, f(q, k, v))
+    out.float().sum().backward()
+    assert all(torch.equal(a, b) for a, b in zip((qc.grad, kc.grad, vc.grad), eager))
