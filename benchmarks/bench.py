@@ -28,6 +28,14 @@ q, k and v for a fixed random dout) and counts 2.5x the forward's FLOPs. The chu
 (a chunk of Sq queries against a KV cache of Sk keys, causal aligned
 bottom-right: query i sees keys j <= i + Sk - Sq; SDPA through
 torch.nn.attention.bias.causal_lower_right) counts the visible pairs exactly.
+The window suites (window: forward, window-bwd: the backward alone) run
+sliding-window attention, causal, each query seeing itself and the
+WINDOW_LEFT keys before it (flashcore's window=(WINDOW_LEFT, 0); SDPA with the
+band as a boolean attn_mask; FlexAttention with the band as its block mask),
+and count the visible pairs exactly:
+
+    python benchmarks/bench.py --suite window,window-bwd --impls flashcore,flashcore:sm80,sdpa-default,\
+        sdpa-efficient,flex --flex-all --out benchmarks/results/window-h100.json --no-plot
 The bwd suite also takes "<impl>:det" impls (not in the default list): the impl
 under torch.use_deterministic_algorithms(True), where flashcore sums dq in a
 fixed order and SDPA's backends run their deterministic backward or refuse
@@ -165,6 +173,26 @@ def chunk_shapes():
                               (4, 4096, 8192))]
 
 
+# The window suites: causal sliding windows of 4096 keys (Mistral's: each query sees itself and the
+# 4095 keys before it), GQA 32 / 8 heads at D = 128, 16k-32k query tokens per call.
+WINDOW_LEFT = 4095
+
+
+def window_shapes(suite):
+    return [shape(suite, B, 32, 8, S, S, 128, True, "fp16") for S, B in ((4096, 4), (8192, 2), (16384, 1),
+                                                                         (32768, 1))]
+
+
+def windowed(s):
+    """Whether the shape runs a sliding window (the window suites)."""
+    return s["suite"] in ("window", "window-bwd")
+
+
+def is_bwd(s):
+    """Whether the shape times the backward (bwd, window-bwd)."""
+    return s["suite"] in ("bwd", "window-bwd")
+
+
 def bwd_shapes(quick, grid_dims):
     """The standard grid's fp16 shapes (the GPU backward takes all its head dims)."""
     return [dict(g, suite="bwd") for g in grid_shapes(quick)
@@ -179,6 +207,12 @@ def bottom_right(s):
 def flops(s):
     if s["suite"] == "bwd":
         return 2.5 * flops(dict(s, suite="grid"))
+    if s["suite"] == "window-bwd":
+        return 2.5 * flops(dict(s, suite="window"))
+    if windowed(s):  # row i sees min(i + 1, WINDOW_LEFT + 1) keys (Sq == Sk, top-left)
+        w = WINDOW_LEFT + 1
+        seen = sum(min(i + 1, w) for i in range(s["Sq"]))
+        return 4.0 * s["B"] * s["Hq"] * s["D"] * seen
     f = 4.0 * s["B"] * s["Hq"] * s["Sq"] * s["Sk"] * s["D"]
     if bottom_right(s):  # row i sees min(Sk, max(0, i + 1 + Sk - Sq)) keys
         Sq, Sk = s["Sq"], s["Sk"]
@@ -190,7 +224,8 @@ def flops(s):
 def shape_label(s):
     kv = f"{s['Hq']}" if s["Hq"] == s["Hkv"] else f"{s['Hq']}/{s['Hkv']}"
     seq = f"{s['Sq']}" if s["Sq"] == s["Sk"] else f"{s['Sq']}x{s['Sk']}"
-    mask = " causal-br" if bottom_right(s) else " causal" if s["causal"] else ""
+    mask = " causal-br" if bottom_right(s) else f" causal-w{WINDOW_LEFT + 1}" if windowed(s) else \
+        " causal" if s["causal"] else ""
     return f"{s['suite']} {s['dtype']} B{s['B']} H{kv} S{seq} D{s['D']}{mask}"
 
 
@@ -220,12 +255,14 @@ class FlexRunner:
                 setattr(torch._dynamo.config, knob, 1024)
         self.compile_s = 0.0
 
-    def make(self, q, k, v, causal):
+    def make(self, q, k, v, causal, window=None):
         torch._dynamo.reset()
         block_mask = None
         if causal:
             def causal_mask(b, h, q_idx, kv_idx):
-                return q_idx >= kv_idx
+                if window is None:
+                    return q_idx >= kv_idx
+                return (q_idx >= kv_idx) & (q_idx - kv_idx <= window)
             block_mask = self.create_block_mask(causal_mask, B=None, H=None, Q_LEN=q.shape[2],
                                                 KV_LEN=k.shape[2], device=q.device)
         fn_c = torch.compile(self.flex_attention, dynamic=False)
@@ -245,24 +282,30 @@ def deterministic_algorithms(inner):
         torch.use_deterministic_algorithms(was, warn_only=warn_only)
 
 
-def make_impl(name, q, k, v, causal, fc, flex, lower_right=False):
+def make_impl(name, q, k, v, causal, fc, flex, lower_right=False, window=None):
     """Returns (ctx, fn): run fn() inside ctx() to call the implementation.
     lower_right: the causal mask aligned bottom-right (flex is not offered it).
+    window: a causal sliding window, each query seeing the `window` keys before it.
     "<impl>:det": the impl inside deterministic_algorithms."""
     if name.endswith(DET_SUFFIX):
-        ctx, fn = make_impl(name[:-len(DET_SUFFIX)], q, k, v, causal, fc, flex, lower_right)
+        ctx, fn = make_impl(name[:-len(DET_SUFFIX)], q, k, v, causal, fc, flex, lower_right, window)
         return (lambda: deterministic_algorithms(ctx)), fn
     gqa = q.shape[1] != k.shape[1]
     if name.startswith("flashcore"):
         kernel = name.split(":", 1)[1] if ":" in name else "auto"
         align = "bottom_right" if lower_right else "top_left"
+        win = None if window is None else (window, 0)
         return contextlib.nullcontext, lambda: fc.attention(q, k, v, causal=causal, causal_alignment=align,
-                                                            kernel=kernel)
+                                                            kernel=kernel, window=win)
     if name.startswith("sdpa"):
         kw = {"is_causal": causal}
         if causal and lower_right:
             from torch.nn.attention.bias import causal_lower_right
             kw = {"attn_mask": causal_lower_right(q.shape[2], k.shape[2])}
+        if window is not None:
+            i = torch.arange(q.shape[2], device=q.device).unsqueeze(1)
+            j = torch.arange(k.shape[2], device=q.device).unsqueeze(0)
+            kw = {"attn_mask": (j <= i) & (j >= i - window)}
         if gqa:
             kw["enable_gqa"] = True
         fn = lambda: F.scaled_dot_product_attention(q, k, v, **kw)  # noqa: E731
@@ -274,7 +317,7 @@ def make_impl(name, q, k, v, causal, fc, flex, lower_right=False):
     if name == "flex":
         if causal and lower_right:
             raise ValueError("flex: the bottom-right mask is not wired up here")
-        return contextlib.nullcontext, flex.make(q, k, v, causal)
+        return contextlib.nullcontext, flex.make(q, k, v, causal, window)
     raise ValueError(name)
 
 
@@ -385,7 +428,7 @@ def make_inputs(s):
     q = torch.randn(s["B"], s["Hq"], s["Sq"], s["D"], device=DEVICE, dtype=dtype)
     k = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device=DEVICE, dtype=dtype)
     v = torch.randn(s["B"], s["Hkv"], s["Sk"], s["D"], device=DEVICE, dtype=dtype)
-    if s["suite"] == "bwd":
+    if is_bwd(s):
         for t in (q, k, v):
             t.requires_grad_(True)
     return q, k, v
@@ -447,11 +490,12 @@ def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, round
     reversed rounds give every impl the same mix of early and late, the drawn
     orders a mix of neighbours."""
     q, k, v = make_inputs(s)
-    bwd = s["suite"] == "bwd"
+    bwd = is_bwd(s)
     dout = torch.randn_like(q) if bwd else None
 
     def impl(name):
-        ctx, fn = make_impl(name, q, k, v, s["causal"], fc, flex, bottom_right(s))
+        ctx, fn = make_impl(name, q, k, v, s["causal"], fc, flex, bottom_right(s),
+                            WINDOW_LEFT if windowed(s) else None)
         return backward_of(ctx, fn, q, k, v, dout) if bwd else (ctx, fn)
 
     ref = None
@@ -626,7 +670,7 @@ def merge_results(path, meta, new_rows, skipped):
     meta["calls"] = calls + [{k: meta.get(k) for k in CALL_FIELDS}]
     replaced = {row_key(r) for r in new_rows} | {row_key(r) for r in skipped}
     rows = [r for r in old_rows if row_key(r) not in replaced] + new_rows
-    suites = {"grid": 0, "seed": 1, "decode": 2, "chunk": 3, "bwd": 4}
+    suites = {"grid": 0, "seed": 1, "decode": 2, "chunk": 3, "bwd": 4, "window": 5, "window-bwd": 6}
     dtypes = {"fp16": 0, "bf16": 1}
     rows.sort(key=lambda r: (suites.get(r["suite"], 9), dtypes.get(r["dtype"], 9), r["D"],
                              r["Sq"], r["Sk"], r["causal"], -r["B"], r["Hq"], r["Hkv"],
@@ -790,7 +834,9 @@ def write_markdown(path, meta, rows):
              + "causal FLOPs halved" + ("; bwd rows: the backward alone (gradients of q, k, v from a "
                                        "retained forward), 2.5x the forward's FLOPs" if bwd else "") + ("; chunk rows (causal-br): the causal mask aligned bottom-right, "
                                        "visible query-key pairs counted" if any(r["suite"] == "chunk" for r in rows)
-                                       else "") + ". Columns fc = flashcore (auto), "
+                                       else "") + (f"; window rows (causal-w{WINDOW_LEFT + 1}): a causal sliding "
+                                       "window, SDPA with the band as a boolean mask, visible query-key pairs counted"
+                                       if any(windowed(r) for r in rows) else "") + ". Columns fc = flashcore (auto), "
              "fc:smXX = forced kernel, best SDPA = fastest of default/cudnn/flash/efficient.", ""]
     lines.append(ratio_table(rows, markdown=True))
     if any(r["impl"] in DET_IMPLS for r in rows):
@@ -906,7 +952,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", default="grid,seed",
-                   help="comma list of grid, seed, decode, chunk, bwd (default grid,seed)")
+                   help="comma list of grid, seed, decode, chunk, bwd, window, window-bwd (default grid,seed)")
     p.add_argument("--quick", action="store_true",
                    help="grid subset S in {1024,4096}, D in {64,128}, fp16 only")
     p.add_argument("--out", default=None,
@@ -939,9 +985,10 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(argv)
     suites = [x.strip() for x in args.suite.split(",") if x.strip()]
-    bad = [x for x in suites if x not in ("grid", "seed", "decode", "chunk", "bwd")]
+    bad = [x for x in suites if x not in ("grid", "seed", "decode", "chunk", "bwd", "window", "window-bwd")]
     if bad:
-        print(f"--suite: unknown suite(s) {bad}; choose from grid, seed, decode, chunk, bwd", file=sys.stderr)
+        print(f"--suite: unknown suite(s) {bad}; choose from grid, seed, decode, chunk, bwd, window, "
+              f"window-bwd", file=sys.stderr)
         return 2
     impls = list(DEFAULT_IMPLS)
     if args.impls:
@@ -1018,6 +1065,9 @@ def main(argv=None):
         shapes += chunk_shapes()
     if "bwd" in suites:
         shapes += bwd_shapes(args.quick, grid_dims)
+    for suite in ("window", "window-bwd"):
+        if suite in suites:
+            shapes += window_shapes(suite)
 
     commit, dirty = git_commit()
     log(f"GPU {gpu}  torch {torch.__version__}  cuDNN {cudnn_version()}  "
@@ -1049,9 +1099,9 @@ def main(argv=None):
         shape_impls = [n for n in impls if n != "flex" or args.flex_all
                        or (s["suite"] == "grid" and s["D"] == FLEX_HEAD_DIM
                            and s["dtype"] == FLEX_DTYPE)]
-        if s["suite"] != "bwd":  # (the forward is deterministic as it is)
+        if not is_bwd(s):  # (the forward is deterministic as it is)
             shape_impls = [n for n in shape_impls if not n.endswith(DET_SUFFIX)]
-        if s["suite"] == "bwd":
+        if is_bwd(s):
             shape_impls = [n for n in shape_impls if n in BWD_IMPLS]
         log(f"[{i + 1}/{len(shapes)}] {shape_label(s)}  ({flops(s) / 1e9:.1f} GFLOP)")
         try:

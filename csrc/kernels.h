@@ -45,6 +45,12 @@ FC_BAND_FN fc_band fc_band_make(fc_causal causal, int window, int left, int righ
 }
 /* The band of params p (fc_attn_params or fc_attn_bwd_params, by value). */
 #define FC_BAND(p) fc_band_make((p).causal, (p).window, (p).window_left, (p).window_right, (p).Sq, (p).Sk)
+/* Whether a windowed call masks as its causal mode alone would (no row's left
+ * edge past key 0, no key after the diagonal): the sm90 forward, which reads
+ * only `causal`, runs it exactly (a 4096-key window over 4096 keys, say). */
+static inline int fc_window_is_causal(const fc_attn_params* p) {
+    return !FC_BAND(*p).has_lo && p->window_right == 0;
+}
 
 /* Portable mma.sync kernels, one per padded head dim (csrc/sm80/). */
 fc_status fc_sm80_fwd_d64(const fc_attn_params* p, fc_stream_t stream);   /* D <= 64 */

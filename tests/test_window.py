@@ -190,6 +190,10 @@ def test_sm90_forward_refuses_window():
     with pytest.raises(ValueError, match=r"window: the sm90 forward kernel has no sliding window"):
         flashcore.attention(q, k, v, causal=True, window=(16, 0), kernel="sm90")
     assert _C.picked_kernel(q, k, True) == "sm80" and _C.picked_kernel(q, k) == "sm90"
+    # a window that hides no key the causal mask does not runs on the sm90 kernel, as the causal call
+    base = flashcore.attention(q, k, v, causal=True, kernel="sm90")
+    for kernel in ("sm90", "auto"):
+        assert torch.equal(flashcore.attention(q, k, v, causal=True, window=(127, 0), kernel=kernel), base)
 
 
 def grads(q, k, v, c, go, kernel):
