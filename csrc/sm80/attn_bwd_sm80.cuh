@@ -58,6 +58,8 @@
 #include <limits.h>
 #include <math.h>
 
+#include <type_traits>
+
 #include "../common/bwd_rows.cuh"
 #include "../common/launch.cuh"
 #include "../common/ptx.cuh"
@@ -426,24 +428,31 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
                 const int q_lim = p.Sq - q_first;  // masked iff c >= q_lim
                 // This lane's key of (mt, hr) is key_first + off, off = mt*16 + hr*8 (compile-time), so one
                 // register per bound: masked iff off >= key_room, c - off < c_lim (causal) or c - off > c_top
-                // (window).
+                // (WIN: a window; a compile-time flag, so that calls without one skip its compares).
                 const int key_first = k0 + kw * KPW + lane / 4, key_room = p.Sk - key_first;
                 const int c_lim = causal ? key_first - diag - q_first : INT_MIN / 2;
                 const int c_top = windowed ? key_first - lo - q_first : INT_MAX / 2;
+                auto mask = [&](auto win) {
+                    constexpr bool WIN = decltype(win)::value;
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
+                    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                    for (int hr = 0; hr < 2; ++hr) {
-                        const int off = mt * 16 + hr * 8;
-                        const bool key_bad = off >= key_room;
+                        for (int hr = 0; hr < 2; ++hr) {
+                            const int off = mt * 16 + hr * 8;
+                            const bool key_bad = off >= key_room;
 #pragma unroll
-                        for (int nt = 0; nt < NP; ++nt)
+                            for (int nt = 0; nt < NP; ++nt)
 #pragma unroll
-                            for (int e = 0; e < 2; ++e) {
-                                const int c = nt * 8 + e;
-                                if (key_bad || c >= q_lim || c - off < c_lim || c - off > c_top) s[mt][nt][2 * hr + e] = 0.f;
-                            }
-                    }
+                                for (int e = 0; e < 2; ++e) {
+                                    const int c = nt * 8 + e;
+                                    if (key_bad || c >= q_lim || c - off < c_lim || (WIN && c - off > c_top))
+                                        s[mt][nt][2 * hr + e] = 0.f;
+                                }
+                        }
+                };
+                // (At DP = 64 one variant, the bound held in c_top either way: two spilled on the sm_90a target.)
+                if (DP > 64 && !windowed) mask(std::false_type{});
+                else mask(std::true_type{});
             }
 
             // dV += P^T dO (column groups: P^T into shared memory, for the GROUPS warps of the key group).

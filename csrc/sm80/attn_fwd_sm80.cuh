@@ -27,6 +27,8 @@
 #include <limits.h>
 #include <math.h>
 
+#include <type_traits>
+
 #include "../common/launch.cuh"
 #include "../common/ptx.cuh"
 #include "../common/tile.cuh"
@@ -293,14 +295,15 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p, const fc_band ban
     // Masks the key tile that starts at key0 (relative to kb, as every key below; callers skip the tiles
     // that need no mask: all but the key tail, the causal diagonal and a window's left edge, needs_mask).
     // Column c = nt*8 + (lane%4)*2 + e of the tile is masked iff c >= key_lim, c > diag_lim (causal) or
-    // c < lo_lim (window): compares against compile-time c.
-    auto mask = [&](STile& acc_s, int key0) {
-        // Row mt*16 + hr*8 of this lane's (relative to its first) is masked at c > diag_base + that offset
-        // and c < lo_base + it: one register each, the offsets compile-time (no per-row limits held).
+    // c < lo_lim (WIN: a window's left edge; a compile-time flag, so that calls without a window run
+    // the two compares they always did). Row mt*16 + hr*8 of this lane's (relative to its first) has its
+    // limits at diag_base and lo_base plus that offset: one register each, the offsets compile-time.
+    auto mask_win = [&](STile& acc_s, int key0, auto win) {
+        constexpr bool WIN = decltype(win)::value;
         const int key_lim = p.Sk - kb - key0 - (lane % 4) * 2;
         const int base = row0 + wrow + lane / 4 - kb - key0 - (lane % 4) * 2;
         const int diag_base = causal ? base + band.hi : INT_MAX / 2;
-        const int lo_base = windowed ? base + band.lo : INT_MIN / 2;
+        const int lo_base = base + band.lo;
 #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
@@ -310,9 +313,14 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p, const fc_band ban
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         const int c = nt * 8 + e, c_row = c - mt * 16 - hr * 8;  // c against this row's limits
-                        if (c >= key_lim || c_row > diag_base || c_row < lo_base) acc_s[mt][nt][2 * hr + e] = -INFINITY;
+                        if (c >= key_lim || c_row > diag_base || (WIN && c_row < lo_base))
+                            acc_s[mt][nt][2 * hr + e] = -INFINITY;
                     }
             }
+    };
+    auto mask = [&](STile& acc_s, int key0) {
+        if (windowed) mask_win(acc_s, key0, std::true_type{});
+        else mask_win(acc_s, key0, std::false_type{});
     };
     auto needs_mask = [&](int key0) {
         const int key = kb + key0;

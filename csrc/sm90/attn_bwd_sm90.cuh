@@ -80,6 +80,8 @@
 #include <limits.h>
 #include <math.h>
 
+#include <type_traits>
+
 #include "../common/bwd_rows.cuh"
 #include "../common/launch.cuh"
 #include "../flashcore.h"
@@ -411,18 +413,26 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
             if (key_w0 + Tile::WG_KEYS > p.Sk || (causal && key_w0 + Tile::WG_KEYS - 1 > row0 + q_off + diag) ||
                 (windowed && key_w0 < row0 + q_off + QW - 1 + lo)) {
                 const int q_first = row0 + q_off + (lane % 4) * 2;
+                // WIN (a window's bound, c > c_top masked): a compile-time flag, so that calls without a
+                // window run the compares they always did.
+                auto mask = [&](auto win) {
+                    constexpr bool WIN = decltype(win)::value;
 #pragma unroll
-                for (int hr = 0; hr < 2; ++hr) {
-                    const int key = key_w0 + warp * 16 + lane / 4 + 8 * hr;
-                    const int c_lim = causal ? key - diag - q_first : INT_MIN;  // masked iff column c < c_lim
-                    const int c_top = windowed ? key - lo - q_first : INT_MAX;  // (window) masked iff c > c_top
-                    const bool key_bad = key >= p.Sk;
+                    for (int hr = 0; hr < 2; ++hr) {
+                        const int key = key_w0 + warp * 16 + lane / 4 + 8 * hr;
+                        const int c_lim = causal ? key - diag - q_first : INT_MIN;  // masked iff column c < c_lim
+                        const int c_top = key - lo - q_first;                       // (WIN) masked iff c > c_top
+                        const bool key_bad = key >= p.Sk;
 #pragma unroll
-                    for (int nt = 0; nt < QW / 8; ++nt)
+                        for (int nt = 0; nt < QW / 8; ++nt)
 #pragma unroll
-                        for (int e = 0; e < 2; ++e)
-                            if (key_bad || nt * 8 + e < c_lim || nt * 8 + e > c_top) s[4 * nt + 2 * hr + e] = 0.f;
-                }
+                            for (int e = 0; e < 2; ++e)
+                                if (key_bad || nt * 8 + e < c_lim || (WIN && nt * 8 + e > c_top))
+                                    s[4 * nt + 2 * hr + e] = 0.f;
+                    }
+                };
+                if (windowed) mask(std::true_type{});
+                else mask(std::false_type{});
             }
 
             uint32_t pa[QW / 16][4];
