@@ -64,10 +64,8 @@ Args:
         before it, Mistral's 4096-key window). FlashAttention's
         ``window_size`` with ``causal_alignment="bottom_right"``. Blocks of
         keys outside every row's window are skipped, so the cost grows
-        with the window, not with Sk. On the GPU the forward runs the
-        portable kernel (``"auto"`` picks it; ``"sm90"`` with a window
-        raises ValueError) unless the window hides no key the causal mask
-        does not; the backward runs either family.
+        with the window, not with Sk. Every kernel takes it, forward and
+        backward.
 
 Dtypes: fp16 and bf16 on CUDA; fp16, bf16 and fp32 on the CPU.
 Head dim D: any multiple of 8 from 8 to 256; v's Dv: 0 to 256 (see value;

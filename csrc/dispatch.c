@@ -112,7 +112,6 @@ static size_t kernel_smem(fc_kernel k, int D) {
 
 fc_kernel fc_attn_fwd_pick(const fc_attn_params* p) {
     if (p && p->kernel != FC_KERNEL_AUTO) return p->kernel;
-    if (p && p->window && !fc_window_is_causal(p)) return FC_KERNEL_SM80;  /* (the sm90 forward has no window) */
     const fc_device_info* dev = current_device();
     if (dev && fc_arch_reason(FC_KERNEL_SM90, dev->major, dev->minor) == NULL) return FC_KERNEL_SM90;
     return FC_KERNEL_SM80;
@@ -316,9 +315,6 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
     else if (p->window == 1 && (p->window_left < -1 || p->window_right < -1))
         fail(&r, FC_ERR_INVALID_ARGUMENT, "window_left, window_right: %d, %d; use keys >= 0, or -1 for no bound",
              p->window_left, p->window_right);
-    if (p->window == 1 && p->kernel == FC_KERNEL_SM90 && !fc_window_is_causal(p))
-        fail(&r, FC_ERR_INVALID_ARGUMENT, "window: the sm90 forward kernel has no sliding window; pass kernel "
-             "auto or sm80 (the portable kernel)");
     if (p->dtype != FC_DTYPE_FP16 && p->dtype != FC_DTYPE_BF16 && p->dtype != FC_DTYPE_FP32)
         fail(&r, FC_ERR_UNSUPPORTED_DTYPE, "dtype: unknown value %d", (int)p->dtype);
     if (p->num_splits < 0)

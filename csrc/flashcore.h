@@ -90,8 +90,8 @@ typedef struct {
     int window;       /* 0: no window (the default). 1: a sliding window around the diagonal that `causal`
                          names (TOP_LEFT: diag = 0, BOTTOM_RIGHT: diag = Sk - Sq; NONE is refused): key j is
                          visible to query i iff i + diag - window_left <= j <= i + diag + window_right.
-                         GPU forward: the portable kernels (AUTO picks them), unless the window masks
-                         nothing the causal mode does not (then the sm90 kernel runs it as causal) */
+                         Every kernel takes it (sm90: its own instantiation, unless the window masks
+                         nothing the causal mode does not, which runs as the causal call) */
     int window_left;  /* window = 1: keys before the diagonal a query sees, >= 0; -1: all of them */
     int window_right; /* window = 1: keys after the diagonal a query sees, >= 0 (0: causal); -1: all */
 

@@ -51,6 +51,11 @@ FC_BAND_FN fc_band fc_band_make(fc_causal causal, int window, int left, int righ
 static inline int fc_window_is_causal(const fc_attn_params* p) {
     return !FC_BAND(*p).has_lo && p->window_right == 0;
 }
+/* Whether the sm90 forward runs p on its windowed instantiation (a window
+ * that masks more than the causal mode: two consumers, the static order). */
+static inline int fc_sm90_windowed(const fc_attn_params* p) {
+    return p->window && !fc_window_is_causal(p);
+}
 
 /* Portable mma.sync kernels, one per padded head dim (csrc/sm80/). */
 fc_status fc_sm80_fwd_d64(const fc_attn_params* p, fc_stream_t stream);   /* D <= 64 */
@@ -225,7 +230,7 @@ static inline int fc_sm90_d64_dynamic(const fc_attn_params* p, int num_sms) {
            FC_SM90_WINDOW_CAP_BYTES;
 }
 static inline int fc_sm90_dynamic_order(const fc_attn_params* p, int num_sms) {
-    if (p->causal == FC_CAUSAL_NONE) return 0;
+    if (p->causal == FC_CAUSAL_NONE || fc_sm90_windowed(p)) return 0;
     if (p->D <= 64) return fc_sm90_d64_dynamic(p, num_sms);
     if (p->Sk >= FC_SM90_DYN_MAX_SK) return fc_sm90_d128_wide(p, num_sms);
     return !fc_sm90_key_split(p, num_sms) && fc_sm90_tiles(p, 128) > num_sms;

@@ -25,7 +25,8 @@ HALF_ULP = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32:
 # (B, Hq, Hkv, Sq, Sk, causal, alignment, left, right): the seed shape with a 128-key window, odd lengths,
 # Sq != Sk both ways (top-left with Sq > Sk leaves rows past the window's reach with no key), a two-sided
 # window, each side alone, the diagonal alone, windows wider than the keys, decode rows (the split-KV
-# kernel) and more key blocks than an H100 has SMs.
+# kernel), and more query tiles than an H100 has SMs (the Hopper kernel's persistent CTAs run several
+# tiles, each from its own first K/V tile, through one ring).
 CASES = [
     (2, 8, 8, 512, 512, True, "top_left", 127, 0),
     (1, 4, 2, 1000, 1000, True, "top_left", 255, 0),
@@ -39,6 +40,9 @@ CASES = [
     (1, 8, 1, 1, 4096, True, "bottom_right", 1023, 0),
     (2, 8, 2, 4, 3000, True, "bottom_right", 511, 0),
     (1, 4, 4, 17, 1, False, "top_left", 3, 3),
+    (4, 16, 4, 2048, 2048, True, "top_left", 511, 0),
+    (2, 8, 8, 700, 3000, True, "bottom_right", 1000, 0),
+    (2, 8, 2, 1500, 1600, False, "top_left", 300, 200),
 ]
 SMALL = [c for c in CASES if c[3] * c[4] <= 300 * 300]  # the CPU path's share
 
@@ -125,7 +129,7 @@ def test_forward_cpu(c, D, dtype):
 @pytest.mark.parametrize("c", CASES, ids=case_id)
 @pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
-@pytest.mark.parametrize("kernel", ["auto", "sm80"])
+@pytest.mark.parametrize("kernel", ["auto"] + GPU_KERNELS)
 def test_forward_gpu(kernel, dtype, D, c):
     run_case(c, D, dtype, "cuda", kernel)
 
@@ -152,7 +156,7 @@ def test_split_plan_counts_window_keys():
 
 
 @pytest.mark.parametrize("dev,kernel", [("cpu", "auto")] +
-                         [pytest.param("cuda", k, marks=requires_gpu) for k in ["auto", "sm80"]])
+                         [pytest.param("cuda", k, marks=requires_gpu) for k in ["auto"] + GPU_KERNELS])
 def test_no_bound_is_no_window(dev, kernel):
     """window=None, (None, None), (-1, -1) and, causal, (None, 0): the plain call, bit for bit; a window wider
     than the keys on the portable kernel: the plain call's values."""
@@ -161,9 +165,8 @@ def test_no_bound_is_no_window(dev, kernel):
         base = flashcore.attention(q, k, v, causal=causal, kernel=kernel)
         for w in (None, (None, None), (-1, -1)) + (((None, 0), (-1, 0)) if causal else ()):
             assert torch.equal(flashcore.attention(q, k, v, causal=causal, kernel=kernel, window=w), base), w
-    sm80 = "cpu" if dev == "cpu" else "sm80"
-    base = flashcore.attention(q, k, v, causal=True, kernel=sm80)
-    assert torch.equal(flashcore.attention(q, k, v, causal=True, kernel=sm80, window=(400, 0)), base)
+    base = flashcore.attention(q, k, v, causal=True, kernel=kernel)
+    assert torch.equal(flashcore.attention(q, k, v, causal=True, kernel=kernel, window=(400, 0)), base)
 
 
 @pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=requires_gpu)])
@@ -185,12 +188,11 @@ def test_refusals(dev):
 
 @requires_gpu
 @pytest.mark.skipif("sm90" not in GPU_KERNELS, reason="the sm90 kernel does not run here")
-def test_sm90_forward_refuses_window():
+def test_sm90_runs_windows():
+    """auto takes the Hopper kernel for windowed calls; a window that hides no key the causal mask does not
+    runs the causal call's kernel, bit for bit."""
     q, k, v = make_qkv(1, 2, 2, 128, 128, 64, torch.float16, "cuda")
-    with pytest.raises(ValueError, match=r"window: the sm90 forward kernel has no sliding window"):
-        flashcore.attention(q, k, v, causal=True, window=(16, 0), kernel="sm90")
-    assert _C.picked_kernel(q, k, True) == "sm80" and _C.picked_kernel(q, k) == "sm90"
-    # a window that hides no key the causal mask does not runs on the sm90 kernel, as the causal call
+    assert _C.picked_kernel(q, k, True) == "sm90" and _C.picked_kernel(q, k) == "sm90"
     base = flashcore.attention(q, k, v, causal=True, kernel="sm90")
     for kernel in ("sm90", "auto"):
         assert torch.equal(flashcore.attention(q, k, v, causal=True, window=(127, 0), kernel=kernel), base)

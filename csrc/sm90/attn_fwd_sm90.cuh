@@ -114,7 +114,12 @@
 // 1-5 % slower where the static order runs (perf notes, session 22).
 // CL: CTAs per cluster, 1 or 2 (CTA pairs, above); a pair's empty barriers take
 // one arrival per consumer warp of either CTA.
-template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false, bool DYN = false, int CL = 1>
+// WIN: a sliding window (kernels.h's fc_band, fc_sm90_windowed): a tile's K/V
+// tiles run from that of its first row's first key (sm90_win_range), and the
+// masks take the window's left edge too; two consumers, the static order. Its
+// own instantiation, so that the others' code stays as measured.
+template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false, bool DYN = false, int CL = 1,
+          bool WIN = false>
 __global__ void __launch_bounds__(Sm90Tile<DP, CONS>::THREADS, 1)
 attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
                      const __grid_constant__ Sm90PlanOf<DP, CONS, LONG, CL, DYN, KV_SPLIT> plan) {
@@ -223,6 +228,11 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
         }
         Sm90TileCoord t = tile_at(pos.at(x));
         t.kv0 = 0;
+        if constexpr (WIN) {
+            const Sm90WinRange w = sm90_win_range(p, t.row0, br, BC);
+            t.kv0 = w.kv0;
+            t.n_blocks = w.n;
+        }
         return t;
     };
     // The producer's next position after `tile`. The dynamic order's producers
@@ -245,7 +255,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
         setmaxnreg_dec<Tile::PRODUCER_REGS>();
         if (tid != 0) return;
         const Sm90Smem sm{sQ, sK, sV, q_full, q_empty, k_full, v_full, k_empty, v_empty, info};
-        sm90_producer<DP, CONS, KV_SPLIT, LONG, DYN, CL, TAIL>(args, sm, pos, crank, coord_at, next_tile);
+        sm90_producer<DP, CONS, KV_SPLIT, LONG, DYN, CL, TAIL, WIN>(args, sm, pos, crank, coord_at, next_tile);
         return;
     }
 
@@ -258,8 +268,13 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
     const int cw = (uniform_cw ? __shfl_sync(0xffffffffu, wg, 0) : wg) - 1;
     const int t128 = tid % 128, warp = t128 / 32, lane = tid % 32;
     const float scale_log2 = p.scale * FC_LOG2E;
-    const bool causal = p.causal != FC_CAUSAL_NONE;
-    const int diag = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
+    // Key j visible to query i iff j < Sk, j <= i + diag (causal) and, WIN, j >= i + lo (fc_band).
+    const fc_band band = FC_BAND(p);
+    const bool causal = WIN ? band.has_hi : p.causal != FC_CAUSAL_NONE;
+    const int diag = WIN ? band.hi : p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
+    const int lo = band.lo;  // (WIN only)
+    static_assert(!WIN || (CONS == 2 && !KV_SPLIT && !LONG && !DYN && CL == 1),
+                  "WIN: two consumers, the static order, ordinary mode, no clusters");
     // LEAD_TILE: K/V tile j starts at key j BC - lead (sm90_kv_lead). The static-order
     // 192-key kernel runs non-causal calls only (the launcher sends causal ones to the
     // dynamic order's): its first tile's softmax has no causal mask.
@@ -316,12 +331,18 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
             t.kv0 = __shfl_sync(0xffffffffu, t.kv0, 0);
             t.n_blocks = __shfl_sync(0xffffffffu, t.n_blocks, 0);
         }
-        const int first = split ? cw : TAIL ? t.kv0 : 0;  // this warpgroup's first K/V tile
+        // this warpgroup's first K/V tile (WIN: the tile's, found again from its rows as the producer did)
+        const int first = split ? cw : TAIL ? t.kv0 : WIN ? sm90_win_range(p, t.row0, br, BC).kv0 : 0;
         const uint32_t q_rows = sQ + qb * Tile::Q_BYTES + row_off * ROWB;  // our rows of slab 0
         const int wrow0 = t.row0 + row_off;             // first query row of this warpgroup
         const int frow = wrow0 + warp * 16 + lane / 4;  // this thread's first fragment row
-        // Masking is needed on the key tail and on tiles reaching past the diagonal.
-        auto needs_mask = [&](int k0) { return k0 + BC > p.Sk || (causal && k0 + BC - 1 > wrow0 + diag); };
+        // Masking is needed on the key tail, on tiles reaching past the diagonal and (WIN, band.has_lo)
+        // on tiles that start before our last row's first key.
+        auto needs_mask = [&](int k0) {
+            return k0 + BC > p.Sk || (causal && k0 + BC - 1 > wrow0 + diag) ||
+                   (WIN && band.has_lo && k0 < wrow0 + Tile::WG_ROWS - 1 + lo);
+        };
+
 
         float o[PV_PARTS][PV_N / 2];
 #pragma unroll
@@ -331,6 +352,10 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
         float m_i[2] = {-INFINITY, -INFINITY};  // running max of scale_log2 * S, rows frow and frow + 8
         float l_i[2] = {0.f, 0.f};              // running row sum, this lane's columns only
         float s[BC / 2];                        // S, then P, of the next tile
+        auto mask = [&](int k0) {  // the masks of needs_mask on s, K/V tile from key k0
+            if constexpr (WIN) mask_tile_win<BC>(s, k0, frow, p, causal, diag, band.has_lo ? lo : INT_MIN / 2, lane);
+            else mask_tile<BC>(s, k0, frow, p, causal, diag, lane);
+        };
         uint32_t pa[BC / 16][4];                // P of the current tile, as A fragments
 
         TR_DECL(args, local, wg, t128 == 0)
@@ -359,6 +384,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
                 if constexpr (!uniform_cw) nb = __shfl_sync(0xffffffffu, nb, 0);
             }
         }
+        // WIN: a warpgroup whose rows end before the tile's first K/V tile runs none and releases none
+        // (the producer loads from `first` on).
+        if constexpr (WIN) nb = max(nb, first);
         const bool any = first < nb;  // this warpgroup has a K/V tile
         // O += P V for the V tile at ring position g, waited for, then its slot released.
         auto pv_tile = [&](int g) {
@@ -396,7 +424,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
                 wgmma_wait<0>();
                 fence_regs(s);
                 release(k_empty + 8 * (g % STAGES));  // this thread is done with K slot g % STAGES
-                if (needs_mask(first * BC)) mask_tile<BC>(s, first * BC, frow, p, causal, diag, lane);
+                if (needs_mask(first * BC)) mask(first * BC);
                 float corr[2];
                 softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2);  // O is still 0: nothing to rescale
                 pack_p<BC, T>(pa, s);
@@ -424,7 +452,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
                 fence_regs(s);
                 release(k_empty + 8 * sn);  // this thread is done with K slot sn
                 TR_MARK(tr_soft);
-                if (needs_mask((j + step) * BC - lead)) mask_tile<BC>(s, (j + step) * BC - lead, frow, p, causal, diag, lane);
+                if (needs_mask((j + step) * BC - lead)) mask((j + step) * BC - lead);
                 rescale = softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2);
                 TR_SINCE(TR_SOFT, tr_soft);
                 if constexpr (Tile::PIN_SOFTMAX) {  // keeps the softmax ahead of the P V wait
@@ -442,7 +470,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
                 fence_regs(s);
                 release(k_empty + 8 * sn);  // this thread is done with K slot sn
                 TR_MARK(tr_soft);
-                if (needs_mask((j + step) * BC - lead)) mask_tile<BC>(s, (j + step) * BC - lead, frow, p, causal, diag, lane);
+                if (needs_mask((j + step) * BC - lead)) mask((j + step) * BC - lead);
                 rescale = softmax_tile<BC, Tile::HALF_VOTES>(s, m_i, l_i, corr, scale_log2);
                 TR_SINCE(TR_SOFT, tr_soft);
             }

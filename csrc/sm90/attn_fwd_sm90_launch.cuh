@@ -1,6 +1,6 @@
 // attn_fwd_sm90_launch.cuh -- host side of the Hopper attention forward
 // (attn_fwd_sm90.cuh): the choice of instantiation (key-split mode, three
-// consumers, the long-row D = 128 kernel, the dynamic tile order), the tensor
+// consumers, the long-row D = 128 kernel, the dynamic tile order, sliding windows), the tensor
 // maps and the tile order's host-computed divisors, and the C entry points of
 // one padded head dim (FC_SM90_DEFINE, see kernels.h).
 #pragma once
@@ -12,14 +12,15 @@
 
 // Sets the smem limit of one instantiation and launches it.
 // plan: the instantiation's Sm90PlanOf (n = 0 or Sm90NoPlan: the static order).
-template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false, bool DYN = false, typename Plan = Sm90NoPlan>
+template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false, bool DYN = false, bool WIN = false,
+          typename Plan = Sm90NoPlan>
 static fc_status attn_fwd_sm90_run(const Sm90Args& a, unsigned grid, cudaStream_t stream, const Plan& plan = {}) {
     using Tile = Sm90Tile<DP, CONS, LONG>;
     static_assert(std::is_same_v<Plan, Sm90PlanOf<DP, CONS, LONG, 1, DYN, KV_SPLIT>>, "the instantiation's plan type");
     constexpr size_t smem = Tile::smem_bytes(KV_SPLIT);
-    if (fc_smem_limit_once<attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT, LONG, DYN>>((int)smem) != cudaSuccess)
+    if (fc_smem_limit_once<attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT, LONG, DYN, 1, WIN>>((int)smem) != cudaSuccess)
         return FC_ERR_CUDA;
-    attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT, LONG, DYN><<<grid, Tile::THREADS, smem, stream>>>(a, plan);
+    attn_fwd_sm90_kernel<DP, CONS, T, KV_SPLIT, LONG, DYN, 1, WIN><<<grid, Tile::THREADS, smem, stream>>>(a, plan);
     return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
 
@@ -383,9 +384,10 @@ enum Sm90Kind {
     SM90_PAIRS,       // CTA pairs sharing K/V (long rows at D = 128, 256)
     SM90_LONG,        // two D = 128 consumers, the softmax pinned ahead of the P V wait
     SM90_CONS2,       // two consumers, static order
+    SM90_WINDOW,      // two consumers, static order, a sliding window (fc_sm90_windowed)
 };
 static const char* const SM90_KIND_NAMES[] = {"key_split", "dyn_kv192", "dyn_cons3", "dyn_cons2", "kv192",
-                                              "cons3", "pairs", "long", "cons2"};
+                                              "cons3", "pairs", "long", "cons2", "window"};
 struct Sm90Route {
     Sm90Kind kind;
     bool kv_split;  // key-split mode (fc_sm90_key_split)
@@ -398,6 +400,10 @@ template <int DP>
 static Sm90Route sm90_route(const fc_attn_params* p, int num_sms) {
     using Tile = Sm90Tile<DP>;
     Sm90Route r = {};
+    if (fc_sm90_windowed(p)) {  // (its own instantiation; the others have no left edge in their masks)
+        r.kind = SM90_WINDOW;
+        return r;
+    }
     // Key-split mode when the 64-row tiles fit on the SMs in one wave: twice
     // the SMs at work, each on half the keys of its tile.
     static_assert(Tile::KV_SPLIT_OK == (DP <= 128) && Tile::WG_ROWS == 64, "fc_sm90_key_split (kernels.h)");
@@ -489,6 +495,8 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
             break;
         case SM90_CONS2:
             return attn_fwd_sm90_run<DP, 2, T, false>(a, grid, stream);
+        case SM90_WINDOW:
+            return attn_fwd_sm90_run<DP, 2, T, false, false, false, true>(a, grid, stream);
     }
     return FC_ERR_ARCH;  // (unreachable: sm90_route gives only the kinds this DP instantiates)
 }

@@ -175,6 +175,24 @@ __host__ __device__ __forceinline__ int sm90_kv_tiles(const fc_attn_params& p, i
     return n;
 }
 
+// A windowed tile's K/V tiles (the WIN instantiation): kv0 .. n - 1, from the
+// tile of its first row's first key (kernels.h's fc_band, left edge) to that
+// of its last row's last key (right edge, or the causal diagonal), kv0 <= n.
+struct Sm90WinRange {
+    int kv0, n;
+};
+__device__ __forceinline__ Sm90WinRange sm90_win_range(const fc_attn_params& p, int row0, int br, int bc) {
+    const fc_band band = FC_BAND(p);
+    Sm90WinRange r;
+    r.n = (p.Sk + bc - 1) / bc;
+    if (band.has_hi) {
+        const int last_key = min(row0 + br, p.Sq) - 1 + band.hi;
+        r.n = last_key < 0 ? 0 : min(r.n, last_key / bc + 1);
+    }
+    r.kv0 = band.has_lo && row0 + band.lo > 0 ? min(r.n, (row0 + band.lo) / bc) : 0;
+    return r;
+}
+
 // CTA c runs tiles c, c + grid, c + 2 grid, ... (`tile`). Causal tiles are
 // numbered longest first, and the tiles of every odd full stripe of `grid` are
 // taken in reverse order (a snake): the CTA that gets the longest tile of one

@@ -300,6 +300,27 @@ __device__ __forceinline__ void mask_tile(float (&s)[BC / 2], int key0, int row,
     }
 }
 
+// mask_tile with a window's left edge as well (the WIN instantiation): key
+// key0 + c is also masked for row `row` (+ 8 hr) where c < lo_lim, the row's
+// first visible key lo keys from it (kernels.h's fc_band).
+template <int BC>
+__device__ __forceinline__ void mask_tile_win(float (&s)[BC / 2], int key0, int row, const fc_attn_params& p,
+                                              bool causal, int diag, int lo, int lane) {
+    const int key_lim = p.Sk - key0 - (lane % 4) * 2;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        const int diag_lim = causal ? row + hr * 8 + diag - key0 - (lane % 4) * 2 : INT_MAX;
+        const int lo_lim = row + hr * 8 + lo - key0 - (lane % 4) * 2;
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int c = nt * 8 + e;
+                if (c >= key_lim || c > diag_lim || c < lo_lim) s[4 * nt + 2 * hr + e] = -INFINITY;
+            }
+    }
+}
+
 // The keys before key 0 in K/V tile 0 with LEAD_TILE: tiles of bc keys end at key sk - 1.
 __host__ __device__ constexpr int sm90_lead(int sk, int bc) { return (bc - sk % bc) % bc; }
 

@@ -25,11 +25,12 @@ struct Sm90Smem {
 
 // The producer thread (thread 0 of warpgroup 0) of attn_fwd_sm90_kernel with the
 // same template arguments: pos gives the CTA's positions in the tile order,
-// coord_at(x) the tile at position x, next_tile(x) the position after x; crank is
-// the CTA's rank in its cluster. Returns when every load is issued (and, with
+// coord_at(x) the tile at position x (with TAIL or WIN its K/V tiles from
+// t.kv0), next_tile(x) the position after x; crank is the CTA's rank in its
+// cluster. Returns when every load is issued (and, with
 // clusters, every slot is free again).
-template <int DP, int CONS, bool KV_SPLIT, bool LONG, bool DYN, int CL, bool TAIL, typename Pos, typename CoordAt,
-          typename NextTile>
+template <int DP, int CONS, bool KV_SPLIT, bool LONG, bool DYN, int CL, bool TAIL, bool WIN, typename Pos,
+          typename CoordAt, typename NextTile>
 __device__ __forceinline__ void sm90_producer(const Sm90Args& args, const Sm90Smem& sm, const Pos& pos, int crank,
                                               const CoordAt& coord_at, const NextTile& next_tile) {
     using Tile = Sm90Tile<DP, CONS, LONG>;
@@ -121,7 +122,7 @@ __device__ __forceinline__ void sm90_producer(const Sm90Args& args, const Sm90Sm
             mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
             load_tile(sV + st * Tile::KV_BYTES, &args.v_map, v_full + 8 * st);
         };
-        const int kv0 = TAIL ? t.kv0 : 0;  // (a tail piece's first K/V tile)
+        const int kv0 = TAIL || WIN ? t.kv0 : 0;  // (a tail piece's, or a window's, first K/V tile)
         int j0 = kv0;
         if constexpr (Tile::Q_HALVES) {  // the second consumer's rows, behind the first K/V tile
             if (t.n_blocks > kv0) {
