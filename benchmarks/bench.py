@@ -1101,8 +1101,8 @@ def main(argv=None):
                            and s["dtype"] == FLEX_DTYPE)]
         if not is_bwd(s):  # (the forward is deterministic as it is)
             shape_impls = [n for n in shape_impls if not n.endswith(DET_SUFFIX)]
-        if is_bwd(s):
-            shape_impls = [n for n in shape_impls if n in BWD_IMPLS]
+        if is_bwd(s):  # (FlexAttention's backward in the window suite: its block mask is the band)
+            shape_impls = [n for n in shape_impls if n in BWD_IMPLS or (n == "flex" and windowed(s))]
         log(f"[{i + 1}/{len(shapes)}] {shape_label(s)}  ({flops(s) / 1e9:.1f} GFLOP)")
         try:
             new_rows += run_shape(s, shape_impls, fc, flex, budget, skipped, mismatches, log, args.rounds,
