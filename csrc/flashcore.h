@@ -87,13 +87,6 @@ typedef struct {
     float scale;      /* softmax scale, finite and > 0 (usually 1/sqrt(D)) */
     fc_causal causal; /* mask mode; see fc_causal */
     fc_kernel kernel; /* which implementation runs; FC_KERNEL_AUTO picks */
-    int window;       /* 0: no window (the default). 1: a sliding window around the diagonal that `causal`
-                         names (TOP_LEFT: diag = 0, BOTTOM_RIGHT: diag = Sk - Sq; NONE is refused): key j is
-                         visible to query i iff i + diag - window_left <= j <= i + diag + window_right.
-                         Every kernel takes it (sm90: its own instantiation, unless the window masks
-                         nothing the causal mode does not, which runs as the causal call) */
-    int window_left;  /* window = 1: keys before the diagonal a query sees, >= 0; -1: all of them */
-    int window_right; /* window = 1: keys after the diagonal a query sees, >= 0 (0: causal); -1: all */
 
     int num_splits;   /* split-KV: 0 = heuristic, 1 = no split, n > 1 = run the split-KV kernel with Sk
                          split n ways (clamped to the key tiles and FC_MAX_SPLITS); the CPU path ignores it */
@@ -105,6 +98,13 @@ typedef struct {
                                workspace all zero again): the sm90 dynamic order's tile counter then needs
                                no memset before the launch, one operation fewer per call. 0: any memory
                                (the launch zeroes the counters it uses). */
+    int window;       /* 0: no window (the default). 1: a sliding window around the diagonal that `causal`
+                         names (TOP_LEFT: diag = 0, BOTTOM_RIGHT: diag = Sk - Sq; NONE is refused): key j is
+                         visible to query i iff i + diag - window_left <= j <= i + diag + window_right.
+                         Every kernel takes it (sm90: its own instantiation, unless the window masks
+                         nothing the causal mode does not, which runs as the causal call) */
+    int window_left;  /* window = 1: keys before the diagonal a query sees, >= 0; -1: all of them */
+    int window_right; /* window = 1: keys after the diagonal a query sees, >= 0 (0: causal); -1: all */
 } fc_attn_params;
 
 /* Short English name of a status code. Never NULL. */
@@ -213,7 +213,6 @@ typedef struct {
     fc_dtype dtype;   /* element type of every tensor but lse */
     float scale;      /* the forward's softmax scale */
     fc_causal causal; /* the forward's mask mode */
-    int window, window_left, window_right; /* the forward's sliding window (fc_attn_params); both GPU kernels */
     fc_kernel kernel; /* FC_KERNEL_AUTO (sm90 on H100/H200 in a build with sm_90a code, else
                          sm80), FC_KERNEL_SM80 (mma.sync, sm80+),
                          FC_KERNEL_SM90 (wgmma + TMA, compute capability 9.0) or FC_KERNEL_CPU */
@@ -224,6 +223,7 @@ typedef struct {
                           block first), so dq is bit-reproducible; both GPU kernels, slower. dk, dv
                           and the CPU path are reproducible either way. Zero-initialize the struct:
                           0 is the default */
+    int window, window_left, window_right; /* the forward's sliding window (fc_attn_params); every kernel */
 } fc_attn_bwd_params;
 
 /* Says whether fc_attn_bwd would accept p; reasons as in fc_attn_fwd_check. */

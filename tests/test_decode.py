@@ -243,9 +243,9 @@ class Params(ctypes.Structure):
                 + [(f"{t}_{s}_stride", ctypes.c_int64) for t in "qkvo" for s in ("batch", "head", "row")]
                 + [(n, ctypes.c_int) for n in ("B", "Hq", "Hkv", "Sq", "Sk", "D", "dtype")]
                 + [("scale", ctypes.c_float), ("causal", ctypes.c_int), ("kernel", ctypes.c_int),
-                   ("window", ctypes.c_int), ("window_left", ctypes.c_int), ("window_right", ctypes.c_int),
                    ("num_splits", ctypes.c_int), ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
-                   ("counters_zeroed", ctypes.c_int)])
+                   ("counters_zeroed", ctypes.c_int), ("window", ctypes.c_int), ("window_left", ctypes.c_int),
+                   ("window_right", ctypes.c_int)])
 
 
 def _lib():

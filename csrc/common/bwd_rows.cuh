@@ -90,17 +90,35 @@ struct BwdWalk {
     int per_head;  // query blocks per head
     int n_iter;    // (head, query block) pairs, head-major
 };
+// The band of p (kernels.h's fc_band) as a main kernel reads it: WIN, every
+// field; otherwise (an instantiation for calls without a window) the causal
+// mode's alone, has_lo a compile-time 0, so that its code is the one it had
+// before windows.
+template <bool WIN>
+FC_DEVICE fc_band bwd_band(const fc_attn_bwd_params& p) {
+    if constexpr (WIN) return FC_BAND(p);
+    fc_band b;
+    b.has_hi = p.causal != FC_CAUSAL_NONE;
+    b.hi = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
+    b.has_lo = 0;
+    b.lo = 0;
+    return b;
+}
 // The first query block (of br rows) that sees key k0 (the number of blocks if none does).
+template <bool WIN>
 FC_DEVICE int bwd_m_first(const fc_attn_bwd_params& p, int k0, int br) {
-    const fc_band band = FC_BAND(p);
+    const fc_band band = bwd_band<WIN>(p);
     return !band.has_hi || k0 - band.hi <= 0 ? 0 : min((p.Sq + br - 1) / br, (k0 - band.hi) / br);
 }
 // One past the last query block (of br rows) that sees a key before k0 + bc.
+template <bool WIN>
 FC_DEVICE int bwd_m_end(const fc_attn_bwd_params& p, int k0, int bc, int br) {
-    const fc_band band = FC_BAND(p);
+    const fc_band band = bwd_band<WIN>(p);
     const int n_mblocks = (p.Sq + br - 1) / br, last_row = k0 + bc - 1 - band.lo;
     return !band.has_lo ? n_mblocks : last_row < 0 ? 0 : min(n_mblocks, last_row / br + 1);
 }
+// WIN: p may have a window (bwd_band).
+template <bool WIN>
 FC_DEVICE BwdWalk bwd_walk(const fc_attn_bwd_params& p, int bc, int br, unsigned item) {
     BwdWalk w;
     const int n_kblocks = (p.Sk + bc - 1) / bc;
@@ -110,13 +128,13 @@ FC_DEVICE BwdWalk bwd_walk(const fc_attn_bwd_params& p, int bc, int br, unsigned
     w.b = bhk / p.Hkv;
     w.G = p.Hq / p.Hkv;
     w.k0 = kb * bc;
-    const fc_band band = FC_BAND(p);
+    const fc_band band = bwd_band<WIN>(p);
     w.causal = band.has_hi;
     w.diag = band.hi;
     w.windowed = band.has_lo;
     w.lo = band.lo;
-    w.m_first = bwd_m_first(p, w.k0, br);
-    w.per_head = max(0, bwd_m_end(p, w.k0, bc, br) - w.m_first);
+    w.m_first = bwd_m_first<WIN>(p, w.k0, br);
+    w.per_head = WIN ? max(0, bwd_m_end<WIN>(p, w.k0, bc, br) - w.m_first) : (p.Sq + br - 1) / br - w.m_first;
     w.n_iter = w.per_head * w.G;
     return w;
 }
@@ -142,12 +160,13 @@ static constexpr int BWD_TURN_SLEEP_NS = 64;  // back-off between polls of a tur
 // this CTA (of bc keys): those after it, up to the last one that visits the block.
 // (With a window the blocks that visit m are still one run: m_first and
 // bwd_m_end both grow with the key block.)
+template <bool WIN>
 FC_DEVICE int bwd_turn_rank(const fc_attn_bwd_params& p, const BwdWalk& w, int it, int bc, int br) {
     const int m = w.m_first + it % w.per_head;
     int lo = w.k0 / bc, hi = (p.Sk + bc - 1) / bc - 1;  // the last key block that visits m is in [lo, hi]
     while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
-        if (bwd_m_first(p, mid * bc, br) <= m) lo = mid; else hi = mid - 1;
+        if (bwd_m_first<WIN>(p, mid * bc, br) <= m) lo = mid; else hi = mid - 1;
     }
     return lo - w.k0 / bc;
 }
@@ -190,7 +209,7 @@ FC_DEVICE int* bwd_turn_at(const fc_attn_bwd_params& p, const BwdWalk& w, int it
 // Waits until the key blocks after this CTA's (of bc keys) have added into iteration it's query block.
 template <int DP>
 FC_DEVICE void bwd_wait_turn(const fc_attn_bwd_params& p, const BwdWalk& w, int it, int bc, int sq_pad) {
-    const int mine = bwd_turn_rank(p, w, it, bc, BWD_PIECE_ROWS);
+    const int mine = bwd_turn_rank<true>(p, w, it, bc, BWD_PIECE_ROWS);
     bwd_poll_turn(bwd_turn_at<DP>(p, w, it, sq_pad), mine);
 }
 

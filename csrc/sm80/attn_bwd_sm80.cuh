@@ -215,7 +215,7 @@ attn_bwd_sm80_kernel(const __grid_constant__ fc_attn_bwd_params p) {
     const int kw = Tile::GROUPS == 1 ? tid / 32 : (tid / 32) % Tile::KEY_WARPS;
     const int grp = Tile::GROUPS == 1 ? 0 : tid / 32 / Tile::KEY_WARPS;
     const int c_base = grp * Tile::DV;
-    const BwdWalk w = bwd_walk(p, BC, BR, blockIdx.x);  // the grid and the query blocks this CTA visits
+    const BwdWalk w = bwd_walk<true>(p, BC, BR, blockIdx.x);  // the grid and the query blocks this CTA visits
     const int hk = w.hk, b = w.b, G = w.G, k0 = w.k0, diag = w.diag, lo = w.lo;
     const bool causal = w.causal, windowed = w.windowed;
     const int m_first = w.m_first, per_head = w.per_head, n_iter = w.n_iter;

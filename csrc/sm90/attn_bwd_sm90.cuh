@@ -204,8 +204,10 @@ struct BwdSm90Args {
 // column nt * 8 + (lane % 4) * 2 + e.
 
 // DET: the call is deterministic (its own instantiation, so that the default
-// one carries none of the turns' code or registers).
-template <int DP, typename T, bool DET>
+// one carries none of the turns' code or registers). WIN: the call has a
+// sliding window (bwd_band; its own instantiation too: with the window's
+// walk and masks in the one kernel, D = 128 ran 3-5 % slower without a window).
+template <int DP, typename T, bool DET, bool WIN>
 __global__ void __launch_bounds__(BwdSm90Tile<DP>::THREADS, 1)
 attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
 #ifdef FC_SM90_BWD_BODY
@@ -290,7 +292,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     unsigned* item_counter = bwd_item_counter<DP>(p, args.sq_pad);
     volatile unsigned* next_s = reinterpret_cast<volatile unsigned*>(smem_raw + (base + Tile::OFF_NEXT - raw));
     if (tid == 0) {  // the first item's K, V and first block
-        const BwdWalk v = bwd_walk(p, BC, BR, blockIdx.x);
+        const BwdWalk v = bwd_walk<WIN>(p, BC, BR, blockIdx.x);
         if (v.n_iter > 0) {
             load_k(v, 0);
             load_block(v, 0, 0);
@@ -329,9 +331,9 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     unsigned busy = 0;      // the CTA's items before this one that walk any block (K buffer and k_bar parity)
     unsigned item = blockIdx.x;
     for (int k = 0; item < n_items; ++k) {  // the CTA's k-th item
-        const BwdWalk w = bwd_walk(p, BC, BR, item);  // the query blocks this item visits
+        const BwdWalk w = bwd_walk<WIN>(p, BC, BR, item);  // the query blocks this item visits
         const int hk = w.hk, b = w.b, G = w.G, k0 = w.k0, diag = w.diag, lo = w.lo;
-        const bool causal = w.causal, windowed = w.windowed;
+        const bool causal = w.causal, windowed = WIN && w.windowed;
         const int m_first = w.m_first, per_head = w.per_head, n_iter = w.n_iter;
         // Index of this warpgroup's dQ piece c of iteration j (bwd_piece_index), and (deterministic) its turn counter.
         auto piece_index = [&](int j, int c) {
@@ -413,26 +415,20 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
             if (key_w0 + Tile::WG_KEYS > p.Sk || (causal && key_w0 + Tile::WG_KEYS - 1 > row0 + q_off + diag) ||
                 (windowed && key_w0 < row0 + q_off + QW - 1 + lo)) {
                 const int q_first = row0 + q_off + (lane % 4) * 2;
-                // WIN (a window's bound, c > c_top masked): a compile-time flag, so that calls without a
-                // window run the compares they always did.
-                auto mask = [&](auto win) {
-                    constexpr bool WIN = decltype(win)::value;
 #pragma unroll
-                    for (int hr = 0; hr < 2; ++hr) {
-                        const int key = key_w0 + warp * 16 + lane / 4 + 8 * hr;
-                        const int c_lim = causal ? key - diag - q_first : INT_MIN;  // masked iff column c < c_lim
-                        const int c_top = key - lo - q_first;                       // (WIN) masked iff c > c_top
-                        const bool key_bad = key >= p.Sk;
+                for (int hr = 0; hr < 2; ++hr) {
+                    const int key = key_w0 + warp * 16 + lane / 4 + 8 * hr;
+                    const int c_lim = causal ? key - diag - q_first : INT_MIN;  // masked iff column c < c_lim
+                    // (WIN: a window's left edge, masked iff column c > c_top; the other instantiation
+                    // keeps the compares it always had)
+                    const int c_top = windowed ? key - lo - q_first : INT_MAX;
+                    const bool key_bad = key >= p.Sk;
 #pragma unroll
-                        for (int nt = 0; nt < QW / 8; ++nt)
+                    for (int nt = 0; nt < QW / 8; ++nt)
 #pragma unroll
-                            for (int e = 0; e < 2; ++e)
-                                if (key_bad || nt * 8 + e < c_lim || (WIN && nt * 8 + e > c_top))
-                                    s[4 * nt + 2 * hr + e] = 0.f;
-                    }
-                };
-                if (windowed) mask(std::true_type{});
-                else mask(std::false_type{});
+                        for (int e = 0; e < 2; ++e)
+                            if (key_bad || nt * 8 + e < c_lim || (WIN && nt * 8 + e > c_top)) s[4 * nt + 2 * hr + e] = 0.f;
+                }
             }
 
             uint32_t pa[QW / 16][4];
@@ -487,7 +483,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                     if (!ahead) load_block(w, it + 1, n + 1);
                     if (!DET && it + 2 == n_iter) ticket = atomicAdd(item_counter, 1);
                 } else if (!DET && gridDim.x + ticket < n_items) {  // the next item's first block (and K)
-                    const BwdWalk v = bwd_walk(p, BC, BR, gridDim.x + ticket);
+                    const BwdWalk v = bwd_walk<WIN>(p, BC, BR, gridDim.x + ticket);
                     if (v.n_iter > 0) {
                         if (Tile::KBUF > 1) load_k(v, kb ^ 1);
                         load_block(v, 0, n + 1);
@@ -541,7 +537,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                         // after it at the block's end: the next wgmma.fence's .sync waits for the warp's
                         // threads, and one cost 5-10 %, perf notes session 60; SPLIT_D's between its pieces
                         // makes warp 0 wait for this poll before the second piece's wgmma.)
-                        bwd_poll_turn(piece_turn(it, c), bwd_turn_rank(p, w, it, BC, BR));
+                        bwd_poll_turn(piece_turn(it, c), bwd_turn_rank<WIN>(p, w, it, BC, BR));
                         fence_proxy_async_global();  // the acquire above before the reduction (async proxy) below
                     }
                     bulk_reduce_add_f32(dq_acc + piece * BWD_PIECE, stage, Tile::DQ_STAGE);
@@ -570,7 +566,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         } else {
             item = next_s[k % Tile::NEXT_SLOTS];
             if (tid == 0 && item < n_items && (n_iter == 0 || Tile::KBUF == 1)) {  // what the last block did not load
-                const BwdWalk v = bwd_walk(p, BC, BR, item);
+                const BwdWalk v = bwd_walk<WIN>(p, BC, BR, item);
                 if (v.n_iter > 0) {
                     load_k(v, (busy + (n_iter > 0)) % Tile::KBUF);
                     if (n_iter == 0) load_block(v, 0, n0);

@@ -8,6 +8,16 @@
 // ---------------------------------------------------------------------------
 // Launcher and the C entry points of one padded head dim (see kernels.h)
 
+// The main kernel's launch: DET (deterministic) and WIN (a window) pick the instantiation.
+template <int DP, typename T, bool DET, bool WIN>
+static fc_status attn_bwd_sm90_main(const BwdSm90Args& a, unsigned ctas, cudaStream_t stream) {
+    using Tile = BwdSm90Tile<DP>;
+    if (fc_smem_limit_once<attn_bwd_sm90_kernel<DP, T, DET, WIN>>((int)Tile::SMEM_BYTES) != cudaSuccess)
+        return FC_ERR_CUDA;
+    attn_bwd_sm90_kernel<DP, T, DET, WIN><<<ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(a);
+    return cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
+}
+
 template <int DP, typename T>
 static fc_status attn_bwd_sm90_launch(const fc_attn_bwd_params* p, int num_sms, cudaStream_t stream) {
     using Tile = BwdSm90Tile<DP>;
@@ -42,16 +52,11 @@ static fc_status attn_bwd_sm90_launch(const fc_attn_bwd_params* p, int num_sms, 
         *p, a.sq_pad);
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
-    if (p->deterministic) {
-        if (fc_smem_limit_once<attn_bwd_sm90_kernel<DP, T, true>>((int)Tile::SMEM_BYTES) != cudaSuccess)
-            return FC_ERR_CUDA;
-        attn_bwd_sm90_kernel<DP, T, true><<<main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(a);
-    } else {
-        if (fc_smem_limit_once<attn_bwd_sm90_kernel<DP, T, false>>((int)Tile::SMEM_BYTES) != cudaSuccess)
-            return FC_ERR_CUDA;
-        attn_bwd_sm90_kernel<DP, T, false><<<main_ctas, Tile::THREADS, Tile::SMEM_BYTES, stream>>>(a);
-    }
-    if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
+    const fc_status main = p->deterministic ? (p->window ? attn_bwd_sm90_main<DP, T, true, true>(a, main_ctas, stream)
+                                                          : attn_bwd_sm90_main<DP, T, true, false>(a, main_ctas, stream))
+                           : p->window ? attn_bwd_sm90_main<DP, T, false, true>(a, main_ctas, stream)
+                                       : attn_bwd_sm90_main<DP, T, false, false>(a, main_ctas, stream);
+    if (main != FC_OK) return main;
 
     attn_bwd_post_kernel<DP, T><<<bwd_row_grid<DP>((long long)p->B * p->Hq * p->Sq), BWD_ROW_THREADS, 0, stream>>>(
         *p, a.sq_pad);
