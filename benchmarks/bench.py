@@ -823,8 +823,8 @@ def ceilings_text(meta):
 
 
 def write_markdown(path, meta, rows):
-    bwd = any(r["suite"] == "bwd" for r in rows)
-    what = "Forward" if not bwd else "Backward" if all(r["suite"] == "bwd" for r in rows) else "Forward and backward"
+    bwd = any(is_bwd(r) for r in rows)
+    what = "Forward" if not bwd else "Backward" if all(is_bwd(r) for r in rows) else "Forward and backward"
     lines = [f"{what} TFLOP/s on {meta['gpu']} (torch {meta['torch']}, cuDNN {meta['cudnn']}, "
              f"commit {meta['commit'][:12]}, {ceilings_text(meta)}. "
              f"do_bench median, L2 flushed, {meta.get('rounds', 1)} round(s) "
