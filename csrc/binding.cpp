@@ -622,10 +622,12 @@ int window_side(const pybind11::handle& o, const char* side) {
     if (PyBool_Check(o.ptr()) || !PyIndex_Check(o.ptr()))
         type_error(std::string("window: ") + side + " is " + type_name(o) + "; pass an int >= 0 (keys), or None "
                    "for no bound");
-    const long long n = pybind11::reinterpret_steal<pybind11::int_>(PyNumber_Index(o.ptr())).cast<long long>();
-    if (n < -1 || n > INT32_MAX)
-        value_error(std::string("window: ") + side + " = " + std::to_string(n) + "; pass an int from 0 to 2^31-1 "
-                    "(keys), or None (or -1) for no bound");
+    const pybind11::int_ i = pybind11::reinterpret_steal<pybind11::int_>(PyNumber_Index(o.ptr()));
+    int overflow = 0;
+    const long long n = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);  // (overflow: beyond long long)
+    if (overflow || n < -1 || n > INT32_MAX)
+        value_error(std::string("window: ") + side + " = " + pybind11::str(i).cast<std::string>() +
+                    "; pass an int from 0 to 2^31-1 (keys), or None (or -1) for no bound");
     return (int)n;
 }
 
@@ -800,14 +802,13 @@ int num_splits_for(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
     return fc_attn_fwd_num_splits(&p);
 }
 
-// Which kernel 'auto' resolves to for these inputs (windowed: a call with a window; for tests and benchmarks).
-std::string picked_kernel(const at::Tensor& q, const at::Tensor& k, bool windowed) {
+// Which kernel 'auto' resolves to for these inputs (for tests and benchmarks).
+std::string picked_kernel(const at::Tensor& q, const at::Tensor& k) {
     if (q.is_cpu()) return "cpu";
     c10::OptionalDeviceGuard guard(q.device());
     fc_attn_params p = {};
     p.B = 1; p.Hq = (int)q.size(1); p.Hkv = (int)k.size(1); p.Sq = (int)q.size(2);
     p.Sk = (int)k.size(2); p.D = (int)q.size(3); p.dtype = to_fc_dtype(q.scalar_type());
-    p.window = windowed;
     switch (fc_attn_fwd_pick(&p)) {
         case FC_KERNEL_SM80: return "sm80";
         case FC_KERNEL_SM90: return "sm90";
@@ -871,8 +872,7 @@ PYBIND11_MODULE(_C, m) {
           py::arg("deterministic") = false, py::arg("window") = pybind11::none());
     m.attr("BWD_MAX_GPU_HEAD_DIM") = FC_BWD_MAX_GPU_HEAD_DIM;
     m.attr("MAX_HEAD_DIM") = FC_MAX_HEAD_DIM;
-    m.def("picked_kernel", &picked_kernel, "kernel that kernel='auto' runs for (q, k), with or without a window",
-          py::arg("q"), py::arg("k"), py::arg("windowed") = false);
+    m.def("picked_kernel", &picked_kernel, "kernel that kernel='auto' runs for (q, k)");
     m.def("bwd_device_check", &bwd_device_check, "why the GPU backward cannot run at head dim D with this kernel "
           "id on this CUDA device; empty if it can", py::arg("D"), py::arg("kernel"), py::arg("device"));
     m.def("num_splits", &num_splits_for, "split-KV plan for (q, k, v, causal_mode, kernel, num_splits, window): "

@@ -10,6 +10,7 @@ It also works under ``torch.compile`` (``fullgraph=True`` included): there it
 runs as the custom op ``torch.ops.flashcore.attention``.
 """
 import math
+import operator
 from typing import List, Optional, Tuple
 
 import torch
@@ -254,11 +255,16 @@ def _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
         if not isinstance(window, (tuple, list)) or len(window) != 2:
             raise TypeError(f"window: expected None or a pair (left, right) of keys before and after the diagonal, "
                             f"got {window!r}")
-        for side, n in zip(("left", "right"), window):
-            if n is not None and (isinstance(n, bool) or not isinstance(n, int)):
+        sides = []
+        for side, n in zip(("left", "right"), window):  # (ints as the binding takes them: anything with __index__)
+            if n is not None and (isinstance(n, bool) or not hasattr(type(n), "__index__")):
                 raise TypeError(f"window: {side} is {type(n).__name__}; pass an int >= 0 (keys), or None for no "
                                 f"bound")
-        window = [-1 if n is None else n for n in window]
+            sides.append(-1 if n is None else operator.index(n))
+            if not -1 <= sides[-1] <= 2 ** 31 - 1:  # (the op's list could not carry every int)
+                raise ValueError(f"window: {side} = {sides[-1]}; pass an int from 0 to 2^31-1 (keys), or None "
+                                 f"(or -1) for no bound")
+        window = sides
     floats = []
     for name, val, fix in (("dropout_p", dropout_p, "pass 0.0"),
                            ("scale", scale, "pass None for 1/sqrt(D) or a float > 0")):

@@ -10,6 +10,8 @@ rows that see a key (SDPA gives NaN on the others), and for fp16 also
 allclose(out, sdpa, atol=1e-3). Gradients by test_backward's rule. Outputs are
 poisoned before every call (conftest). The CPU cases run in CI.
 """
+import ctypes
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -184,15 +186,46 @@ def test_refusals(dev):
         flashcore.attention(q, k, v, window=(1, 2.0))
     with pytest.raises(TypeError, match=r"window: left is bool"):
         flashcore.attention(q, k, v, window=(True, 2))
+    with pytest.raises(ValueError, match=r"window: left = 18446744073709551616"):
+        flashcore.attention(q, k, v, window=(2 ** 64, 0))
+    # numpy ints count as ints, in eager calls and through the op (inputs that require grad)
+    np = pytest.importorskip("numpy")
+    base = flashcore.attention(q, k, v, window=(5, 2))
+    assert torch.equal(flashcore.attention(q, k, v, window=(np.int64(5), np.int32(2))), base)
+    qg = q.detach().requires_grad_(True)
+    assert torch.equal(flashcore.attention(qg, k, v, window=(np.int64(5), np.int32(2))).detach(), base)
+    for bad, err in (((2 ** 64, 0), ValueError), ((1.0, 0), TypeError), ((-2, 0), ValueError)):
+        with pytest.raises(err, match=r"window: left"):
+            flashcore.attention(qg, k, v, window=bad)
+
+
+def test_c_api_window_checks():
+    """fc_attn_fwd_check refuses a window without a diagonal, sides set without a window, an unknown window
+    value and sides below -1, naming the fields."""
+    from test_decode import _cpu_qkv, _lib, _params
+    lib = _lib()
+    q, k, v = _cpu_qkv()
+    out = torch.empty_like(q)
+    why = ctypes.create_string_buffer(1024)
+    for window, left, right, causal, msg in ((1, 4, 0, 0, b"causal: a window needs a diagonal"),
+                                              (0, 4, 0, 1, b"window_left, window_right: 4, 0 with window = 0"),
+                                              (2, 4, 0, 1, b"window: 2; use 0"),
+                                              (1, -2, 0, 1, b"window_left, window_right: -2, 0")):
+        p = _params(q, k, v, out, flashcore.KERNELS["cpu"], 0)
+        p.window, p.window_left, p.window_right, p.causal = window, left, right, causal
+        st = lib.fc_attn_fwd_check(ctypes.byref(p), why, len(why))
+        assert lib.fc_status_string(st) == b"invalid argument" and msg in why.value, why.value
+    p = _params(q, k, v, out, flashcore.KERNELS["cpu"], 0)
+    p.window, p.window_left, p.window_right, p.causal = 1, 3, -1, 2
+    assert lib.fc_attn_fwd_check(ctypes.byref(p), None, 0) == 0
 
 
 @requires_gpu
 @pytest.mark.skipif("sm90" not in GPU_KERNELS, reason="the sm90 kernel does not run here")
 def test_sm90_runs_windows():
-    """auto takes the Hopper kernel for windowed calls; a window that hides no key the causal mask does not
-    runs the causal call's kernel, bit for bit."""
+    """A window that hides no key the causal mask does not (here 127 keys back at 128 rows) runs the causal
+    call's kernel, bit for bit."""
     q, k, v = make_qkv(1, 2, 2, 128, 128, 64, torch.float16, "cuda")
-    assert _C.picked_kernel(q, k, True) == "sm90" and _C.picked_kernel(q, k) == "sm90"
     base = flashcore.attention(q, k, v, causal=True, kernel="sm90")
     for kernel in ("sm90", "auto"):
         assert torch.equal(flashcore.attention(q, k, v, causal=True, window=(127, 0), kernel=kernel), base)
@@ -257,12 +290,20 @@ def test_backward_gpu(kernel, dtype, D, c):
     check_bwd(grads(q, k, v, c, go, kernel), q, k, v, band(Sq, Sk, *c[5:], "cuda"), go, default_scale(q))
 
 
+# Deterministic backward cases: a causal window; bottom-right with Sq < Sk, whose first key blocks no row
+# sees (their turns are never taken); no right edge (has_hi false), at D = 64 (more key blocks per head).
+DET_CASES = [(2, 8, 2, 1500, 1500, True, "top_left", 300, 0, 128),
+             (2, 8, 2, 700, 2100, True, "bottom_right", 300, 0, 128),
+             (1, 4, 4, 1000, 1100, False, "top_left", 200, None, 64)]
+
+
 @requires_gpu
+@pytest.mark.parametrize("case", DET_CASES, ids=lambda c: case_id(c[:9]) + f"-D{c[9]}")
 @pytest.mark.parametrize("kernel", ["auto", "sm80"])
-def test_reruns_bit_identical(kernel):
+def test_reruns_bit_identical(kernel, case):
     """Five reruns of a windowed forward and a deterministic backward give the same bits."""
-    c = (2, 8, 2, 1500, 1500, True, "top_left", 300, 0)
-    q, k, v = make_qkv(*c[:5], 128, torch.float16, "cuda")
+    c, D = case[:9], case[9]
+    q, k, v = make_qkv(*c[:5], D, torch.float16, "cuda")
     go = torch.randn_like(q)
     torch.use_deterministic_algorithms(True)
     try:
