@@ -11,6 +11,7 @@ allclose(out, sdpa, atol=1e-3). Gradients by test_backward's rule. Outputs are
 poisoned before every call (conftest). The CPU cases run in CI.
 """
 import ctypes
+import random
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 import flashcore
 from flashcore import _C
 
+import test_fuzz as fuzz
 from conftest import (EPS, GPU_KERNELS, LSE_ATOL, default_scale, dtype_id, expand_kv, make_qkv, ref_dtype,
                       requires_gpu)
 
@@ -231,9 +233,9 @@ def test_sm90_runs_windows():
         assert torch.equal(flashcore.attention(q, k, v, causal=True, window=(127, 0), kernel=kernel), base)
 
 
-def grads(q, k, v, c, go, kernel):
+def grads(q, k, v, c, go, kernel, **kw):
     q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
-    out = call(q, k, v, c, kernel=kernel)
+    out = call(q, k, v, c, kernel=kernel, **kw)
     (out.float() * go.float()).sum().backward()
     return q.grad, k.grad, v.grad
 
@@ -333,3 +335,76 @@ def test_compile(dev):
     assert torch.equal(out, f(q, k, v))
     out.float().sum().backward()
     assert all(torch.equal(a, b) for a, b in zip((qc.grad, kc.grad, vc.grad), eager))
+
+
+# ---- random windows ----
+#
+# test_fuzz's call draws (shape, head dim, GQA, dtype, strided layouts, scale, kernel, split count) with a
+# window drawn on top: each side None, 0, a few keys, or up to twice the longer length (causal calls:
+# right 0 or None; non-causal ones draw their diagonal). Forward by the band reference, on the GPU rerun
+# bit for bit; a third of the cases also take the backward (torch's deterministic mode in half of those).
+WIN_GPU_CASES = max(1, fuzz.GPU_CASES // 3)
+WIN_CPU_CASES = max(1, fuzz.CPU_CASES // 2)
+
+
+def draw_window_case(i, device):
+    gpu = device == "cuda"
+    rng = random.Random(fuzz.SEED * 1_000_037 + i * 7901 + (0 if gpu else 1) + 900_001)
+    c = fuzz.draw_call(rng, gpu, 3000 if gpu else 300, fuzz.BWD_GPU_SCORES if gpu else fuzz.BWD_CPU_SCORES, 0.15)
+    causal = c["mode"] is not None
+    alignment = c["mode"] or rng.choice(["top_left", "bottom_right"])
+    longest = max(c["Sq"], c["Sk"])
+    side = lambda: rng.choice([None, 0, rng.randint(0, 64), rng.randint(0, 2 * longest)])  # noqa: E731
+    left, right = side(), (rng.choice([None, 0]) if causal else side())
+    return dict(c, win=(c["B"], c["Hq"], c["Hkv"], c["Sq"], c["Sk"], causal, alignment, left, right),
+                bwd=rng.random() < 1 / 3, det=rng.random() < 0.5, torch_seed=rng.getrandbits(31))
+
+
+def run_window_case(c, device):
+    torch.manual_seed(c["torch_seed"])
+    w = c["win"]
+    q, k, v = make_qkv(*w[:5], c["D"], c["dtype"], device, layouts=c["layouts"])
+    scale = default_scale(q) if c["scale"] is None else c["scale"]
+    vis = band(*w[3:5], *w[5:], device)
+    what = (f"FC_FUZZ_SEED={fuzz.SEED} window case: {case_id(w)} D={c['D']} {c['dtype']} layouts={c['layouts']} "
+            f"scale={c['scale']} kernel={c['kernel']} num_splits={c['num_splits']} bwd={c['bwd']} det={c['det']}")
+    kw = dict(scale=c["scale"], num_splits=c["num_splits"])
+    try:
+        out, lse = call(q, k, v, w, kernel=c["kernel"], return_lse=True, **kw)
+        check_fwd(out, lse, q, k, v, vis, scale)
+        if device == "cuda":
+            out2, lse2 = call(q, k, v, w, kernel=c["kernel"], return_lse=True, **kw)
+            assert torch.equal(out, out2) and torch.equal(lse, lse2), "a rerun gave different bits"
+        if c["bwd"] and (device == "cpu" or c["D"] <= 128 or
+                         torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin >= 147968):
+            go = torch.randn_like(q)
+            torch.use_deterministic_algorithms(c["det"])
+            try:
+                got = grads(q, k, v, w, go, c["kernel"], **kw)
+                if c["det"] and device == "cuda":
+                    assert torch.equal(got[0], grads(q, k, v, w, go, c["kernel"], **kw)[0]), "dq moved on a rerun"
+            finally:
+                torch.use_deterministic_algorithms(False)
+            check_bwd(got, q, k, v, vis, go, scale)
+    except AssertionError as e:
+        raise AssertionError(f"{what}: {e}") from None
+
+
+def test_window_draws_cover_the_space():
+    cases = [draw_window_case(i, "cuda") for i in range(max(WIN_GPU_CASES, 40))]
+    seen = lambda f: {f(c) for c in cases}  # noqa: E731
+    assert seen(lambda c: c["win"][5]) == {True, False}
+    assert seen(lambda c: c["win"][6]) == {"top_left", "bottom_right"}
+    assert {None, 0} <= seen(lambda c: c["win"][7]) and True in seen(lambda c: (c["win"][7] or 0) > 64)
+    assert True in seen(lambda c: (c["win"][8] or 0) > 0) and seen(lambda c: c["bwd"]) == {True, False}
+
+
+@pytest.mark.parametrize("i", range(WIN_CPU_CASES))
+def test_fuzz_window_cpu(i):
+    run_window_case(draw_window_case(i, "cpu"), "cpu")
+
+
+@requires_gpu
+@pytest.mark.parametrize("i", range(WIN_GPU_CASES))
+def test_fuzz_window_gpu(i):
+    run_window_case(draw_window_case(i, "cuda"), "cuda")
