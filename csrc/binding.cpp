@@ -831,10 +831,13 @@ std::string bwd_device_check(int D, int kernel, int device) {
 #ifdef FC_HAVE_SM90
 // The sm90 instantiation a call of this shape runs on num_sms SMs (kernels.h's
 // fc_sm90_route_d*; host logic, no GPU needed). For tests.
-std::string sm90_route(int B, int Hq, int Hkv, int Sq, int Sk, int D, int causal, int num_sms) {
+std::string sm90_route(int B, int Hq, int Hkv, int Sq, int Sk, int D, int causal, int num_sms,
+                       const pybind11::object& window) {
     fc_attn_params p = {};
     p.B = B; p.Hq = Hq; p.Hkv = Hkv; p.Sq = Sq; p.Sk = Sk; p.D = D;
     p.causal = (fc_causal)causal;
+    const Window w = raw_window(window);
+    p.window = w.on; p.window_left = w.left; p.window_right = w.right;
     if (D < 1 || D > FC_MAX_HEAD_DIM || num_sms < 1) value_error("sm90_route: D in 1..256 and num_sms >= 1");
     return D <= 64 ? fc_sm90_route_d64(&p, num_sms) : D <= 128 ? fc_sm90_route_d128(&p, num_sms)
                                                                : fc_sm90_route_d256(&p, num_sms);
@@ -879,9 +882,10 @@ PYBIND11_MODULE(_C, m) {
           "0 = tile kernel, n >= 1 = split-KV kernel with n splits", py::arg("q"), py::arg("k"), py::arg("v"),
           py::arg("causal"), py::arg("kernel"), py::arg("num_splits"), py::arg("window") = pybind11::none());
 #ifdef FC_HAVE_SM90
-    m.def("sm90_route", &sm90_route, "the sm90 instantiation (B, Hq, Hkv, Sq, Sk, D, causal_mode, num_sms) runs",
+    m.def("sm90_route", &sm90_route, "the sm90 instantiation (B, Hq, Hkv, Sq, Sk, D, causal_mode, num_sms, "
+          "window=None: the C API's (window_left, window_right)) runs",
           py::arg("B"), py::arg("Hq"), py::arg("Hkv"), py::arg("Sq"), py::arg("Sk"), py::arg("D"),
-          py::arg("causal"), py::arg("num_sms"));
+          py::arg("causal"), py::arg("num_sms"), py::arg("window") = pybind11::none());
 #endif
     m.def("set_poison_outputs", [](bool on) { poison_outputs = on; },
           "tests: fill out and lse with NaN (scratch with 0xff) before every launch");

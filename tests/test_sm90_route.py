@@ -112,3 +112,16 @@ def test_mirrors_agree_with_the_launcher():
             if mode:
                 assert r64.startswith("dyn") == g.d64_takes_dynamic_order(B, H, Sq, Sk, SMS, mode), \
                     (B, H, Sq, Sk, mode, r64)
+
+
+def test_windows_route():
+    """A window that hides keys the causal mask shows runs the windowed instantiation at every head dim and
+    size (small grids included, which would take key-split mode); one that hides none (each row's window
+    reaches key 0) routes as its causal call."""
+    for D in (64, 128, 256):
+        for B, H, S in ((1, 8, 512), (4, 16, 4096), (1, 32, 16384)):
+            for mode in (1, 2):
+                assert _C.sm90_route(B, H, H, S, S, D, mode, SMS, (255, 0)) == "window"
+                assert _C.sm90_route(B, H, H, S, S, D, mode, SMS, (-1, 64)) == "window"  # keys after the diagonal
+                assert _C.sm90_route(B, H, H, S, S, D, mode, SMS, (S - 1, 0)) == _C.sm90_route(B, H, H, S, S, D,
+                                                                                               mode, SMS)
