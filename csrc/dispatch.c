@@ -654,7 +654,7 @@ static fc_status zero_rows(void* t, int64_t sb, int64_t sh, int64_t sr, int B, i
     return fc_split_combine(&z, &none, stream);
 }
 
-/* Whether the portable backward at D <= 128 takes its 128-key CTAs of 32-key warps (attn_bwd_sm80.cuh's
+/* Whether the portable backward at D <= 128 takes its 128-key CTAs of 32-key warps (attn_bwd_sm80_tile.cuh's
  * tile table), given their shared memory per CTA: where the GPU has it (81 KB at D = 64: every sm80+
  * GPU, unmeasured on sm86/89; 161 KB at D = 128: sm80, sm90) and the grid is large enough. On an H100
  * (132 SMs; harness, perf notes session 69) at H = 8, S = 1k: 64 CTAs ran 19-26 % slower with them,

@@ -137,7 +137,7 @@ def shape_id(s):
     return "B{}H{}-{}q{}k{}".format(*s)
 
 
-# Shared memory per block the portable backward needs at D > 128 (attn_bwd_sm80.cuh's tile table:
+# Shared memory per block the portable backward needs at D > 128 (attn_bwd_sm80_tile.cuh's tile table:
 # 144.5 KB); sm86/89 GPUs have 99 KB.
 SM80_BWD_SMEM_D256 = 147968
 
