@@ -6,8 +6,8 @@
 //     (minus dlse_i) per query row, and the fp32 dQ accumulator zeroed.
 //  2. attn_bwd_sm80_kernel: one CTA owns BC keys of one (batch, KV head) and
 //     keeps their K and V tiles in swizzled shared memory; each of its key
-//     warps (four per column group, two at DP = 256; the tile table in attn_bwd_sm80_tile.cuh) owns KPW =
-//     16 or 32 of the keys (one or two m16 tiles) and their dK, dV
+//     warps (four per column group, two at DP = 256; the tile table in
+//     attn_bwd_sm80_tile.cuh) owns KPW = 16 or 32 of the keys (one or two m16 tiles) and their dK, dV
 //     accumulators (fp32, in registers). The CTA walks the Hq/Hkv query heads that read the KV head
 //     and, for each, the query blocks of BR rows that see any of its keys
 //     (causal: from the first block at or past the CTA's first key's diagonal).

@@ -226,7 +226,8 @@ attn_decode_sm80_kernel(const __grid_constant__ fc_attn_params p, const fc_split
             for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
                 for (int e = 0; e < 2; ++e)
-                    if (key_lane + nt * 8 + e > lim[hr] || key_lane + nt * 8 + e < lim_lo[hr]) s[nt][2 * hr + e] = -INFINITY;
+                    if (key_lane + nt * 8 + e > lim[hr] || key_lane + nt * 8 + e < lim_lo[hr])
+                        s[nt][2 * hr + e] = -INFINITY;
 
         // Online softmax per row; P overwrites S.
         float corr[2];

@@ -324,7 +324,8 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p, const fc_band ban
     };
     auto needs_mask = [&](int key0) {
         const int key = kb + key0;
-        return key + BC > p.Sk || (causal && key + BC - 1 > row0 + band.hi) || (windowed && key < row0 + BR - 1 + band.lo);
+        return key + BC > p.Sk || (causal && key + BC - 1 > row0 + band.hi) ||
+               (windowed && key < row0 + BR - 1 + band.lo);
     };
 
     // Online softmax: new row max, P = exp2(S*scale_log2 - m) in place, rescale l and O.

@@ -19,10 +19,11 @@
 //     63, and DP = 256 has no room). Up to DP = 128, BC = 128 and two warpgroups
 //     own 64 keys each with all DP columns of their dK, dV accumulators (fp32)
 //     in registers; at DP = 256, BC = 64 and both warpgroups work on the same
-//     64 keys, each owning 128 of the columns of dK and dV (the tile table in attn_bwd_sm90_tile.cuh). An item walks the
-//     Hq / Hkv query heads of the KV head and, per head, the query blocks of BR
-//     rows that see any of its keys (causal: from the block of the first key's
-//     diagonal on). Thread 0 loads each block's Q, dO (TMA, 128-byte swizzle)
+//     64 keys, each owning 128 of the columns of dK and dV (the tile table in
+//     attn_bwd_sm90_tile.cuh). An item walks the Hq / Hkv query heads of the
+//     KV head and, per head, the query blocks of BR rows that see any of its
+//     keys (causal: from the block of the first key's diagonal on; a window:
+//     to the block of the last key's left edge). Thread 0 loads each block's Q, dO (TMA, 128-byte swizzle)
 //     and its rows' LSE and Delta (bulk copies) into a ring of STAGES slots,
 //     completing on one mbarrier per slot, one block ahead (DP = 64: as soon as
 //     both warpgroups have arrived on the slot's empty mbarrier, up to two blocks
@@ -324,7 +325,8 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                     for (int nt = 0; nt < QW / 8; ++nt)
 #pragma unroll
                         for (int e = 0; e < 2; ++e)
-                            if (key_bad || nt * 8 + e < c_lim || (WIN && nt * 8 + e > c_top)) s[4 * nt + 2 * hr + e] = 0.f;
+                            if (key_bad || nt * 8 + e < c_lim || (WIN && nt * 8 + e > c_top))
+                                s[4 * nt + 2 * hr + e] = 0.f;
                 }
             }
 

@@ -75,7 +75,8 @@
 // Limits. D is any multiple of 8 up to DP (64, 128 or 256): TMA zero-fills the
 // columns past D and the rows past Sq or Sk (and, with LEAD_TILE, the K/V rows
 // before key 0), and those rows/keys are masked or never stored. Any Sq, Sk >= 1;
-// both causal alignments; sliding windows (the WIN instantiation, below); strided inputs whose strides are multiples of 8
+// both causal alignments; sliding windows (the WIN instantiation, below);
+// strided inputs whose strides are multiples of 8
 // elements (a TMA rule, checked by dispatch); GQA reads KV head h / (Hq / Hkv)
 // in place. Rows that see no key give O = 0 and
 // LSE = -inf. Needs sm_90a (H100, H200); the body is empty in other passes.
