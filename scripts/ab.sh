@@ -13,6 +13,8 @@
 # SHAPES: "D:S:causal" items (default: D 64/128/256 x S 512/1k/4k/16k x causal 0/1).
 # REPS: timed launches per reading (default 20: a burst of ~10 ms, near the boost clock).
 # REPS=600 reads at the GPU's power limit, as bench.py's do_bench does (perf notes, session 16).
+# FC_WINDOW=left,right: every shape with that sliding window (the harness reads it; causal 1 or 2 names the
+# diagonal, and the TFLOP/s count the window's visible pairs).
 # FLUSH: the harness's L2 flush before each rep (0 none, the default; 1 zero-fill, as
 # bench.py's do_bench does; 2 read).
 # Build the variants on the CPU machine with
@@ -21,7 +23,7 @@
 set -euo pipefail
 
 if [ $# -lt 3 ]; then
-    sed -n '2,21p' "$0" >&2
+    sed -n '2,22p' "$0" >&2
     exit 2
 fi
 kernel=$1; shift

@@ -12,6 +12,7 @@
 //   build/harness bench-bwd [kernel] [B Hq Hkv Sq Sk D causal reps]
 //                                     backward TFLOP/s (2.5x the forward's FLOPs), fp16, CUDA events
 //   build/harness shape kernel B Hq Hkv Sq Sk D causal reps [flush]
+//                                     (shape, host and bench-bwd: FC_WINDOW=left,right adds a window)
 //                                     times one fp16 case (for ncu or a quick A/B); flush before
 //                                     each launch: 0 none (default), 1 zero-fill (as do_bench), 2 read
 //   build/harness host kernel B Hq Hkv Sq Sk D causal
@@ -38,6 +39,7 @@
 #include <vector>
 
 #include "../flashcore.h"
+#include "../kernels.h"
 #ifdef FC_SM90_TRACE
 #include "../sm90/trace.cuh"
 #include "../sm90/tensor_map.h"
@@ -58,7 +60,16 @@ struct Case {
     fc_dtype dtype;
     bool bshd;  // inputs laid out (B, S, H, D) and passed as a strided view
     bool dlse = false;  // backward only: pass a random LSE gradient too
+    bool win = false;   // a sliding window (fc_attn_params' window; causal names its diagonal)
+    int wl = 0, wr = 0; // window_left, window_right
 };
+
+// FC_WINDOW="left,right" gives the cases of shape, host and bench-bwd a window (ab.sh passes it on).
+static void window_from_env(Case* c) {
+    const char* e = getenv("FC_WINDOW");
+    if (!e || !*e) return;
+    c->win = sscanf(e, "%d,%d", &c->wl, &c->wr) == 2;
+}
 
 static uint16_t to_bits(float f, fc_dtype dt) {
     if (dt == FC_DTYPE_FP16) { __half h = __float2half_rn(f); uint16_t b; memcpy(&b, &h, 2); return b; }
@@ -88,6 +99,7 @@ static void fill_params(fc_attn_params* p, const Case& c, const void* q, const v
     strides(oc, c.Hq, c.Sq, s); p->o_batch_stride = s[0]; p->o_head_stride = s[1]; p->o_row_stride = s[2];
     p->B = c.B; p->Hq = c.Hq; p->Hkv = c.Hkv; p->Sq = c.Sq; p->Sk = c.Sk; p->D = c.D;
     p->dtype = dt; p->scale = 1.f / sqrtf((float)c.D); p->causal = c.causal; p->kernel = kernel;
+    p->window = c.win; p->window_left = c.win ? c.wl : 0; p->window_right = c.win ? c.wr : 0;
 }
 
 // Runs one case on the GPU, twice, and compares with the CPU path on the same values in fp32.
@@ -172,13 +184,19 @@ static bool check_case(const Case& c, fc_kernel kernel, std::mt19937& rng) {
     }
     const bool same = out[0] == out[1] && memcmp(lse[0].data(), lse[1].data(), nlse * 4) == 0;
     const bool pass = bad == 0 && nan == 0 && lse_bad == 0 && same;
-    printf("%s B=%d Hq=%d Hkv=%d Sq=%d Sk=%d D=%d causal=%d %s%s  max_err=%.2e lse_err=%.2e bad=%zu nan=%zu "
+    printf("%s B=%d Hq=%d Hkv=%d Sq=%d Sk=%d D=%d causal=%d %s%s%s  max_err=%.2e lse_err=%.2e bad=%zu nan=%zu "
            "lse_bad=%zu rerun=%s\n",
            pass ? "PASS" : "FAIL", c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, (int)c.causal,
-           c.dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", c.bshd ? " bshd" : "", max_err, max_lse_err, bad, nan,
-           lse_bad, same ? "same" : "DIFFERS");
+           c.dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", c.bshd ? " bshd" : "",
+           c.win ? (" window=" + std::to_string(c.wl) + "," + std::to_string(c.wr)).c_str() : "", max_err,
+           max_lse_err, bad, nan, lse_bad, same ? "same" : "DIFFERS");
     return pass;
 }
+
+// Sliding-window cases {Sq, Sk, window_left, window_right} (run with both causal alignments as the
+// diagonal): causal and two-sided windows, each side alone, rows that see no key, decode, many tiles.
+static const int WINDOW_CASES[][4] = {{1000, 1000, 255, 0}, {113, 203, 40, 17}, {203, 113, 17, -1},
+                                      {700, 2100, -1, 64},  {1, 4100, 1023, 0}, {1500, 1600, 300, 200}};
 
 // small: only cases with Sq * Sk <= SMALL_CASE (for compute-sanitizer runs).
 static constexpr long SMALL_CASE = 120000;
@@ -230,6 +248,13 @@ static int run_check(fc_kernel kernel, bool small) {
     cases.push_back({4, 16, 4, 768, 8192, 64, FC_CAUSAL_BOTTOM_RIGHT, FC_DTYPE_FP16, false});
     for (int D : {8, 40, 72, 96, 136, 200, 248})
         cases.push_back({1, 2, 1, 150, 170, D, FC_CAUSAL_TOP_LEFT, FC_DTYPE_FP16, D % 16 == 8});
+    for (int D : {64, 128, 256})
+        for (fc_causal m : {FC_CAUSAL_TOP_LEFT, FC_CAUSAL_BOTTOM_RIGHT})
+            for (const auto& w : WINDOW_CASES) {
+                Case c = {2, 8, 2, w[0], w[1], D, m, D == 128 ? FC_DTYPE_BF16 : FC_DTYPE_FP16, false};
+                c.win = true; c.wl = w[2]; c.wr = w[3];
+                cases.push_back(c);
+            }
     if (small)
         cases.erase(std::remove_if(cases.begin(), cases.end(),
                                    [](const Case& c) { return (long)c.Sq * c.Sk > SMALL_CASE; }),
@@ -271,6 +296,7 @@ static void fill_bwd_params(fc_attn_bwd_params* p, const Case& c, const void* q,
     strides(oc, c.Hq, c.Sq, s); p->o_batch_stride = s[0]; p->o_head_stride = s[1]; p->o_row_stride = s[2];
     p->B = c.B; p->Hq = c.Hq; p->Hkv = c.Hkv; p->Sq = c.Sq; p->Sk = c.Sk; p->D = c.D;
     p->dtype = dt; p->scale = 1.f / sqrtf((float)c.D); p->causal = c.causal; p->kernel = kernel;
+    p->window = c.win; p->window_left = c.win ? c.wl : 0; p->window_right = c.win ? c.wr : 0;
     p->deterministic = bwd_deterministic();
 }
 
@@ -417,6 +443,13 @@ static int run_check_bwd(fc_kernel kernel, bool small) {
         // kernel takes the next item at an item's start and loads it from its only block)
         cases.push_back({2, 8, 8, 100, 2100, 64, m, FC_DTYPE_BF16, false});
     }
+    for (int D : {64, 128, 256})  // sliding windows (WINDOW_CASES), GQA 4:1
+        for (const auto& w : WINDOW_CASES) {
+            Case c = {1, 8, 2, w[0], w[1], D, w[0] < w[1] ? FC_CAUSAL_BOTTOM_RIGHT : FC_CAUSAL_TOP_LEFT,
+                      D == 128 ? FC_DTYPE_BF16 : FC_DTYPE_FP16, false};
+            c.win = true; c.wl = w[2]; c.wr = w[3];
+            cases.push_back(c);
+        }
     if (small)
         cases.erase(std::remove_if(cases.begin(), cases.end(),
                                    [](const Case& c) { return (long)c.Sq * c.Sk > SMALL_CASE; }),
@@ -591,6 +624,16 @@ static int run_host(const Case& c, fc_kernel kernel) {
 // mask leaves visible (row i sees keys j <= i, or j <= i + Sk - Sq bottom-right).
 static double case_flops(const Case& c) {
     const double full = 4.0 * c.B * c.Hq * (double)c.Sq * c.Sk * c.D;
+    if (c.win) {  // the pairs the window's band leaves visible (kernels.h's fc_band)
+        const fc_band b = fc_band_make(c.causal, 1, c.wl, c.wr, c.Sq, c.Sk);
+        double seen = 0;
+        for (long long i = 0; i < c.Sq; ++i) {
+            const long long lo = b.has_lo ? std::max(0LL, i + b.lo) : 0;
+            const long long hi = b.has_hi ? std::min((long long)c.Sk - 1, i + b.hi) : c.Sk - 1;
+            seen += hi >= lo ? (double)(hi - lo + 1) : 0;
+        }
+        return 4.0 * c.B * c.Hq * c.D * seen;
+    }
     if (c.causal == FC_CAUSAL_NONE) return full;
     if (c.Sq == c.Sk) return full / 2;
     const long long shift = c.causal == FC_CAUSAL_BOTTOM_RIGHT ? (long long)c.Sk - c.Sq : 0;
@@ -669,8 +712,10 @@ static int run_bench(fc_kernel kernel) {
 // The fp16 case of the `shape` and `host` arguments B Hq Hkv Sq Sk D causal(0, 1, 2).
 static Case case_from_args(char** a) {
     const int causal = atoi(a[6]);
-    return {atoi(a[0]), atoi(a[1]), atoi(a[2]), atoi(a[3]), atoi(a[4]), atoi(a[5]),
-            causal == 2 ? FC_CAUSAL_BOTTOM_RIGHT : causal ? FC_CAUSAL_TOP_LEFT : FC_CAUSAL_NONE, FC_DTYPE_FP16, false};
+    Case c = {atoi(a[0]), atoi(a[1]), atoi(a[2]), atoi(a[3]), atoi(a[4]), atoi(a[5]),
+              causal == 2 ? FC_CAUSAL_BOTTOM_RIGHT : causal ? FC_CAUSAL_TOP_LEFT : FC_CAUSAL_NONE, FC_DTYPE_FP16, false};
+    window_from_env(&c);
+    return c;
 }
 
 // Times fc_attn_bwd (`kernel`) on one fp16 case: inputs N(0, 1), O and LSE from
