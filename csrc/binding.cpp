@@ -247,13 +247,17 @@ void check_num_splits(int64_t num_splits) {
                     "or n > 1 (split Sk n ways)");
 }
 
-// Everything but the output pointers; o borrows q's pointer and strides (the
-// size and plan queries look at shapes only).
 // A sliding window as the C API takes it (fc_attn_params' window fields).
 struct Window {
     int on;           // window: 0 none, 1 on
     int left, right;  // window_left, window_right (-1: no bound)
 };
+
+// Sets the window fields of params p (fc_attn_params or fc_attn_bwd_params).
+template <typename Params>
+void set_window(Params& p, const Window& w) {
+    p.window = w.on; p.window_left = w.left; p.window_right = w.right;
+}
 
 // The raw entry points' window (fwd, bwd, num_splits): None, or (left, right) in the C API's terms
 // (ints >= -1, -1 no bound); the C checks judge the values.
@@ -263,6 +267,8 @@ Window raw_window(const pybind11::object& w) {
     return {1, t.first, t.second};
 }
 
+// Everything but the output pointers; o borrows q's pointer and strides (the
+// size and plan queries look at shapes only).
 fc_attn_params fill_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                            int causal, int kernel, int64_t num_splits, const Window& w) {
     fc_attn_params p = {};
@@ -276,7 +282,7 @@ fc_attn_params fill_params(const at::Tensor& q, const at::Tensor& k, const at::T
     p.dtype = to_fc_dtype(q.scalar_type());
     p.scale = (float)scale;
     p.causal = (fc_causal)causal;
-    p.window = w.on; p.window_left = w.left; p.window_right = w.right;
+    set_window(p, w);
     p.kernel = q.is_cpu() ? FC_KERNEL_CPU : (fc_kernel)kernel;
     p.num_splits = (int)num_splits;
     return p;
@@ -464,7 +470,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                                                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                                    const c10::optional<at::Tensor>& dlse, double scale, int causal,
                                                    int kernel, bool deterministic, const pybind11::object& window) {
-    const Window w = raw_window(window);
     at::NoGradGuard no_grad;  // (a create_graph backward: the op itself has no derivative)
     check_inputs(q, k, v);
     check_kernel_id(q, kernel);
@@ -521,7 +526,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
     p.dtype = to_fc_dtype(q.scalar_type());
     p.scale = (float)scale;
     p.causal = (fc_causal)causal;
-    p.window = w.on; p.window_left = w.left; p.window_right = w.right;
+    set_window(p, raw_window(window));
     p.kernel = q.is_cpu() ? FC_KERNEL_CPU : (fc_kernel)kernel;
     p.deterministic = deterministic;
 
@@ -836,8 +841,7 @@ std::string sm90_route(int B, int Hq, int Hkv, int Sq, int Sk, int D, int causal
     fc_attn_params p = {};
     p.B = B; p.Hq = Hq; p.Hkv = Hkv; p.Sq = Sq; p.Sk = Sk; p.D = D;
     p.causal = (fc_causal)causal;
-    const Window w = raw_window(window);
-    p.window = w.on; p.window_left = w.left; p.window_right = w.right;
+    set_window(p, raw_window(window));
     if (D < 1 || D > FC_MAX_HEAD_DIM || num_sms < 1) value_error("sm90_route: D in 1..256 and num_sms >= 1");
     return D <= 64 ? fc_sm90_route_d64(&p, num_sms) : D <= 128 ? fc_sm90_route_d128(&p, num_sms)
                                                                : fc_sm90_route_d256(&p, num_sms);

@@ -45,16 +45,16 @@ FC_BAND_FN fc_band fc_band_make(fc_causal causal, int window, int left, int righ
 }
 /* The band of params p (fc_attn_params or fc_attn_bwd_params, by value). */
 #define FC_BAND(p) fc_band_make((p).causal, (p).window, (p).window_left, (p).window_right, (p).Sq, (p).Sk)
-/* Whether a windowed call masks as its causal mode alone would (no row's left
- * edge past key 0, no key after the diagonal): the sm90 forward, which reads
- * only `causal`, runs it exactly (a 4096-key window over 4096 keys, say). */
-static inline int fc_window_is_causal(const fc_attn_params* p) {
-    return !FC_BAND(*p).has_lo && p->window_right == 0;
-}
-/* Whether the sm90 forward runs p on its windowed instantiation (a window
- * that masks more than the causal mode: two consumers, the static order). */
+/* Its causal mode's alone (window ignored, has_lo a constant 0): what the
+ * kernel instantiations without a window read. */
+#define FC_CAUSAL_BAND(p) fc_band_make((p).causal, 0, 0, 0, (p).Sq, (p).Sk)
+/* Whether the sm90 forward runs p on its windowed instantiation (two
+ * consumers, the static order): a window that masks more than its causal
+ * mode alone would. One that masks no more (no row's left edge past key 0,
+ * no key after the diagonal: a 4096-key window over 4096 keys, say) runs as
+ * the causal call, on the kernels that read only `causal`. */
 static inline int fc_sm90_windowed(const fc_attn_params* p) {
-    return p->window && !fc_window_is_causal(p);
+    return p->window && (FC_BAND(*p).has_lo || p->window_right != 0);
 }
 
 /* Portable mma.sync kernels, one per padded head dim (csrc/sm80/). */

@@ -96,13 +96,7 @@ struct BwdWalk {
 // before windows.
 template <bool WIN>
 FC_DEVICE fc_band bwd_band(const fc_attn_bwd_params& p) {
-    if constexpr (WIN) return FC_BAND(p);
-    fc_band b;
-    b.has_hi = p.causal != FC_CAUSAL_NONE;
-    b.hi = p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
-    b.has_lo = 0;
-    b.lo = 0;
-    return b;
+    return WIN ? FC_BAND(p) : FC_CAUSAL_BAND(p);
 }
 // The first query block (of br rows) that sees key k0 (the number of blocks if none does).
 template <bool WIN>

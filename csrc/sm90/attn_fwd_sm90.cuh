@@ -270,10 +270,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
     const int t128 = tid % 128, warp = t128 / 32, lane = tid % 32;
     const float scale_log2 = p.scale * FC_LOG2E;
     // Key j visible to query i iff j < Sk, j <= i + diag (causal) and, WIN, j >= i + lo (fc_band).
-    const fc_band band = FC_BAND(p);
-    const bool causal = WIN ? band.has_hi : p.causal != FC_CAUSAL_NONE;
-    const int diag = WIN ? band.hi : p.causal == FC_CAUSAL_BOTTOM_RIGHT ? p.Sk - p.Sq : 0;
-    const int lo = band.lo;  // (WIN only)
+    const fc_band band = WIN ? FC_BAND(p) : FC_CAUSAL_BAND(p);
+    const bool causal = band.has_hi;
+    const int diag = band.hi, lo = band.lo;  // (lo: WIN only)
     static_assert(!WIN || (CONS == 2 && !KV_SPLIT && !LONG && !DYN && CL == 1),
                   "WIN: two consumers, the static order, ordinary mode, no clusters");
     // LEAD_TILE: K/V tile j starts at key j BC - lead (sm90_kv_lead). The static-order
@@ -354,8 +353,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
         float l_i[2] = {0.f, 0.f};              // running row sum, this lane's columns only
         float s[BC / 2];                        // S, then P, of the next tile
         auto mask = [&](int k0) {  // the masks of needs_mask on s, K/V tile from key k0
-            if constexpr (WIN) mask_tile_win<BC>(s, k0, frow, p, causal, diag, band.has_lo ? lo : INT_MIN / 2, lane);
-            else mask_tile<BC>(s, k0, frow, p, causal, diag, lane);
+            mask_tile<BC, WIN>(s, k0, frow, p, causal, diag, lane, band.has_lo ? lo : INT_MIN / 2);
         };
         uint32_t pa[BC / 16][4];                // P of the current tile, as A fragments
 

@@ -282,30 +282,12 @@ __device__ __forceinline__ void issue_pv(float (&o)[PV_PARTS][PV_N / 2], const u
 }
 
 // Sets keys >= Sk, and (causal) keys > row + diag, of the tile at key0 to -inf.
-// row: this thread's first fragment row (the second is row + 8).
-template <int BC>
+// row: this thread's first fragment row (the second is row + 8). WIN (the
+// windowed instantiation): keys < row + lo too, the row's first visible key
+// (kernels.h's fc_band; lo = INT_MIN / 2: no left edge).
+template <int BC, bool WIN = false>
 __device__ __forceinline__ void mask_tile(float (&s)[BC / 2], int key0, int row, const fc_attn_params& p,
-                                          bool causal, int diag, int lane) {
-    const int key_lim = p.Sk - key0 - (lane % 4) * 2;
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-        const int diag_lim = causal ? row + hr * 8 + diag - key0 - (lane % 4) * 2 : INT_MAX;
-#pragma unroll
-        for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int c = nt * 8 + e;
-                if (c >= key_lim || c > diag_lim) s[4 * nt + 2 * hr + e] = -INFINITY;
-            }
-    }
-}
-
-// mask_tile with a window's left edge as well (the WIN instantiation): key
-// key0 + c is also masked for row `row` (+ 8 hr) where c < lo_lim, the row's
-// first visible key lo keys from it (kernels.h's fc_band).
-template <int BC>
-__device__ __forceinline__ void mask_tile_win(float (&s)[BC / 2], int key0, int row, const fc_attn_params& p,
-                                              bool causal, int diag, int lo, int lane) {
+                                          bool causal, int diag, int lane, int lo = 0) {
     const int key_lim = p.Sk - key0 - (lane % 4) * 2;
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
@@ -316,7 +298,7 @@ __device__ __forceinline__ void mask_tile_win(float (&s)[BC / 2], int key0, int 
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int c = nt * 8 + e;
-                if (c >= key_lim || c > diag_lim || c < lo_lim) s[4 * nt + 2 * hr + e] = -INFINITY;
+                if (c >= key_lim || c > diag_lim || (WIN && c < lo_lim)) s[4 * nt + 2 * hr + e] = -INFINITY;
             }
     }
 }
