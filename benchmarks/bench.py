@@ -30,9 +30,10 @@ bottom-right: query i sees keys j <= i + Sk - Sq; SDPA through
 torch.nn.attention.bias.causal_lower_right) counts the visible pairs exactly.
 The window suites (window: forward, window-bwd: the backward alone) run
 sliding-window attention, causal, each query seeing itself and the
-WINDOW_LEFT keys before it (flashcore's window=(WINDOW_LEFT, 0); SDPA with the
-band as a boolean attn_mask; FlexAttention with the band as its block mask),
-and count the visible pairs exactly:
+`left` keys before it (flashcore's window=(left, 0); SDPA with the band as a
+boolean attn_mask; FlexAttention with the band as its block mask), GQA 4:1 with
+Hq * D = 4096, and count the visible pairs exactly; --window-left lists the
+lefts (default 4095), --grid-dims the head dims (default 128):
 
     python benchmarks/bench.py --suite window,window-bwd --impls flashcore,flashcore:sm80,sdpa-default,\
         sdpa-efficient,flex --flex-all --out benchmarks/results/window-h100.json --no-plot
@@ -110,8 +111,10 @@ FLEX_BUDGET_S = 180.0
 
 SDPA_IMPLS = ("sdpa-default", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient")
 DEFAULT_IMPLS = ("flashcore", "flashcore:sm80", "flashcore:sm90") + SDPA_IMPLS + ("flex",)
-KEY_FIELDS = ("suite", "impl", "B", "Hq", "Hkv", "Sq", "Sk", "D", "causal", "dtype")
-SHAPE_FIELDS = ("suite", "B", "Hq", "Hkv", "Sq", "Sk", "D", "causal", "dtype")
+# "window" (a window suite's left edge, WINDOW_LEFT in files written before it was a field) is absent
+# from the rows of the other suites: read these fields with r.get.
+KEY_FIELDS = ("suite", "impl", "B", "Hq", "Hkv", "Sq", "Sk", "D", "causal", "dtype", "window")
+SHAPE_FIELDS = ("suite", "B", "Hq", "Hkv", "Sq", "Sk", "D", "causal", "dtype", "window")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 # Largest |impl - sdpa-default| accepted before a row is flagged. Forward
@@ -173,19 +176,27 @@ def chunk_shapes():
                               (4, 4096, 8192))]
 
 
-# The window suites: causal sliding windows of 4096 keys (Mistral's: each query sees itself and the
-# 4095 keys before it), GQA 32 / 8 heads at D = 128, 16k-32k query tokens per call.
+# The window suites: causal sliding windows, by default of 4096 keys (Mistral's: each query sees itself
+# and the 4095 keys before it; --window-left picks others), GQA 4:1 with Hq * D = 4096 (32 / 8 heads at
+# D = 128, the default; --grid-dims picks others), 16k-32k query tokens per call.
 WINDOW_LEFT = 4095
+WINDOW_HIDDEN = 4096
 
 
-def window_shapes(suite):
-    return [shape(suite, B, 32, 8, S, S, 128, True, "fp16") for S, B in ((4096, 4), (8192, 2), (16384, 1),
-                                                                         (32768, 1))]
+def window_shapes(suite, dims=(128,), lefts=(WINDOW_LEFT,), quick=False):
+    seqs = ((8192, 2),) if quick else ((4096, 4), (8192, 2), (16384, 1), (32768, 1))
+    return [dict(shape(suite, B, WINDOW_HIDDEN // D, WINDOW_HIDDEN // D // 4, S, S, D, True, "fp16"), window=left)
+            for D in sorted(dims) for left in lefts for S, B in seqs]
 
 
 def windowed(s):
     """Whether the shape runs a sliding window (the window suites)."""
     return s["suite"] in ("window", "window-bwd")
+
+
+def window_left(s):
+    """A window shape's left edge (keys before the diagonal each query sees)."""
+    return WINDOW_LEFT if s.get("window") is None else s["window"]
 
 
 def is_bwd(s):
@@ -209,8 +220,8 @@ def flops(s):
         return 2.5 * flops(dict(s, suite="grid"))
     if s["suite"] == "window-bwd":
         return 2.5 * flops(dict(s, suite="window"))
-    if windowed(s):  # row i sees min(i + 1, WINDOW_LEFT + 1) keys (Sq == Sk, top-left)
-        w = WINDOW_LEFT + 1
+    if windowed(s):  # row i sees min(i + 1, left + 1) keys (Sq == Sk, top-left)
+        w = window_left(s) + 1
         seen = sum(min(i + 1, w) for i in range(s["Sq"]))
         return 4.0 * s["B"] * s["Hq"] * s["D"] * seen
     f = 4.0 * s["B"] * s["Hq"] * s["Sq"] * s["Sk"] * s["D"]
@@ -224,7 +235,7 @@ def flops(s):
 def shape_label(s):
     kv = f"{s['Hq']}" if s["Hq"] == s["Hkv"] else f"{s['Hq']}/{s['Hkv']}"
     seq = f"{s['Sq']}" if s["Sq"] == s["Sk"] else f"{s['Sq']}x{s['Sk']}"
-    mask = " causal-br" if bottom_right(s) else f" causal-w{WINDOW_LEFT + 1}" if windowed(s) else \
+    mask = " causal-br" if bottom_right(s) else f" causal-w{window_left(s) + 1}" if windowed(s) else \
         " causal" if s["causal"] else ""
     return f"{s['suite']} {s['dtype']} B{s['B']} H{kv} S{seq} D{s['D']}{mask}"
 
@@ -495,7 +506,7 @@ def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, round
 
     def impl(name):
         ctx, fn = make_impl(name, q, k, v, s["causal"], fc, flex, bottom_right(s),
-                            WINDOW_LEFT if windowed(s) else None)
+                            window_left(s) if windowed(s) else None)
         return backward_of(ctx, fn, q, k, v, dout) if bwd else (ctx, fn)
 
     ref = None
@@ -568,7 +579,7 @@ def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, round
         if name not in times:
             continue
         row = {**s, "impl": name, "us": None, "tflops": None, "eager_us": None, "graph_us": None}
-        row = {f: row[f] for f in KEY_FIELDS + ("us", "tflops", "eager_us", "graph_us")}
+        row = {f: row[f] for f in KEY_FIELDS + ("us", "tflops", "eager_us", "graph_us") if f in row}
         us = balanced_us(times[name])
         row["us"] = round(us, 2)
         row["tflops"] = round(flops(s) / (us * 1e-6) / 1e12, 1)
@@ -641,10 +652,10 @@ def git_commit():
 
 
 def row_key(r):
-    return tuple(r[f] for f in KEY_FIELDS)
+    return tuple(r.get(f) for f in KEY_FIELDS)
 
 
-CALL_FIELDS = ("date", "suites", "grid_dims", "quick", "impls", "rounds", "order", "order_seed",
+CALL_FIELDS = ("date", "suites", "grid_dims", "window_left", "quick", "impls", "rounds", "order", "order_seed",
                "matmul_fp16_tflops", "copy_TBps", "wall_s")
 
 
@@ -660,6 +671,9 @@ def merge_results(path, meta, new_rows, skipped):
             with open(path) as f:
                 old = json.load(f)
             old_rows, old_meta = old.get("rows", []), old.get("meta", {})
+            for r in old_rows:  # written before the window was a field: WINDOW_LEFT's
+                if windowed(r) and r.get("window") is None:
+                    r["window"] = WINDOW_LEFT
         except (OSError, ValueError) as e:
             print(f"warning: could not read {path} ({e}); writing it anew", file=sys.stderr)
     calls = []
@@ -672,7 +686,7 @@ def merge_results(path, meta, new_rows, skipped):
     rows = [r for r in old_rows if row_key(r) not in replaced] + new_rows
     suites = {"grid": 0, "seed": 1, "decode": 2, "chunk": 3, "bwd": 4, "window": 5, "window-bwd": 6}
     dtypes = {"fp16": 0, "bf16": 1}
-    rows.sort(key=lambda r: (suites.get(r["suite"], 9), dtypes.get(r["dtype"], 9), r["D"],
+    rows.sort(key=lambda r: (suites.get(r["suite"], 9), dtypes.get(r["dtype"], 9), r["D"], -(r.get("window") or 0),
                              r["Sq"], r["Sk"], r["causal"], -r["B"], r["Hq"], r["Hkv"],
                              ALL_IMPLS.index(r["impl"]) if r["impl"] in ALL_IMPLS else 99, r["impl"]))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -695,7 +709,7 @@ def merge_results(path, meta, new_rows, skipped):
 def _group_by_shape(rows):
     shapes = {}
     for r in rows:
-        shapes.setdefault(tuple(r[f] for f in SHAPE_FIELDS), {})[r["impl"]] = r
+        shapes.setdefault(tuple(r.get(f) for f in SHAPE_FIELDS), {})[r["impl"]] = r
     return shapes
 
 
@@ -779,7 +793,7 @@ def seed_table(rows):
         return ""
     out = [f"{'seed shape':<36} {'impl':<16} {'us':>8} {'eager_us':>9} {'graph_us':>9}"]
     for r in seed:
-        s = {f: r[f] for f in SHAPE_FIELDS}
+        s = {f: r.get(f) for f in SHAPE_FIELDS}
         out.append(f"{shape_label(s):<36} {r['impl']:<16} {_fmt(r['us'], 8, 1)} "
                    f"{_fmt(r['eager_us'], 9, 1)} {_fmt(r['graph_us'], 9, 1)}")
     return "\n".join(out)
@@ -798,7 +812,7 @@ def decode_table(rows):
         return ""
     out = [f"{'decode shape':<36} {'impl':<16} {'us':>8} {'TB/s':>6}"]
     for r in dec:
-        s = {f: r[f] for f in SHAPE_FIELDS}
+        s = {f: r.get(f) for f in SHAPE_FIELDS}
         out.append(f"{shape_label(s):<36} {r['impl']:<16} {_fmt(r['us'], 8, 1)} "
                    f"{_fmt(io_bytes(s) / (r['us'] * 1e-6) / 1e12, 6, 2)}")
     return "\n".join(out)
@@ -834,8 +848,8 @@ def write_markdown(path, meta, rows):
              + "causal FLOPs halved" + ("; bwd rows: the backward alone (gradients of q, k, v from a "
                                        "retained forward), 2.5x the forward's FLOPs" if bwd else "") + ("; chunk rows (causal-br): the causal mask aligned bottom-right, "
                                        "visible query-key pairs counted" if any(r["suite"] == "chunk" for r in rows)
-                                       else "") + (f"; window rows (causal-w{WINDOW_LEFT + 1}): a causal sliding "
-                                       "window, SDPA with the band as a boolean mask, visible query-key pairs counted"
+                                       else "") + ("; window rows (causal-wN): a causal sliding "
+                                       "window of N keys, SDPA with the band as a boolean mask, visible query-key pairs counted"
                                        if any(windowed(r) for r in rows) else "") + ". Columns fc = flashcore (auto), "
              "fc:smXX = forced kernel, best SDPA = fastest of default/cudnn/flash/efficient.", ""]
     lines.append(ratio_table(rows, markdown=True))
@@ -848,7 +862,7 @@ def write_markdown(path, meta, rows):
         lines += ["", "Seed shapes, per-call time in us (do_bench / eager host loop / CUDA-graph replay):",
                   "", "| shape | impl | us | eager_us | graph_us |", "|---|---|---:|---:|---:|"]
         for r in seed:
-            s = {f: r[f] for f in SHAPE_FIELDS}
+            s = {f: r.get(f) for f in SHAPE_FIELDS}
             lines.append(f"| {shape_label(s)} | {r['impl']} | {_fmt(r['us'], 0, 1).strip()} | "
                          f"{_fmt(r['eager_us'], 0, 1).strip()} | {_fmt(r['graph_us'], 0, 1).strip()} |")
     with open(path, "w") as f:
@@ -970,7 +984,11 @@ def parse_args(argv):
                    help=f"seed of the shuffled orders (default {ORDER_SEED}); the same seed draws the same orders")
     p.add_argument("--grid-dims", default=None,
                    help="comma list of head dims from 64,128,256: the grid suite's shapes with these only "
-                        "(default all), e.g. to split a long grid run into calls")
+                        "(default all), e.g. to split a long grid run into calls; the window suites' head dims "
+                        "(default 128)")
+    p.add_argument("--window-left", default=str(WINDOW_LEFT),
+                   help=f"comma list of the window suites' left edges (keys before the diagonal; default "
+                        f"{WINDOW_LEFT}, a 4096-key window)")
     p.add_argument("--no-plot", action="store_true", help="do not write the PNG")
     p.add_argument("--no-flex", action="store_true", help="leave out FlexAttention")
     p.add_argument("--flex-all", action="store_true",
@@ -999,6 +1017,13 @@ def main(argv=None):
             return 2
     if args.rounds < 1:
         print(f"--rounds: got {args.rounds}; pass 1 or more", file=sys.stderr)
+        return 2
+    try:
+        window_lefts = sorted({int(x) for x in args.window_left.split(",") if x.strip()}, reverse=True)
+    except ValueError:
+        window_lefts = []
+    if not window_lefts or min(window_lefts) < 0:
+        print(f"--window-left: got {args.window_left!r}; pass a comma list of ints >= 0", file=sys.stderr)
         return 2
     grid_dims = None
     if args.grid_dims:
@@ -1067,7 +1092,7 @@ def main(argv=None):
         shapes += bwd_shapes(args.quick, grid_dims)
     for suite in ("window", "window-bwd"):
         if suite in suites:
-            shapes += window_shapes(suite)
+            shapes += window_shapes(suite, sorted(grid_dims) if grid_dims else (128,), window_lefts, args.quick)
 
     commit, dirty = git_commit()
     log(f"GPU {gpu}  torch {torch.__version__}  cuDNN {cudnn_version()}  "
@@ -1083,6 +1108,7 @@ def main(argv=None):
             "rounds": args.rounds, "order": args.order,
             "order_seed": order_seed,
             "grid_dims": sorted(grid_dims) if grid_dims else None,
+            "window_left": window_lefts if any(x.startswith("window") for x in suites) else None,
             "note": f"do_bench(warmup={WARMUP_MS}, rep={REP_MS}, median), L2 flushed; {args.rounds} "
                     "rounds per impl (us_rounds), in pairs: an order (seeded shuffle, or as listed with "
                     "order 'fixed'), then reversed; us_places the impl's place in each round; us the mean "
@@ -1123,8 +1149,8 @@ def main(argv=None):
     plotted = False if args.no_plot else write_plot(stem + ".png", meta, rows)
 
     # The table goes last: a remote runner may keep only the tail of the output.
-    this_run = {tuple(r[f] for f in SHAPE_FIELDS) for r in new_rows}
-    shown = [r for r in rows if tuple(r[f] for f in SHAPE_FIELDS) in this_run]
+    this_run = {tuple(r.get(f) for f in SHAPE_FIELDS) for r in new_rows}
+    shown = [r for r in rows if tuple(r.get(f) for f in SHAPE_FIELDS) in this_run]
     print()
     print(f"wrote {out_path} ({len(new_rows)} new rows, {len(rows)} in file), {stem}.md"
           + (f", {stem}.png" if plotted else ""))
