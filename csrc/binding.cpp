@@ -631,7 +631,7 @@ int window_side(const pybind11::handle& o, const char* side) {
     int overflow = 0;
     const long long n = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);  // (overflow: beyond long long)
     if (overflow || n < -1 || n > INT32_MAX)
-        value_error(std::string("window: ") + side + " = " + pybind11::str(i).cast<std::string>() +
+        value_error(std::string("window: ") + side + " = " + pybind11::repr(i).cast<std::string>() +
                     "; pass an int from 0 to 2^31-1 (keys), or None (or -1) for no bound");
     return (int)n;
 }
