@@ -120,8 +120,27 @@ def test_windows_route():
     reaches key 0) routes as its causal call."""
     for D in (64, 128, 256):
         for B, H, S in ((1, 8, 512), (4, 16, 4096), (1, 32, 16384)):
+            # (three consumers at D = 64 where the causal call would take them)
+            win = "window3" if D == 64 and g.uses_three_consumers(B, H, S, SMS) else "window"
             for mode in (1, 2):
-                assert _C.sm90_route(B, H, H, S, S, D, mode, SMS, (255, 0)) == "window"
-                assert _C.sm90_route(B, H, H, S, S, D, mode, SMS, (-1, 64)) == "window"  # keys after the diagonal
+                assert _C.sm90_route(B, H, H, S, S, D, mode, SMS, (255, 0)) == win
+                assert _C.sm90_route(B, H, H, S, S, D, mode, SMS, (-1, 64)) == win  # keys after the diagonal
                 assert _C.sm90_route(B, H, H, S, S, D, mode, SMS, (S - 1, 0)) == _C.sm90_route(B, H, H, S, S, D,
                                                                                                mode, SMS)
+
+
+def test_window3_route():
+    """D = 64 windows on three consumers exactly where the grid favours them (sm90_use_cons3's rule), over a
+    sweep; test_window's last two cases run that instantiation (padding rows in whole warpgroups)."""
+    seen = set()
+    for B, H, Sq, Sk in itertools.product((1, 2, 4), (8, 16, 32), (100, 511, 1537, 2000, 4096, 9000), (1601, 1900)):
+        for mode, w in ((2, (700, 100)), (1, (-1, 64)), (1, (255, 0)), (2, (1000, 0))):
+            r = _C.sm90_route(B, H, H // 4, Sq, Sk, 64, mode, SMS, w)
+            if r not in ("window", "window3"):  # (a window that hides nothing its causal mode shows)
+                assert r == _C.sm90_route(B, H, H // 4, Sq, Sk, 64, mode, SMS), (B, H, Sq, Sk, mode, w)
+                continue
+            assert r == ("window3" if g.uses_three_consumers(B, H, Sq, SMS) else "window"), (B, H, Sq, Sk, mode, w)
+            seen.add(r)
+    assert seen == {"window", "window3"}
+    assert _C.sm90_route(4, 16, 4, 1537, 1601, 64, 2, SMS, (700, 100)) == "window3"
+    assert _C.sm90_route(4, 16, 4, 2000, 1900, 64, 1, SMS, (-1, 64)) == "window3"

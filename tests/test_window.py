@@ -47,6 +47,10 @@ CASES = [
     (4, 16, 4, 2048, 2048, True, "top_left", 511, 0),
     (2, 8, 8, 700, 3000, True, "bottom_right", 1000, 0),
     (2, 8, 2, 1500, 1600, False, "top_left", 300, 200),
+    # grids that route D = 64 to three consumers on an H100 (window3, test_sm90_route): 192-row tiles whose
+    # padding rows (PAD_FIRST: 191 and 112 here) fill whole warpgroups of the first block
+    (4, 16, 4, 1537, 1601, False, "bottom_right", 700, 100),
+    (4, 16, 4, 2000, 1900, False, "top_left", None, 64),
 ]
 SMALL = [c for c in CASES if c[3] * c[4] <= 300 * 300]  # the CPU path's share
 
