@@ -140,3 +140,46 @@ def test_det_table_ratios():
     cells = [c.strip() for c in table[2].strip("|").split("|")]
     # shape, fc, fc:det, default:det, cudnn:det, flash:det, efficient:det, det/best det SDPA, det/fc
     assert cells[1:] == ["450", "300", "-", "-", "150", "100", "2.00", "0.67"]
+
+
+@pytest.mark.parametrize("S,left", [(50, 7), (50, 0), (50, 49), (33, 100)])
+def test_window_flops_count_the_band(S, left):
+    """A window row counts the pairs its causal band lets through (query i sees keys i - left .. i)."""
+    s = dict(bench.shape("window", 2, 3, 1, S, S, 64, True, "fp16"), window=left)
+    i = torch.arange(S)[:, None]
+    j = torch.arange(S)[None, :]
+    assert bench.flops(s) == 4 * 2 * 3 * 64 * int(((j <= i) & (j >= i - left)).sum())
+    assert bench.flops(dict(s, suite="window-bwd")) == 2.5 * bench.flops(s)
+    assert f"causal-w{left + 1}" in bench.shape_label(s)
+
+
+def test_window_shapes_follow_dims_and_lefts():
+    shapes = bench.window_shapes("window", (64, 256), (4095, 1023))
+    assert {(s["D"], s["Hq"], s["Hkv"], s["window"]) for s in shapes} == {
+        (64, 64, 16, 4095), (64, 64, 16, 1023), (256, 16, 4, 4095), (256, 16, 4, 1023)}
+    assert all(s["B"] * s["Sq"] in (16384, 32768) for s in shapes)
+    assert {s["Sq"] for s in bench.window_shapes("window-bwd", quick=True)} == {8192}
+
+
+def test_window_rows_merge_with_files_written_before_the_field(tmp_path):
+    """Rows of a window suite written without "window" are WINDOW_LEFT's: a new reading of that window
+    replaces them, one of another window stands beside them."""
+    path = str(tmp_path / "gpu.json")
+    old = {"suite": "window", "impl": "flashcore", "B": 2, "Hq": 32, "Hkv": 8, "Sq": 8192, "Sk": 8192,
+           "D": 128, "causal": True, "dtype": "fp16", "us": 1.0}
+    with open(path, "w") as f:
+        json.dump({"meta": {"commit": "a" * 40}, "rows": [old]}, f)
+    meta = {"commit": "b" * 40, "dirty": False, "suites": ["window"], "date": "2026-11-27"}
+    rows = bench.merge_results(path, meta, [dict(old, us=2.0, window=bench.WINDOW_LEFT)], [])
+    assert [(r["window"], r["us"]) for r in rows] == [(bench.WINDOW_LEFT, 2.0)]
+    rows = bench.merge_results(path, meta, [dict(old, us=3.0, window=1023)], [])
+    assert sorted((r["window"], r["us"]) for r in rows) == [(1023, 3.0), (bench.WINDOW_LEFT, 2.0)]
+    grid = {k: v for k, v in old.items() if k != "causal"}
+    rows = bench.merge_results(path, meta, [dict(grid, suite="grid", causal=False)], [])
+    assert [r for r in rows if r["suite"] == "grid"][0].get("window") is None  # other suites carry none
+
+
+@pytest.mark.parametrize("arg", ["-1", "x", ","])
+def test_window_left_refuses_bad_lists(arg, capsys):
+    assert bench.main(["--window-left", arg, "--suite", "window"]) == 2
+    assert "--window-left" in capsys.readouterr().err
