@@ -120,13 +120,11 @@ def test_windows_route():
     reaches key 0) routes as its causal call."""
     for D in (64, 128, 256):
         for B, H, S in ((1, 8, 512), (4, 16, 4096), (1, 32, 16384)):
-            # (three consumers at D = 64 where the causal call would take them; at D = 128 LONG for rows that
-            # see 2048 keys or more, here the window without a left edge)
+            # (three consumers at D = 64 where the causal call would take them)
             win = "window3" if D == 64 and g.uses_three_consumers(B, H, S, SMS) else "window"
             for mode in (1, 2):
                 assert _C.sm90_route(B, H, H, S, S, D, mode, SMS, (255, 0)) == win
-                assert _C.sm90_route(B, H, H, S, S, D, mode, SMS, (-1, 64)) == \
-                    ("window_long" if D == 128 and S >= 2048 else win)  # keys after the diagonal
+                assert _C.sm90_route(B, H, H, S, S, D, mode, SMS, (-1, 64)) == win  # keys after the diagonal
                 assert _C.sm90_route(B, H, H, S, S, D, mode, SMS, (S - 1, 0)) == _C.sm90_route(B, H, H, S, S, D,
                                                                                                mode, SMS)
 
@@ -146,21 +144,3 @@ def test_window3_route():
     assert seen == {"window", "window3"}
     assert _C.sm90_route(4, 16, 4, 1537, 1601, 64, 2, SMS, (700, 100)) == "window3"
     assert _C.sm90_route(4, 16, 4, 2000, 1900, 64, 1, SMS, (-1, 64)) == "window3"
-
-
-def test_window_long_route():
-    """D = 128 windows run LONG where a row sees 2048 keys or more: the band's width (left + right + 1),
-    or Sk where a side has no bound; test_window's window_long cases route there."""
-    for Sk in (1500, 2047, 2048, 5000):
-        for left, right in ((1023, 0), (2046, 0), (2047, 0), (1000, 1047), (-1, 3), (100, -1)):
-            r = _C.sm90_route(2, 8, 8, 1000, Sk, 128, 2, SMS, (left, right))
-            if r not in ("window", "window_long"):  # (a window that hides nothing its causal mode shows)
-                assert r == _C.sm90_route(2, 8, 8, 1000, Sk, 128, 2, SMS), (Sk, left, right)
-                continue
-            diag = Sk - 1000  # (bottom-right; fc_band_make)
-            has_hi, has_lo = right >= 0 and diag + right < Sk, left >= 0 and 1000 - 1 + diag - left > 0
-            span = left + right + 1 if has_hi and has_lo else Sk
-            assert r == ("window_long" if span >= 2048 else "window"), (Sk, left, right, r)
-    assert _C.sm90_route(1, 4, 2, 1000, 3000, 128, 2, SMS, (2500, 100)) == "window_long"
-    assert _C.sm90_route(2, 4, 4, 2100, 2300, 128, 1, SMS, (-1, 5)) == "window_long"
-    assert _C.sm90_route(1, 4, 2, 1000, 3000, 64, 2, SMS, (2500, 100)) == "window"

@@ -118,8 +118,8 @@
 // WIN: a sliding window (kernels.h's fc_band, fc_sm90_windowed): a tile's K/V
 // tiles run from that of its first row's first key (sm90_win_range), and the
 // masks take the window's left edge too; two consumers (three at D = 64 on large
-// grids, as without a window; at D = 128 LONG for windows of long rows), the
-// static order. Its own instantiation, so that the others' code stays as measured.
+// grids, as without a window), the static order. Its own instantiation, so that
+// the others' code stays as measured.
 template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false, bool DYN = false, int CL = 1,
           bool WIN = false>
 __global__ void __launch_bounds__(Sm90Tile<DP, CONS>::THREADS, 1)
@@ -274,9 +274,8 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
     const fc_band band = WIN ? FC_BAND(p) : FC_CAUSAL_BAND(p);
     const bool causal = band.has_hi;
     const int diag = band.hi, lo = band.lo;  // (lo: WIN only)
-    static_assert(!WIN || ((CONS == 2 || DP == 64) && !KV_SPLIT && (!LONG || DP == 128) && !DYN && CL == 1),
-                  "WIN: two consumers (three at D = 64, LONG at D = 128), the static order, ordinary mode, no "
-                  "clusters");
+    static_assert(!WIN || ((CONS == 2 || DP == 64) && !KV_SPLIT && !LONG && !DYN && CL == 1),
+                  "WIN: two consumers (three at D = 64), the static order, ordinary mode, no clusters");
     // LEAD_TILE: K/V tile j starts at key j BC - lead (sm90_kv_lead). The static-order
     // 192-key kernel runs non-causal calls only (the launcher sends causal ones to the
     // dynamic order's): its first tile's softmax has no causal mask.

@@ -386,11 +386,9 @@ enum Sm90Kind {
     SM90_CONS2,       // two consumers, static order
     SM90_WINDOW,      // two consumers, static order, a sliding window (fc_sm90_windowed)
     SM90_WINDOW3,     // three D = 64 consumers, static order, a sliding window
-    SM90_WINDOW_LONG, // two D = 128 consumers, LONG, static order, a sliding window of long rows
 };
 static const char* const SM90_KIND_NAMES[] = {"key_split", "dyn_kv192", "dyn_cons3", "dyn_cons2", "kv192",
-                                              "cons3", "pairs", "long", "cons2", "window", "window3",
-                                              "window_long"};
+                                              "cons3", "pairs", "long", "cons2", "window", "window3"};
 struct Sm90Route {
     Sm90Kind kind;
     bool kv_split;  // key-split mode (fc_sm90_key_split)
@@ -406,12 +404,8 @@ static Sm90Route sm90_route(const fc_attn_params* p, int num_sms) {
     if (fc_sm90_windowed(p)) {  // (its own instantiation; the others have no left edge in their masks)
         // Three D = 64 consumers where the grid favours them, as without a window (sm90_use_cons3;
         // perf notes, session 74). Not key-split mode: its CTAs would each take half of every tile's keys.
-        // At D = 128 the LONG instantiation where a row sees SM90_LONG_MIN_SK keys or more, as without a
-        // window (its span: the band's width, or Sk where a side has no bound).
         r.cons3 = DP == 64 && fc_sm90_cons3_grid(p, num_sms);
-        const fc_band band = FC_BAND(*p);
-        const long long span = band.has_hi && band.has_lo ? (long long)band.hi - band.lo + 1 : p->Sk;
-        r.kind = r.cons3 ? SM90_WINDOW3 : DP == 128 && span >= SM90_LONG_MIN_SK ? SM90_WINDOW_LONG : SM90_WINDOW;
+        r.kind = r.cons3 ? SM90_WINDOW3 : SM90_WINDOW;
         return r;
     }
     // Key-split mode when the 64-row tiles fit on the SMs in one wave: twice
@@ -509,9 +503,6 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
             return attn_fwd_sm90_run<DP, 2, T, false, false, false, true>(a, grid, stream);
         case SM90_WINDOW3:
             if constexpr (DP == 64) return attn_fwd_sm90_run<DP, 3, T, false, false, false, true>(a, grid, stream);
-            break;
-        case SM90_WINDOW_LONG:
-            if constexpr (DP == 128) return attn_fwd_sm90_run<DP, 2, T, false, true, false, true>(a, grid, stream);
             break;
     }
     return FC_ERR_ARCH;  // (unreachable: sm90_route gives only the kinds this DP instantiates)
