@@ -1,0 +1,112 @@
+"""The README's benchmark figures against the committed results files (CPU, runs in CI).
+
+The README quotes `benchmarks/results/*.json` in tables and sentences; when a results file is re-read
+and the README is not updated (or the other way round), these fail and name the figure that differs.
+"""
+import json
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+README = (ROOT / "README.md").read_text()
+
+
+def load(name):
+    with open(RESULTS / name) as f:
+        return json.load(f)
+
+
+def by_shape(rows):
+    """(suite, dtype, D, Sq, Sk, causal, B) -> {impl: TFLOP/s}."""
+    out = {}
+    for r in rows:
+        key = (r["suite"], r["dtype"], r["D"], r["Sq"], r["Sk"], r["causal"], r["B"])
+        out.setdefault(key, {})[r["impl"]] = r["tflops"]
+    return out
+
+
+def test_forward_table_is_the_results_markdown():
+    """The README's forward table is h100.md as bench.py wrote it, under the commit it names."""
+    md = (RESULTS / "h100.md").read_text().strip("\n")
+    assert md in README, "README's forward table differs from benchmarks/results/h100.md: paste the new one"
+    commit = load("h100.json")["meta"]["commit"][:7]
+    assert f"`benchmarks/results/h100.{{json,md,png}}`: commit {commit}" in README
+
+
+def test_forward_shortfall_count():
+    """The count of standard-grid shapes at S >= 2k that reach 1.10x cuDNN, and the ratio ranges."""
+    ratios = {k: v["flashcore"] / v["sdpa-cudnn"] for k, v in by_shape(load("h100.json")["rows"]).items()
+              if k[0] == "grid" and k[3] >= 2048}
+    assert len(ratios) == 32
+    n = sum(r >= 1.10 for r in ratios.values())
+    assert f"**{n} of 32\n  are >= 1.10x" in README or f"**{n} of 32 are >= 1.10x" in README
+    nc = [r for k, r in ratios.items() if not k[5]]
+    ca = [r for k, r in ratios.items() if k[5]]
+    assert f"{min(nc):.3f}-{max(nc):.3f} non-causal, {min(ca):.3f}-{max(ca):.3f} causal" in README
+
+
+def test_backward_table():
+    """The README's fc/cudnn backward table from bwd-h100.json, under the commit it names."""
+    data = load("bwd-h100.json")
+    shapes = by_shape(data["rows"])
+    assert f"on commit {data['meta']['commit'][:7]}" in README
+    for D in (64, 128, 256):
+        for causal in (False, True):
+            cells = []
+            for S in (512, 1024, 2048, 4096, 8192, 16384):
+                v = shapes[("bwd", "fp16", D, S, S, causal, 16384 // S)]
+                cells.append(f"{v['flashcore'] / v['sdpa-cudnn']:.2f}")
+            row = f"| D={D}{' causal' if causal else ''} | " + " | ".join(cells) + " |"
+            assert row in README, f"README's backward table lacks {row}"
+
+
+def _fmt(x):
+    return f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+
+@pytest.mark.parametrize("suite,name", [("window", "forward"), ("window-bwd", "backward")])
+def test_window_table(suite, name):
+    """The README's sliding-window table from window-h100.json, under the commit it names."""
+    data = load("window-h100.json")
+    shapes = by_shape(data["rows"])
+    assert f"commit {data['meta']['commit']}" in README
+    seen = 0
+    for (s, dtype, D, Sq, Sk, causal, B), v in shapes.items():
+        if s != suite:
+            continue
+        sdpa = max(x for k, x in v.items() if k.startswith("sdpa"))
+        row = (f"| {name} D{D} B{B} S{Sq} | {_fmt(v['flashcore'])} | {_fmt(v['flashcore:sm80'])} | {_fmt(sdpa)} | "
+               f"{_fmt(v['flex'])} | {v['flashcore'] / sdpa:.2f} | {v['flashcore'] / v['flex']:.2f} |")
+        assert row in README, f"README's window table lacks {row}"
+        seen += 1
+    assert seen == 12
+
+
+def test_window_summary_ranges():
+    """The API section's per-head-dim window ranges (TFLOP/s and x FlexAttention)."""
+    shapes = by_shape(load("window-h100.json")["rows"])
+    for D in (64, 128, 256):
+        cells = []
+        for suite in ("window", "window-bwd"):
+            fc = [v["flashcore"] for k, v in shapes.items() if k[0] == suite and k[2] == D]
+            fl = [v["flashcore"] / v["flex"] for k, v in shapes.items() if k[0] == suite and k[2] == D]
+            cells += [f"{min(fc):.0f}-{max(fc):.0f}", f"{min(fl):.2f}-{max(fl):.2f}"]
+        row = f"  | {D} | " + " | ".join(cells) + " |"
+        assert row in README, f"README's window summary lacks {row.strip()}"
+
+
+def test_decode_sentence():
+    """The decode sentence's times, from h100.json's decode rows."""
+    shapes = by_shape(load("h100.json")["rows"])
+    dec = {(k[4], k[6]): v for k, v in shapes.items() if k[0] == "decode"}
+    us = {}
+    for r in load("h100.json")["rows"]:
+        if r["suite"] == "decode" and r["impl"] in ("flashcore", "sdpa-default"):
+            us[(r["Sk"], r["B"], r["impl"])] = r["us"]
+    assert len(dec) == 3
+    for Sk, B in ((32768, 8), (4096, 8), (131072, 1)):
+        for impl in ("flashcore", "sdpa-default"):
+            assert re.search(rf"\b{us[(Sk, B, impl)]:.1f} us", README), (Sk, B, impl, us[(Sk, B, impl)])
