@@ -35,8 +35,8 @@ boolean attn_mask; FlexAttention with the band as its block mask), GQA 4:1 with
 Hq * D = 4096, and count the visible pairs exactly; --window-left lists the
 lefts (default 4095), --grid-dims the head dims (default 128):
 
-    python benchmarks/bench.py --suite window,window-bwd --impls flashcore,flashcore:sm80,sdpa-default,\
-        sdpa-efficient,flex --flex-all --out benchmarks/results/window-h100.json --no-plot
+    python benchmarks/bench.py --suite window,window-bwd --grid-dims 64,128,256 --impls flashcore,\
+        flashcore:sm80,sdpa-default,sdpa-efficient,flex --flex-all --out benchmarks/results/window-h100.json --no-plot
 The bwd suite also takes "<impl>:det" impls (not in the default list): the impl
 under torch.use_deterministic_algorithms(True), where flashcore sums dq in a
 fixed order and SDPA's backends run their deterministic backward or refuse
@@ -968,7 +968,7 @@ def parse_args(argv):
     p.add_argument("--suite", default="grid,seed",
                    help="comma list of grid, seed, decode, chunk, bwd, window, window-bwd (default grid,seed)")
     p.add_argument("--quick", action="store_true",
-                   help="grid subset S in {1024,4096}, D in {64,128}, fp16 only")
+                   help="grid subset S in {1024,4096}, D in {64,128}, fp16 only; window suites S = 8192 only")
     p.add_argument("--out", default=None,
                    help="results JSON (default benchmarks/results/<gpu-slug>.json); "
                         ".md and .png are written beside it")

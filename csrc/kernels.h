@@ -48,8 +48,9 @@ FC_BAND_FN fc_band fc_band_make(fc_causal causal, int window, int left, int righ
 /* Its causal mode's alone (window ignored, has_lo a constant 0): what the
  * kernel instantiations without a window read. */
 #define FC_CAUSAL_BAND(p) fc_band_make((p).causal, 0, 0, 0, (p).Sq, (p).Sk)
-/* Whether the sm90 forward runs p on its windowed instantiation (two
- * consumers, the static order): a window that masks more than its causal
+/* Whether the sm90 forward runs p on its windowed instantiation (the static
+ * order; two consumers, or three at D = 64 where fc_sm90_cons3_grid picks
+ * them): a window that masks more than its causal
  * mode alone would. One that masks no more (no row's left edge past key 0,
  * no key after the diagonal: a 4096-key window over 4096 keys, say) runs as
  * the causal call, on the kernels that read only `causal`. */
@@ -237,7 +238,7 @@ static inline int fc_sm90_dynamic_order(const fc_attn_params* p, int num_sms) {
 }
 /* The instantiation an sm90 call runs on num_sms SMs, by name ("key_split",
  * "dyn_kv192", "dyn_cons3", "dyn_cons2", "kv192", "cons3", "pairs", "long",
- * "cons2"; see Sm90Kind in csrc/sm90/attn_fwd_sm90_launch.cuh): host logic only,
+ * "cons2", "window", "window3"; see Sm90Kind in csrc/sm90/attn_fwd_sm90_launch.cuh): host logic only,
  * so tests check the routing of their shapes without a GPU. */
 const char* fc_sm90_route_d64(const fc_attn_params* p, int num_sms);
 const char* fc_sm90_route_d128(const fc_attn_params* p, int num_sms);

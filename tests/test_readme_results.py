@@ -19,10 +19,13 @@ def load(name):
         return json.load(f)
 
 
-def by_shape(rows):
-    """(suite, dtype, D, Sq, Sk, causal, B) -> {impl: TFLOP/s}."""
+def by_shape(rows, window_left=4095):
+    """(suite, dtype, D, Sq, Sk, causal, B) -> {impl: TFLOP/s}; window rows of the README's left edge only
+    (rows written before the field carried it are 4095's)."""
     out = {}
     for r in rows:
+        if r["suite"].startswith("window") and r.get("window", 4095) != window_left:
+            continue
         key = (r["suite"], r["dtype"], r["D"], r["Sq"], r["Sk"], r["causal"], r["B"])
         out.setdefault(key, {})[r["impl"]] = r["tflops"]
     return out
@@ -49,10 +52,20 @@ def test_forward_shortfall_count():
 
 
 def test_backward_table():
-    """The README's fc/cudnn backward table from bwd-h100.json, under the commit it names."""
+    """The README's fc/cudnn backward table and its ranges from bwd-h100.json, under the commit it names."""
     data = load("bwd-h100.json")
     shapes = by_shape(data["rows"])
     assert f"on commit {data['meta']['commit'][:7]}" in README
+    rng = lambda xs, f: f"{f(min(xs))}-{f(max(xs))}"  # noqa: E731
+    grid = [v for k, v in shapes.items() if k[0] == "bwd"]
+    fc, cu, sm80 = ([v[i] for v in grid] for i in ("flashcore", "sdpa-cudnn", "flashcore:sm80"))
+    to_cudnn = [v["flashcore"] / v["sdpa-cudnn"] for v in grid]
+    to_flash = [v["flashcore"] / v["sdpa-flash"] for v in grid]
+    assert (f"flashcore {rng(fc, '{:.0f}'.format)} TFLOP/s against cuDNN's {rng(cu, '{:.0f}'.format)} and "
+            f"{rng(to_flash, '{:.2f}'.format)}x SDPA's flash backend") in README.replace("\n", " ")
+    assert f"{rng(sm80, '{:.0f}'.format)} in that run" in README.replace("\n", " ")
+    assert (f"Speed on an H100: {min(to_cudnn):.3f}-{max(to_cudnn):.2f}x cuDNN (SDPA's default there) on the "
+            f"standard grid, {rng(to_flash, '{:.1f}'.format)}x SDPA's") in README.replace("\n  ", " ")
     for D in (64, 128, 256):
         for causal in (False, True):
             cells = []
@@ -110,3 +123,6 @@ def test_decode_sentence():
     for Sk, B in ((32768, 8), (4096, 8), (131072, 1)):
         for impl in ("flashcore", "sdpa-default"):
             assert re.search(rf"\b{us[(Sk, B, impl)]:.1f} us", README), (Sk, B, impl, us[(Sk, B, impl)])
+    seq = lambda impl: " / ".join(f"{us[(Sk, B, impl)]:.1f}" for Sk, B in ((4096, 8), (32768, 8), (131072, 1)))  # noqa
+    text = README.replace("\n  ", " ")
+    assert f"the split-KV kernel {seq('flashcore')} us against SDPA default's {seq('sdpa-default')}" in text

@@ -104,8 +104,17 @@ def sdpa_masked(fn):
     if all(bool(torch.isfinite(t).all()) for t in (res if isinstance(res, tuple) else (res,))):
         return res
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    with sdpa_kernel(SDPBackend.MATH):
-        return fn()
+    # (in fp16/bf16 as the fused backends compute, not upcast to fp32, which would tighten the bound)
+    allow = getattr(torch.backends.cuda, "allow_fp16_bf16_reduction_math_sdp", None)
+    was = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed() if allow else None
+    try:
+        if allow:
+            allow(True)
+        with sdpa_kernel(SDPBackend.MATH):
+            return fn()
+    finally:
+        if allow:
+            allow(was)
 
 
 def check_fwd(out, lse, q, k, v, vis, scale):
