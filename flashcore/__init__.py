@@ -251,7 +251,7 @@ def _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
         raise TypeError(f"causal: expected None or a bool, got {type(causal).__name__}; pass True or False")
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)):
         raise TypeError(f"num_splits: expected None or an int, got {type(num_splits).__name__}")
-    if window is not None:
+    if window is not None:  # (binding.cpp's window_side, in Python: dynamo cannot trace a call into the binding)
         if not isinstance(window, (tuple, list)) or len(window) != 2:
             raise TypeError(f"window: expected None or a pair (left, right) of keys before and after the diagonal, "
                             f"got {window!r}")
