@@ -1,84 +1,69 @@
 // attn_fwd_sm90.cuh -- Hopper attention forward (sm90a): TMA loads, wgmma,
 // warp specialization, persistent grid.
 //
-// Algorithm. A tile is BR = 128 query rows of one (batch, head). A CTA has
-// three warpgroups (four with a third consumer, below): warpgroup 0 is the producer (one thread issues every TMA
-// load, with its registers given back through setmaxnreg), warpgroups 1 and 2
-// are consumers owning query rows 0-63 and 64-127 of the tile. At D = 64, and
-// at D = 128 for causal long rows, a third consumer makes the tile 192 rows
-// (Sm90Tile<DP, 3>; the tile table and
-// the per-tile steps are in attn_sm90_parts.cuh); D = 64 calls with long rows
-// (non-causal, or causal in the dynamic order) take 192-key K/V tiles there
+// Algorithm. A tile is BR = 128 query rows of one (batch, head). Warpgroup 0 is
+// the producer (one thread issues every TMA load; setmaxnreg gives its registers
+// away); consumer warpgroups 1 and 2 own rows 0-63 and 64-127. At D = 64, and at
+// D = 128 for causal long rows, a third consumer makes the tile 192 rows
+// (Sm90Tile<DP, 3>; the tile table and the per-tile steps are in
+// attn_sm90_parts.cuh); D = 64 calls with long rows take 192-key K/V tiles
 // (Sm90Tile::WIDE_KV, sm90_wide_kv; non-causal ones with the partial K/V tile
-// first, Sm90Tile::LEAD_TILE). The producer
-// loads Q into one of Q_BUFS buffers per tile (so the next tile's Q arrives
-// while this one runs; at D = 128 it is issued after the tile's second K/V
-// tile, Q_AHEAD; at D = 256, one buffer, each consumer's rows on barriers of
+// first, LEAD_TILE). The producer loads Q into one of Q_BUFS buffers (the next
+// tile's Q arrives during this one; at D = 128 issued after the tile's second
+// K/V tile, Q_AHEAD; at D = 256 one buffer, each consumer's rows on barriers of
 // their own, Q_HALVES) and streams K and V tiles of BC keys through a
-// STAGES-deep ring; each load completes on an mbarrier (q_full, k_full,
-// v_full) and the consumers release a buffer by arriving on q_empty, k_empty
-// (as soon as S = Q K^T is done, so the next K tile for that slot loads
-// during the P V of this one) or v_empty.
+// STAGES-deep ring. Each load completes on an mbarrier (q_full, k_full, v_full);
+// consumers release a buffer on q_empty, k_empty (as soon as S = Q K^T is done,
+// so the slot's next K loads during this P V) or v_empty.
 // Per K/V tile j a consumer computes S = Q K^T with wgmma (both operands in
-// shared memory, 128-byte swizzle) and P_j V with wgmma taking P from
-// registers (the S accumulator layout is the A-operand layout) and V from
-// shared memory (N-major). At D = 128 and 256 the two are software-pipelined:
-// S_{j+1} and P_j V_j are issued back to back, and the masking and online
-// softmax of tile j+1 (exp2, log2(e) folded into the scale) run while P_j V_j
-// is still on the tensor cores (at D = 256, and at D = 128 in the LONG
-// instantiation for long rows; otherwise ptxas puts the P V wait first, see
-// PIN_SOFTMAX); the O rescale waits for it. At D = 64, and with three
-// consumers, they run in order, and the consumer warpgroups overlap each
-// other instead. In
-// causal tiles at D = 256 and with three consumers, a consumer runs only the
-// K/V tiles its own rows see and releases the rest unread (WG_SKIP); at D = 64
-// a consumer whose rows are all padding (past Sq) runs none (PAD_SKIP). The
-// epilogue divides by the row sum, stages O in the warpgroup's own Q rows
-// (at D = 256, whose one Q buffer is released as soon as the tile's last S is
-// done, in a buffer of its own), writes it with 16-byte coalesced stores, and
-// writes LSE. CTAs are
-// persistent: grid = SM count, tile t goes to CTA t % grid, and causal tiles
-// are numbered longest first inside windows of a few heads, so the query
-// blocks of a head run close in time and share its K/V in L2 (and taken in
-// reverse in odd stripes of grid tiles, see sm90_tile). Causal calls at D > 64
-// with short rows, causal D = 128 calls on three consumers, and causal D = 64
-// calls whose windows would not fit the L2, take the dynamic
-// order instead (DYN, fc_sm90_dynamic_order in kernels.h): after its first tile
-// a CTA takes the next one from a counter as it finishes. Causal CTA pairs at
-// D = 256 take a plan made on the host instead (Sm90Plan, sm90_plan): the same
-// numbering, each tile given in turn to the cluster with the least work.
-// Non-causal calls on 192-key D = 64 tiles whose last query block is short
-// take a host plan too (Sm90RowPlan, sm90_row_plan). The host side (which
-// instantiation, tensor maps, tile order) is in attn_fwd_sm90_launch.cuh, the producer
-// thread's loop in attn_sm90_producer.cuh. A build with
-// -DFC_SM90_TRACE records where each tile's cycles go (trace.cuh, TR_* marks).
-// Non-causal D = 128 pairs split the tiles of their last, partial stripe by
-// key ranges across all clusters (the split tail, attn_sm90_tail.cuh).
+// shared memory, 128-byte swizzle) and P_j V with P from registers (the S
+// accumulator layout is the A-operand layout) and V from shared memory. At D =
+// 128 and 256 the two are software-pipelined: S_{j+1} and P_j V_j are issued
+// back to back, and tile j+1's masking and online softmax (exp2, log2(e) folded
+// into the scale) run while P_j V_j is on the tensor cores (with PIN_SOFTMAX: D =
+// 256 and D = 128's LONG; elsewhere ptxas puts the P V wait first); the O
+// rescale waits for it. At D = 64 and with three consumers they run in order,
+// and the consumers overlap each other instead. In causal tiles at D = 256 and
+// with three consumers, a consumer runs only the K/V tiles its rows see and
+// releases the rest unread (WG_SKIP); at D = 64 one whose rows are all past Sq
+// runs none (PAD_SKIP). The epilogue divides by the row sum, stages O in the
+// warpgroup's own Q rows (at D = 256, whose one Q buffer is released after the
+// tile's last S, in an O buffer), stores it in 16-byte chunks, and writes LSE.
 //
-// CTA pairs (CL = 2; long rows at D = 128 and 256, see sm90_cluster_min_sk). A
-// cluster of two CTAs on neighbouring SMs takes a tile of 2 x BR rows, one half
-// each, and the two share its K/V stream: each producer loads half of every K
-// and V tile's 64-column slabs with a multicast TMA that writes both CTAs' ring
-// slot and completes on both CTAs' barrier, so every K/V byte leaves L2 once per
-// pair. A slot refills when the consumers of both CTAs have released it; causal
-// pairs run the lower half's K/V tile count, and the upper half's consumers
-// release the tiles past their rows unread (as WG_SKIP).
+// Tile order. CTAs are persistent (grid = SM count, tile t to CTA t % grid);
+// causal tiles are numbered longest first inside windows of a few heads, so a
+// head's query blocks run close in time and share its K/V in L2 (odd stripes in
+// reverse, see sm90_tile). The dynamic order (DYN, fc_sm90_dynamic_order in
+// kernels.h; causal D > 64 short rows, causal D = 128 on three consumers, causal
+// D = 64 whose windows would not fit the L2): a CTA takes its next tile from a
+// counter. Host plans: causal D = 256 CTA pairs (Sm90Plan, sm90_plan: each tile
+// to the cluster with the least work) and non-causal 192-key D = 64 calls whose
+// last query block is short (Sm90RowPlan). Non-causal D = 128 pairs split their
+// last, partial stripe by key ranges across all clusters (attn_sm90_tail.cuh).
+// The host side is in attn_fwd_sm90_launch.cuh, the producer's loop in
+// attn_sm90_producer.cuh; -DFC_SM90_TRACE records where a tile's cycles go
+// (trace.cuh).
 //
-// Key-split mode (small grids). When 64-row tiles number no more than the
-// SMs (e.g. B=2, H=8, S=512) and DP <= 128, a tile is 64 query rows and the
-// two consumers share its Q but take alternate K/V tiles (consumer c takes
-// tiles c, c+2, ...), so twice as many SMs work and each consumer streams
-// half the keys. At the end consumer 2 leaves its (m, l, O) partials in the
-// upper halves of the Q buffers (unused with 64-row tiles) and consumer 1
-// merges them by their maxima and writes the tile.
+// CTA pairs (CL = 2; long rows at D = 128 and 256, sm90_cluster_min_sk). Two
+// CTAs on neighbouring SMs take a tile of 2 x BR rows, one half each, and share
+// its K/V stream: each producer loads half of every K/V tile's 64-column slabs
+// by multicast TMA into both CTAs' ring slot, completing on both CTAs' barrier,
+// so every K/V byte leaves L2 once per pair. A slot refills when both CTAs'
+// consumers have released it; causal pairs run the lower half's K/V tile count,
+// and the upper half's consumers release the tiles past their rows unread.
+//
+// Key-split mode (small grids: 64-row tiles no more than the SMs, e.g. B=2,
+// H=8, S=512, and DP <= 128). A tile is 64 query rows; the two consumers share
+// its Q and take alternate K/V tiles (c, c+2, ...), so twice as many SMs work.
+// Consumer 2 leaves its (m, l, O) partials in the unused upper halves of the Q
+// buffers and consumer 1 merges them by their maxima and writes the tile.
 //
 // Limits. D is any multiple of 8 up to DP (64, 128 or 256): TMA zero-fills the
 // columns past D and the rows past Sq or Sk (and, with LEAD_TILE, the K/V rows
-// before key 0), and those rows/keys are masked or never stored. Any Sq, Sk >= 1;
-// both causal alignments; sliding windows (the WIN instantiation, below);
-// strided inputs whose strides are multiples of 8
-// elements (a TMA rule, checked by dispatch); GQA reads KV head h / (Hq / Hkv)
-// in place. Rows that see no key give O = 0 and
+// before key 0), and those rows/keys are masked or never stored. Any Sq, Sk >=
+// 1; both causal alignments; sliding windows (WIN, below); strided inputs whose
+// strides are multiples of 8 elements (a TMA rule, checked by dispatch); GQA
+// reads KV head h / (Hq / Hkv) in place. Rows that see no key give O = 0 and
 // LSE = -inf. Needs sm_90a (H100, H200); the body is empty in other passes.
 #pragma once
 
@@ -103,23 +88,19 @@
 // ---------------------------------------------------------------------------
 // Kernel
 
-// KV_SPLIT selects key-split mode at compile time: as a runtime flag the
-// extra paths cost the ordinary mode 13 % at D = 64 (perf notes, sm90 v4).
-// LONG: the instantiation for long key rows: at D = 128 Sm90Tile::PIN_SOFTMAX,
-// at D = 64 (three consumers; static or dynamic order) Sm90Tile::WIDE_KV.
-// DYN: the dynamic tile order (fc_sm90_dynamic_order): after tile blockIdx.x the
-// producer takes tile gridDim.x + atomicAdd(args.tile_counter, 1) and, when none
-// is left, hands the consumers a sentinel (a K/V tile count of -1) through the
-// TILE_INFO slot; the producer that draws the last ticket zeroes the counter
-// again (next_tile). Its own instantiation: the consumers' sentinel loop measured
-// 1-5 % slower where the static order runs (perf notes, session 22).
-// CL: CTAs per cluster, 1 or 2 (CTA pairs, above); a pair's empty barriers take
-// one arrival per consumer warp of either CTA.
-// WIN: a sliding window (kernels.h's fc_band, fc_sm90_windowed): a tile's K/V
-// tiles run from that of its first row's first key (sm90_win_range), and the
-// masks take the window's left edge too; two consumers (three at D = 64 on large
-// grids, as without a window), the static order. Its own instantiation, so that
-// the others' code stays as measured.
+// KV_SPLIT: key-split mode, at compile time (as a runtime flag its paths cost
+// the ordinary mode 13 % at D = 64; perf notes, sm90 v4). LONG: the long-row
+// instantiation (D = 128: Sm90Tile::PIN_SOFTMAX; D = 64, three consumers:
+// WIDE_KV). DYN: the dynamic order; after tile blockIdx.x the producer takes
+// gridDim.x + atomicAdd(args.tile_counter, 1), hands the consumers a sentinel
+// (K/V tile count -1) through TILE_INFO when none is left, and the one that
+// draws the last ticket zeroes the counter (next_tile); its own instantiation,
+// as the sentinel loop measured 1-5 % slower (session 22). CL: CTAs per
+// cluster, 1 or 2; a pair's empty barriers take one arrival per consumer warp
+// of either CTA. WIN: a sliding window (kernels.h's fc_band): a tile's K/V
+// tiles start at its first row's first key (sm90_win_range) and the masks take
+// the left edge; two consumers (three at D = 64 on large grids), the static
+// order; its own instantiation, so the others' code stays as measured.
 template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false, bool DYN = false, int CL = 1,
           bool WIN = false>
 __global__ void __launch_bounds__(Sm90Tile<DP, CONS>::THREADS, 1)
@@ -151,13 +132,11 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
     const uint32_t info = sink + Tile::SINK_BYTES;  // tile coordinates, 16 bytes per Q barrier pair (16-byte aligned)
     static_assert(!KV_SPLIT || Tile::KV_SPLIT_OK, "key-split mode needs DP <= 128");
     constexpr bool split = KV_SPLIT;
-    // WARP_REL: a K/V slot is released once per consumer warp (after the warp's
-    // wgmma wait), not once per thread: always with clusters (on each CTA's
-    // barrier), and in the single-CTA two-consumer D = 128 kernels. Measured on
-    // an H100 (perf notes, sessions 44-45) in those: LONG +0.4-0.5 % at 2k-16k,
-    // causal 1k +1.3 %, 512 and non-causal 1k flat; at D = 64 0.5-1 % slower
-    // (non-causal 1k-4k), at D = 256 flat, and the three-consumer D = 128 kernel
-    // spilled with it: those keep one release per thread.
+    // WARP_REL: a K/V slot is released once per consumer warp (after its wgmma
+    // wait), not per thread: with clusters (on each CTA's barrier) and in the
+    // single-CTA two-consumer D = 128 kernels, where it measured +0.4-1.3 %
+    // (H100, sessions 44-45); D = 64 lost 0.5-1 %, D = 256 was flat and the
+    // three-consumer D = 128 kernel spilled: those release per thread.
     constexpr bool WARP_REL = CL > 1 || (DP == 128 && CONS == 2 && !KV_SPLIT);
     constexpr int br = split ? Tile::WG_ROWS : BR;  // query rows per tile
 
@@ -431,10 +410,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
             }
         }
         TR_SET(TR_PRO);
-        // Steady state (OVERLAP): S of tile j+step and P_j V_j run on the tensor
-        // cores while this warpgroup does the softmax of tile j+step. The last tile is peeled
-        // off so that every wgmma group in the loop is issued unconditionally
-        // (ptxas must see that wait<1> retires the S group, or it serializes).
+        // Steady state (OVERLAP): S of tile j+step and P_j V_j run on the tensor cores during
+        // the softmax of tile j+step. The last tile is peeled off so every wgmma group in the
+        // loop is unconditional (ptxas must see that wait<1> retires the S group).
         int j = first;
         for (; j + step < nb; j += step, it += step) {
             const int g = split ? base + j : it, gn = g + step, st = g % STAGES, sn = gn % STAGES;
@@ -509,9 +487,8 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
             sm90_split_merge<Tile>(o, m_i, l_i, cw, t128, smem_raw + (sQ - raw),
                                    reinterpret_cast<float*>(smem_raw + (ml - raw)));
 
-        // A split tile's piece: the warp that ends its rows' pieces last merges them and
-        // writes its rows. (The piece is found again here: kept from the tile's start,
-        // its fields stayed live through the loop and spilled consumer registers.)
+        // A split tile's piece: the warp that ends its rows' pieces last merges and writes
+        // them (the piece is found again here: kept from the tile's start, it spilled).
         bool write = true;
         if constexpr (TAIL) {
             if (args.tail.main > 0 && tile >= args.tail.main) {
