@@ -88,19 +88,18 @@
 // ---------------------------------------------------------------------------
 // Kernel
 
-// KV_SPLIT: key-split mode, at compile time (as a runtime flag its paths cost
-// the ordinary mode 13 % at D = 64; perf notes, sm90 v4). LONG: the long-row
-// instantiation (D = 128: Sm90Tile::PIN_SOFTMAX; D = 64, three consumers:
-// WIDE_KV). DYN: the dynamic order; after tile blockIdx.x the producer takes
-// gridDim.x + atomicAdd(args.tile_counter, 1), hands the consumers a sentinel
-// (K/V tile count -1) through TILE_INFO when none is left, and the one that
-// draws the last ticket zeroes the counter (next_tile); its own instantiation,
-// as the sentinel loop measured 1-5 % slower (session 22). CL: CTAs per
-// cluster, 1 or 2; a pair's empty barriers take one arrival per consumer warp
-// of either CTA. WIN: a sliding window (kernels.h's fc_band): a tile's K/V
-// tiles start at its first row's first key (sm90_win_range) and the masks take
-// the left edge; two consumers (three at D = 64 on large grids), the static
-// order; its own instantiation, so the others' code stays as measured.
+// KV_SPLIT: key-split mode, at compile time (as a runtime flag its paths cost the ordinary
+// mode 13 % at D = 64; perf notes, sm90 v4). LONG: the long-row instantiation (D = 128:
+// Sm90Tile::PIN_SOFTMAX; D = 64, three consumers: WIDE_KV). DYN: the dynamic order; after
+// tile blockIdx.x the producer takes gridDim.x + atomicAdd(args.tile_counter, 1), hands the
+// consumers a sentinel (K/V tile count -1) through TILE_INFO when none is left, and the one
+// that draws the last ticket zeroes the counter (next_tile); its own instantiation, as the
+// sentinel loop measured 1-5 % slower (session 22). CL: CTAs per cluster, 1 or 2; a pair's
+// empty barriers take one arrival per consumer warp of either CTA. WIN: a sliding window
+// (kernels.h's fc_band): a tile's K/V tiles start at its first row's first key
+// (sm90_win_range; with WG_SKIP each consumer at its own rows'), the masks take the left
+// edge; two consumers (three at D = 64 on large grids), the static order; its own
+// instantiation, so the others' code stays as measured.
 template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false, bool DYN = false, int CL = 1,
           bool WIN = false>
 __global__ void __launch_bounds__(Sm90Tile<DP, CONS>::THREADS, 1)
@@ -132,11 +131,10 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
     const uint32_t info = sink + Tile::SINK_BYTES;  // tile coordinates, 16 bytes per Q barrier pair (16-byte aligned)
     static_assert(!KV_SPLIT || Tile::KV_SPLIT_OK, "key-split mode needs DP <= 128");
     constexpr bool split = KV_SPLIT;
-    // WARP_REL: a K/V slot is released once per consumer warp (after its wgmma
-    // wait), not per thread: with clusters (on each CTA's barrier) and in the
-    // single-CTA two-consumer D = 128 kernels, where it measured +0.4-1.3 %
-    // (H100, sessions 44-45); D = 64 lost 0.5-1 %, D = 256 was flat and the
-    // three-consumer D = 128 kernel spilled: those release per thread.
+    // WARP_REL: a K/V slot is released once per consumer warp (after its wgmma wait), not per
+    // thread: with clusters (on each CTA's barrier) and in the single-CTA two-consumer D = 128
+    // kernels, +0.4-1.3 % there (H100, sessions 44-45); D = 64 lost 0.5-1 %, D = 256 was flat
+    // and the three-consumer D = 128 kernel spilled: those release per thread.
     constexpr bool WARP_REL = CL > 1 || (DP == 128 && CONS == 2 && !KV_SPLIT);
     constexpr int br = split ? Tile::WG_ROWS : BR;  // query rows per tile
 
@@ -167,17 +165,15 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
     // Tiles (with clusters: of CL x br rows; cluster c takes tiles c, c + gridDim.x / CL, ...).
     const int n_mblocks = (p.Sq + CL * br - 1) / (CL * br);
     const int n_tiles = n_mblocks * p.B * p.Hq;
-    // The causal tile order's windows (see sm90_tile): with three consumers in the
-    // dynamic order as the host found them (capped to the L2, sm90_causal_window;
-    // sm90_window_cap), otherwise here.
+    // The causal tile order's windows (sm90_tile): with three consumers in the dynamic order as
+    // the host found them (capped to the L2, sm90_causal_window; sm90_window_cap), else here.
     const int window = MAGIC_DIV                    ? 0
                        : sm90_window_cap(DYN, CONS) ? args.sched.window
                                                     : sm90_causal_window(gridDim.x / CL, n_mblocks, p.B * p.Hq,
                                                                          (long long)p.Sk * DP * 4, false);
-    // Causal windows: the static order and the three-consumer dynamic one may merge
-    // the last two (sm90_last_window; the host decides, in args.sched.last_window),
-    // except in the D = 128 LONG kernel, whose consumers find their tiles
-    // themselves (no TILE_INFO) and whose code stays as measured.
+    // Causal windows: the static order and the three-consumer dynamic one may merge the last two
+    // (sm90_last_window; the host decides, in args.sched.last_window), except in the D = 128 LONG
+    // kernel, whose consumers find their tiles themselves (no TILE_INFO; its code as measured).
     constexpr bool MERGE = sm90_merge_windows(DYN, CONS) && Tile::TILE_INFO;
     static_assert(!DYN || (Tile::TILE_INFO && !KV_SPLIT), "the dynamic order hands out tiles through TILE_INFO");
     // (With clusters: our half of the cluster's tile, and the K/V tile count of the whole.)
@@ -264,18 +260,16 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
     const int lead = sm90_kv_lead<Tile, DYN>(p);
     const int step = split ? 2 : 1;      // K/V tiles from one of this warpgroup's to the next
     const int row_off = split ? 0 : cw * Tile::WG_ROWS;
-    // Key-split mode runs in order: the pipelined order deadlocked there while K
-    // and V shared one release barrier (perf notes, sm90 v4). With separate
-    // releases it would not; that variant is not measured yet.
+    // Key-split mode runs in order: the pipelined order deadlocked there while K and V shared
+    // one release barrier (perf notes, sm90 v4); with separate releases, not measured yet.
     constexpr bool overlap = Tile::OVERLAP && !split;
     constexpr bool wg_skip = Tile::WG_SKIP || CL > 1;
 
     int it = 0;    // ordinary mode: ring position of the current K/V tile
     int base = 0;  // key-split mode: ring position of the current tile's K/V tile 0
     int local = 0;
-    // A consumer's release of a K or V slot: its own thread's arrival, or with
-    // WARP_REL one per warp (with clusters on each CTA's barrier, lane r: CTA r),
-    // after the warp's wgmma wait, which retires the warpgroup's reads of the slot.
+    // A consumer's release of a K or V slot: its thread's arrival, or with WARP_REL one per warp
+    // (clusters: on each CTA's barrier, lane r: CTA r), after the wgmma wait that retires its reads.
     auto release = [&](uint32_t bar) {
         if constexpr (CL > 1) {
             if (lane < CL) mbar_arrive_cluster(cluster_map(bar, lane));
@@ -312,7 +306,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
             t.n_blocks = __shfl_sync(0xffffffffu, t.n_blocks, 0);
         }
         // this warpgroup's first K/V tile (WIN: the tile's, found again from its rows as the producer did)
-        const int first = split ? cw : TAIL ? t.kv0 : WIN ? sm90_win_range(p, t.row0, br, BC).kv0 : 0;
+        int first = split ? cw : TAIL ? t.kv0 : WIN ? sm90_win_range(p, t.row0, br, BC).kv0 : 0;
         const uint32_t q_rows = sQ + qb * Tile::Q_BYTES + row_off * ROWB;  // our rows of slab 0
         const int wrow0 = t.row0 + row_off;             // first query row of this warpgroup
         const int frow = wrow0 + warp * 16 + lane / 4;  // this thread's first fragment row
@@ -342,14 +336,12 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
         TR_GTIME();
         if constexpr (!Tile::TILE_INFO) mbar_wait(q_full + 8 * qbar, (local / Q_BUFS) & 1);  // this tile's Q has landed (TMA)
         TR_SET(TR_Q);
-        // Ring position g of K/V tile j: a running counter in ordinary mode, base + j in
-        // key-split mode. Ordinary mode with base + j got a different softmax schedule
-        // from ptxas and ran 15 % slower at D = 64 (perf notes, "D = 64 regression").
-        // WG_SKIP (causal): this warpgroup's own K/V tile count, the tiles its rows see
-        // (with clusters always: the cluster's tile count is the lower half's).
-        // PAD_SKIP (non-causal too): none when all our rows are padding. (Always
-        // computed and broadcast there: under a branch on our rows ptxas took the
-        // count for non-uniform and moved the ring arithmetic as below.)
+        // Ring position g of K/V tile j: a running counter in ordinary mode (base + j there
+        // ran 15 % slower at D = 64, perf notes "D = 64 regression"), base + j in key-split
+        // mode. WG_SKIP (causal): our own K/V tile count, the tiles our rows see (clusters:
+        // always, the cluster's count being the lower half's). PAD_SKIP (non-causal too): none
+        // when all our rows are padding (computed and broadcast always: under a branch on our
+        // rows ptxas took the count for non-uniform and moved the ring arithmetic, as below).
         int nb = t.n_blocks;
         if constexpr (wg_skip) {
             if (causal || Tile::PAD_SKIP) {
@@ -357,15 +349,26 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
                 int last_key = last_row + diag;  // the last key our rows see
                 if constexpr (Tile::PAD_SKIP) last_key = last_row < wrow0 ? -1 : causal ? last_key : p.Sk - 1;
                 nb = last_key < 0 ? 0 : min(nb, (last_key + lead) / BC + 1);
-                // Without UNIFORM_CW ptxas cannot tell that nb is warp-uniform, and a
-                // loop bound it cannot moves the ring arithmetic out of the uniform
-                // datapath (about 40 more vector instructions per K/V step).
+                // Without UNIFORM_CW ptxas cannot tell nb is warp-uniform, and such a loop bound moves
+                // the ring arithmetic out of the uniform datapath (~40 vector instructions per step).
                 if constexpr (!uniform_cw) nb = __shfl_sync(0xffffffffu, nb, 0);
             }
         }
-        // WIN: a warpgroup whose rows end before the tile's first K/V tile runs none and releases none
-        // (the producer loads from `first` on).
+        // WIN: rows that end before the tile's first K/V tile (the producer's first) run none.
         if constexpr (WIN) nb = max(nb, first);
+        // WIN with WG_SKIP: a later consumer's rows start at a later K/V tile (the window's left
+        // edge): it runs from there and releases the tile's earlier ones unread, as those past nb.
+        if constexpr (WIN && wg_skip) {
+            int own = band.has_lo ? min(max(sm90_win_range(p, wrow0, Tile::WG_ROWS, BC).kv0, first), nb) : first;
+            if constexpr (!uniform_cw) own = __shfl_sync(0xffffffffu, own, 0);  // (warp-uniform, as nb)
+#pragma unroll 1
+            for (; first < own; ++first, ++it) {
+                mbar_wait(k_full + 8 * (it % STAGES), (it / STAGES) & 1);  // K of tile `first` has landed
+                release(k_empty + 8 * (it % STAGES));
+                mbar_wait(v_full + 8 * (it % STAGES), (it / STAGES) & 1);  // V of tile `first` has landed
+                release(v_empty + 8 * (it % STAGES));
+            }
+        }
         const bool any = first < nb;  // this warpgroup has a K/V tile
         // O += P V for the V tile at ring position g, waited for, then its slot released.
         auto pv_tile = [&](int g) {
@@ -501,10 +504,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
             }
         }
         if ((!split || cw == 0) && write) {
-            // Epilogue: O /= l into smem (the same swizzle as TMA's, conflict-free),
-            // then 16-byte coalesced stores; LSE = (m + log2 l) ln 2. O goes through
-            // this warpgroup's own Q rows, or with EARLY_Q through its O buffer,
-            // PV_N columns per pass.
+            // Epilogue: O /= l into smem (TMA's swizzle, conflict-free), then 16-byte coalesced
+            // stores; LSE = (m + log2 l) ln 2. O goes through this warpgroup's own Q rows, or
+            // with EARLY_Q through its O buffer, PV_N columns per pass.
             constexpr bool EARLY_Q = Tile::EARLY_Q;
             constexpr int PASSES = EARLY_Q ? PV_PARTS : 1, PASS_PARTS = PV_PARTS / PASSES;
             constexpr int PASS_COLS = DP / PASSES;
@@ -521,8 +523,8 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
             // not hoist a register per pass out of the tile loop.
             static_assert((ROWS_PER_PASS & (ROWS_PER_PASS - 1)) == 0, "rows per pass must be a power of two");
             const int c = t128 % CH, r0 = t128 / CH;
-            // Both rows' sums and reciprocals first, the LSE after the O writes:
-            // one chain per row half made ptxas run the halves one after the other.
+            // Both rows' sums and reciprocals first, the LSE after the O writes (one chain per
+            // row half made ptxas run the halves one after the other).
             float l[2], inv[2];
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr) l[hr] = quad_sum(l_i[hr]);
@@ -582,9 +584,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
         if constexpr (Tile::EARLY_Q) {
             if (!any) mbar_arrive(q_empty + 8 * qbar);  // no S ran: Q is released here
         } else {
-            // A later Q (a TMA write) may overwrite these rows once every consumer thread
-            // is done with them. Their writes were fenced above (key-split: consumer 2's
-            // partials, here); their reads returned before the stores that use them.
+            // A later Q (a TMA write) may overwrite these rows once every consumer thread is done:
+            // their writes were fenced above (key-split: consumer 2's partials, here), their reads
+            // returned before the stores that use them.
             if constexpr (split) {
                 if (cw == 1) fence_proxy_async();
             }
