@@ -1,70 +1,63 @@
 // attn_fwd_sm90.cuh -- Hopper attention forward (sm90a): TMA loads, wgmma,
 // warp specialization, persistent grid.
 //
-// Algorithm. A tile is BR = 128 query rows of one (batch, head). Warpgroup 0 is
-// the producer (one thread issues every TMA load; setmaxnreg gives its registers
-// away); consumer warpgroups 1 and 2 own rows 0-63 and 64-127. At D = 64, and at
-// D = 128 for causal long rows, a third consumer makes the tile 192 rows
-// (Sm90Tile<DP, 3>; the tile table and the per-tile steps are in
-// attn_sm90_parts.cuh); D = 64 calls with long rows take 192-key K/V tiles
-// (Sm90Tile::WIDE_KV, sm90_wide_kv; non-causal ones with the partial K/V tile
-// first, LEAD_TILE). The producer loads Q into one of Q_BUFS buffers (the next
-// tile's Q arrives during this one; at D = 128 issued after the tile's second
-// K/V tile, Q_AHEAD; at D = 256 one buffer, each consumer's rows on barriers of
-// their own, Q_HALVES) and streams K and V tiles of BC keys through a
-// STAGES-deep ring. Each load completes on an mbarrier (q_full, k_full, v_full);
-// consumers release a buffer on q_empty, k_empty (as soon as S = Q K^T is done,
-// so the slot's next K loads during this P V) or v_empty.
-// Per K/V tile j a consumer computes S = Q K^T with wgmma (both operands in
-// shared memory, 128-byte swizzle) and P_j V with P from registers (the S
-// accumulator layout is the A-operand layout) and V from shared memory. At D =
-// 128 and 256 the two are software-pipelined: S_{j+1} and P_j V_j are issued
-// back to back, and tile j+1's masking and online softmax (exp2, log2(e) folded
-// into the scale) run while P_j V_j is on the tensor cores (with PIN_SOFTMAX: D =
-// 256 and D = 128's LONG; elsewhere ptxas puts the P V wait first); the O
-// rescale waits for it. At D = 64 and with three consumers they run in order,
-// and the consumers overlap each other instead. In causal tiles at D = 256 and
-// with three consumers, a consumer runs only the K/V tiles its rows see and
-// releases the rest unread (WG_SKIP); at D = 64 one whose rows are all past Sq
-// runs none (PAD_SKIP). The epilogue divides by the row sum, stages O in the
-// warpgroup's own Q rows (at D = 256, whose one Q buffer is released after the
-// tile's last S, in an O buffer), stores it in 16-byte chunks, and writes LSE.
+// Algorithm. A tile is BR = 128 query rows of one (batch, head). A CTA has three warpgroups
+// (four with a third consumer, below): warpgroup 0 is the producer (one thread issues every TMA
+// load; setmaxnreg gives its registers away), consumers 1 and 2 own rows 0-63 and 64-127. At
+// D = 64, and at D = 128 for causal long rows, a third consumer makes the tile 192 rows
+// (Sm90Tile<DP, 3>; the tile table and the per-tile steps are in attn_sm90_parts.cuh); D = 64
+// calls with long rows (non-causal, or causal in the dynamic order) take 192-key K/V tiles
+// (Sm90Tile::WIDE_KV, sm90_wide_kv; non-causal ones with the partial K/V tile first,
+// LEAD_TILE). The producer loads Q into one of Q_BUFS buffers (the next tile's Q arrives during
+// this one; at D = 128 issued after the tile's second K/V tile, Q_AHEAD; at D = 256 one buffer,
+// each consumer's rows on barriers of their own, Q_HALVES) and streams K and V tiles of BC keys
+// through a STAGES-deep ring. Each load completes on an mbarrier (q_full, k_full, v_full);
+// consumers release a buffer on q_empty, k_empty (as soon as S = Q K^T is done, so the slot's
+// next K loads during this P V) or v_empty.
+// Per K/V tile j a consumer computes S = Q K^T with wgmma (both operands in shared memory,
+// 128-byte swizzle) and P_j V with P from registers (the S accumulator layout is the A-operand
+// layout) and V (N-major) from shared memory. At D = 128 and 256 the two are
+// software-pipelined: S_{j+1} and P_j V_j are issued back to back, and tile j+1's masking and
+// online softmax (exp2, log2(e) folded into the scale) run while P_j V_j is on the tensor cores
+// (with PIN_SOFTMAX: D = 256 and D = 128's LONG; elsewhere ptxas puts the P V wait first); the
+// O rescale waits for it. At D = 64 and with three consumers they run in order, and the
+// consumers overlap each other instead. In causal tiles at D = 256 and with three consumers, a
+// consumer runs only the K/V tiles its rows see and releases the rest unread (WG_SKIP); at
+// D = 64 one whose rows are all past Sq runs none (PAD_SKIP). The epilogue divides by the row
+// sum, stages O in the warpgroup's own Q rows (at D = 256, whose one Q buffer is released after
+// the tile's last S, in an O buffer), writes it with coalesced 16-byte stores, and LSE.
 //
-// Tile order. CTAs are persistent (grid = SM count, tile t to CTA t % grid);
-// causal tiles are numbered longest first inside windows of a few heads, so a
-// head's query blocks run close in time and share its K/V in L2 (odd stripes in
-// reverse, see sm90_tile). The dynamic order (DYN, fc_sm90_dynamic_order in
-// kernels.h; causal D > 64 short rows, causal D = 128 on three consumers, causal
-// D = 64 whose windows would not fit the L2): a CTA takes its next tile from a
-// counter. Host plans: causal D = 256 CTA pairs (Sm90Plan, sm90_plan: each tile
-// to the cluster with the least work) and non-causal 192-key D = 64 calls whose
-// last query block is short (Sm90RowPlan). Non-causal D = 128 pairs split their
-// last, partial stripe by key ranges across all clusters (attn_sm90_tail.cuh).
-// The host side is in attn_fwd_sm90_launch.cuh, the producer's loop in
-// attn_sm90_producer.cuh; -DFC_SM90_TRACE records where a tile's cycles go
+// Tile order. CTAs are persistent (grid = SM count, tile t to CTA t % grid); causal tiles are
+// numbered longest first inside windows of a few heads, so a head's query blocks run close in
+// time and share its K/V in L2 (odd stripes in reverse, see sm90_tile). The dynamic order (DYN,
+// fc_sm90_dynamic_order in kernels.h; causal D > 64 short rows, causal D = 128 on three
+// consumers, causal D = 64 whose windows would not fit the L2): a CTA takes its next tile from
+// a counter. Host plans: causal D = 256 CTA pairs (Sm90Plan, sm90_plan: each tile to the
+// cluster with the least work) and non-causal 192-key D = 64 calls whose last query block is
+// short (Sm90RowPlan). Non-causal D = 128 pairs split their last, partial stripe by key ranges
+// across all clusters (attn_sm90_tail.cuh). The host side is in attn_fwd_sm90_launch.cuh, the
+// producer's loop in attn_sm90_producer.cuh; -DFC_SM90_TRACE records where a tile's cycles go
 // (trace.cuh).
 //
-// CTA pairs (CL = 2; long rows at D = 128 and 256, sm90_cluster_min_sk). Two
-// CTAs on neighbouring SMs take a tile of 2 x BR rows, one half each, and share
-// its K/V stream: each producer loads half of every K/V tile's 64-column slabs
-// by multicast TMA into both CTAs' ring slot, completing on both CTAs' barrier,
-// so every K/V byte leaves L2 once per pair. A slot refills when both CTAs'
-// consumers have released it; causal pairs run the lower half's K/V tile count,
-// and the upper half's consumers release the tiles past their rows unread.
+// CTA pairs (CL = 2; long rows at D = 128 and 256, sm90_cluster_min_sk). Two CTAs on
+// neighbouring SMs take a tile of 2 x BR rows, one half each, and share its K/V stream: each
+// producer loads half of every K/V tile's 64-column slabs by multicast TMA into both CTAs' ring
+// slot, completing on both CTAs' barrier, so every K/V byte leaves L2 once per pair. A slot
+// refills when both CTAs' consumers have released it; causal pairs run the lower half's K/V
+// tile count, and the upper half's consumers release the tiles past their rows unread.
 //
-// Key-split mode (small grids: 64-row tiles no more than the SMs, e.g. B=2,
-// H=8, S=512, and DP <= 128). A tile is 64 query rows; the two consumers share
-// its Q and take alternate K/V tiles (c, c+2, ...), so twice as many SMs work.
-// Consumer 2 leaves its (m, l, O) partials in the unused upper halves of the Q
-// buffers and consumer 1 merges them by their maxima and writes the tile.
+// Key-split mode (small grids: 64-row tiles no more than the SMs, e.g. B=2, H=8, S=512, and
+// DP <= 128). A tile is 64 query rows; the two consumers share its Q and take alternate K/V
+// tiles (c, c+2, ...), so twice as many SMs work. Consumer 2 leaves its (m, l, O) partials in
+// the unused upper halves of the Q buffers and consumer 1 merges them by their maxima and
+// writes the tile.
 //
-// Limits. D is any multiple of 8 up to DP (64, 128 or 256): TMA zero-fills the
-// columns past D and the rows past Sq or Sk (and, with LEAD_TILE, the K/V rows
-// before key 0), and those rows/keys are masked or never stored. Any Sq, Sk >=
-// 1; both causal alignments; sliding windows (WIN, below); strided inputs whose
-// strides are multiples of 8 elements (a TMA rule, checked by dispatch); GQA
-// reads KV head h / (Hq / Hkv) in place. Rows that see no key give O = 0 and
-// LSE = -inf. Needs sm_90a (H100, H200); the body is empty in other passes.
+// Limits. D is any multiple of 8 up to DP (64, 128 or 256): TMA zero-fills the columns past D
+// and the rows past Sq or Sk (and, with LEAD_TILE, the K/V rows before key 0), and those
+// rows/keys are masked or never stored. Any Sq, Sk >= 1; both causal alignments; sliding
+// windows (WIN, below); strided inputs whose strides are multiples of 8 elements (a TMA rule,
+// checked by dispatch); GQA reads KV head h / (Hq / Hkv) in place. Rows that see no key give
+// O = 0 and LSE = -inf. Needs sm_90a (H100, H200); the body is empty in other passes.
 #pragma once
 
 #include <cuda.h>
@@ -98,7 +91,8 @@
 // empty barriers take one arrival per consumer warp of either CTA. WIN: a sliding window
 // (kernels.h's fc_band): a tile's K/V tiles start at its first row's first key
 // (sm90_win_range; with WG_SKIP each consumer at its own rows'), the masks take the left
-// edge; two consumers (three at D = 64 on large grids), the static order; its own
+// edge; two consumers (three at D = 64 where the grid favours them, as without a window),
+// the static order; its own
 // instantiation, so the others' code stays as measured.
 template <int DP, int CONS, typename T, bool KV_SPLIT, bool LONG = false, bool DYN = false, int CL = 1,
           bool WIN = false>
@@ -133,8 +127,8 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
     constexpr bool split = KV_SPLIT;
     // WARP_REL: a K/V slot is released once per consumer warp (after its wgmma wait), not per
     // thread: with clusters (on each CTA's barrier) and in the single-CTA two-consumer D = 128
-    // kernels, +0.4-1.3 % there (H100, sessions 44-45); D = 64 lost 0.5-1 %, D = 256 was flat
-    // and the three-consumer D = 128 kernel spilled: those release per thread.
+    // kernels (H100, sessions 44-45: LONG +0.4-0.5 %, causal 1k +1.3 %, 512 and non-causal 1k
+    // flat); D = 64 lost 0.5-1 %, D = 256 was flat, three D = 128 consumers spilled.
     constexpr bool WARP_REL = CL > 1 || (DP == 128 && CONS == 2 && !KV_SPLIT);
     constexpr int br = split ? Tile::WG_ROWS : BR;  // query rows per tile
 
@@ -354,7 +348,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
                 if constexpr (!uniform_cw) nb = __shfl_sync(0xffffffffu, nb, 0);
             }
         }
-        // WIN: rows that end before the tile's first K/V tile (the producer's first) run none.
+        // WIN: rows that end before the tile's first K/V tile (the producer's first) run and release none.
         if constexpr (WIN) nb = max(nb, first);
         // WIN with WG_SKIP: a later consumer's rows start at a later K/V tile (the window's left
         // edge): it runs from there and releases the tile's earlier ones unread, as those past nb.
@@ -415,7 +409,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
         TR_SET(TR_PRO);
         // Steady state (OVERLAP): S of tile j+step and P_j V_j run on the tensor cores during
         // the softmax of tile j+step. The last tile is peeled off so every wgmma group in the
-        // loop is unconditional (ptxas must see that wait<1> retires the S group).
+        // loop is unconditional (ptxas must see that wait<1> retires the S group, or it serializes).
         int j = first;
         for (; j + step < nb; j += step, it += step) {
             const int g = split ? base + j : it, gn = g + step, st = g % STAGES, sn = gn % STAGES;
