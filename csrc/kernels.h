@@ -48,15 +48,16 @@ FC_BAND_FN fc_band fc_band_make(fc_causal causal, int window, int left, int righ
 /* Its causal mode's alone (window ignored, has_lo a constant 0): what the
  * kernel instantiations without a window read. */
 #define FC_CAUSAL_BAND(p) fc_band_make((p).causal, 0, 0, 0, (p).Sq, (p).Sk)
+/* Whether params p (either struct, by value) have a window that masks more
+ * than their causal mode alone would. One that masks no more (no row's left
+ * edge past key 0, no key after the diagonal: a 4096-key window over 4096
+ * keys, say) gives the band FC_CAUSAL_BAND gives, so the Hopper kernels run
+ * it as the causal call, on their instantiations that read only `causal`. */
+#define FC_WINDOW_MASKS_MORE(p) ((p).window && (FC_BAND(p).has_lo || (p).window_right != 0))
 /* Whether the sm90 forward runs p on its windowed instantiation (the static
  * order; two consumers, or three at D = 64 where fc_sm90_cons3_grid picks
- * them): a window that masks more than its causal
- * mode alone would. One that masks no more (no row's left edge past key 0,
- * no key after the diagonal: a 4096-key window over 4096 keys, say) runs as
- * the causal call, on the kernels that read only `causal`. */
-static inline int fc_sm90_windowed(const fc_attn_params* p) {
-    return p->window && (FC_BAND(*p).has_lo || p->window_right != 0);
-}
+ * them). */
+static inline int fc_sm90_windowed(const fc_attn_params* p) { return FC_WINDOW_MASKS_MORE(*p); }
 
 /* Portable mma.sync kernels, one per padded head dim (csrc/sm80/). */
 fc_status fc_sm80_fwd_d64(const fc_attn_params* p, fc_stream_t stream);   /* D <= 64 */

@@ -52,11 +52,13 @@ static fc_status attn_bwd_sm90_launch(const fc_attn_bwd_params* p, int num_sms, 
         *p, a.sq_pad);
     if (cudaGetLastError() != cudaSuccess) return FC_ERR_CUDA;
 
+    // The WIN instantiation only where the window masks more than the causal mode (as the forward)
+    const bool win = FC_WINDOW_MASKS_MORE(*p);
     const fc_status main =
-        p->deterministic ? (p->window ? attn_bwd_sm90_main<DP, T, true, true>(a, main_ctas, stream)
-                                      : attn_bwd_sm90_main<DP, T, true, false>(a, main_ctas, stream))
-                         : (p->window ? attn_bwd_sm90_main<DP, T, false, true>(a, main_ctas, stream)
-                                      : attn_bwd_sm90_main<DP, T, false, false>(a, main_ctas, stream));
+        p->deterministic ? (win ? attn_bwd_sm90_main<DP, T, true, true>(a, main_ctas, stream)
+                                : attn_bwd_sm90_main<DP, T, true, false>(a, main_ctas, stream))
+                         : (win ? attn_bwd_sm90_main<DP, T, false, true>(a, main_ctas, stream)
+                                : attn_bwd_sm90_main<DP, T, false, false>(a, main_ctas, stream));
     if (main != FC_OK) return main;
 
     attn_bwd_post_kernel<DP, T><<<bwd_row_grid<DP>((long long)p->B * p->Hq * p->Sq), BWD_ROW_THREADS, 0, stream>>>(
