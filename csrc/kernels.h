@@ -4,6 +4,8 @@
 #ifndef FLASHCORE_KERNELS_H
 #define FLASHCORE_KERNELS_H
 
+#include <limits.h>
+
 #include "flashcore.h"
 
 #ifdef __cplusplus
@@ -42,6 +44,12 @@ FC_BAND_FN fc_band fc_band_make(fc_causal causal, int window, int left, int righ
         b.lo = b.has_lo ? (int)lo : 0;
     }
     return b;
+}
+/* The key block (of bc keys) of row0's first visible key, where the blocks
+ * that rows row0 .. see start: 0 without a left edge (or one at or before key
+ * 0), and at most n (the blocks there are). */
+FC_BAND_FN int fc_band_first_block(fc_band band, int row0, int bc, int n) {
+    return band.has_lo && row0 + band.lo > 0 ? ((row0 + band.lo) / bc < n ? (row0 + band.lo) / bc : n) : 0;
 }
 /* The band of params p (fc_attn_params or fc_attn_bwd_params, by value). */
 #define FC_BAND(p) fc_band_make((p).causal, (p).window, (p).window_left, (p).window_right, (p).Sq, (p).Sk)
@@ -258,9 +266,7 @@ size_t fc_sm90_smem_d256(void);
 /* The first key tile (of bc keys) the split-KV kernel's splits start from:
  * the one of row 0's first visible key, so a window's splits share out only
  * the keys its rows see (dispatch's plan counts the tiles from here too). */
-FC_BAND_FN int fc_decode_first_tile(fc_band band, int bc) {
-    return band.has_lo && band.lo > 0 ? band.lo / bc : 0;
-}
+FC_BAND_FN int fc_decode_first_tile(fc_band band, int bc) { return fc_band_first_block(band, 0, bc, INT_MAX); }
 
 typedef struct {
     int splits;           /* key ranges (CTAs per row block); 1 = write O and LSE directly */

@@ -172,7 +172,7 @@ attn_fwd_sm80_kernel(const __grid_constant__ fc_attn_params p, const fc_band ban
     }
     // A window skips the key blocks before its first row's first key: the loop below counts blocks
     // from kb (k and v start there; key0 below is relative to it).
-    const int j0 = windowed && row0 + band.lo > 0 ? min(n_blocks, (row0 + band.lo) / BC) : 0;
+    const int j0 = fc_band_first_block(band, row0, BC, n_blocks);
     n_blocks -= j0;
     const int kb = j0 * BC;
 

@@ -191,7 +191,7 @@ __device__ __forceinline__ Sm90WinRange sm90_win_range(const fc_attn_params& p, 
         const int last_key = min(row0 + br, p.Sq) - 1 + band.hi;
         r.n = last_key < 0 ? 0 : min(r.n, last_key / bc + 1);
     }
-    r.kv0 = band.has_lo && row0 + band.lo > 0 ? min(r.n, (row0 + band.lo) / bc) : 0;
+    r.kv0 = fc_band_first_block(band, row0, bc, r.n);
     return r;
 }
 
