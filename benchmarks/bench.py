@@ -111,8 +111,8 @@ FLEX_BUDGET_S = 180.0
 
 SDPA_IMPLS = ("sdpa-default", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient")
 DEFAULT_IMPLS = ("flashcore", "flashcore:sm80", "flashcore:sm90") + SDPA_IMPLS + ("flex",)
-# "window" (a window suite's left edge, WINDOW_LEFT in files written before it was a field) is absent
-# from the rows of the other suites: read these fields with r.get.
+# "window" (a window suite's left edge) is absent from the rows of the other suites: read these
+# fields with r.get.
 KEY_FIELDS = ("suite", "impl", "B", "Hq", "Hkv", "Sq", "Sk", "D", "causal", "dtype", "window")
 SHAPE_FIELDS = ("suite", "B", "Hq", "Hkv", "Sq", "Sk", "D", "causal", "dtype", "window")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -196,7 +196,7 @@ def windowed(s):
 
 def window_left(s):
     """A window shape's left edge (keys before the diagonal each query sees)."""
-    return WINDOW_LEFT if s.get("window") is None else s["window"]
+    return s["window"]
 
 
 def is_bwd(s):
@@ -216,10 +216,8 @@ def bottom_right(s):
 
 
 def flops(s):
-    if s["suite"] == "bwd":
-        return 2.5 * flops(dict(s, suite="grid"))
-    if s["suite"] == "window-bwd":
-        return 2.5 * flops(dict(s, suite="window"))
+    if is_bwd(s):  # 2.5x the forward's (bwd: the grid's, window-bwd: the window's)
+        return 2.5 * flops(dict(s, suite={"bwd": "grid", "window-bwd": "window"}[s["suite"]]))
     if windowed(s):  # row i sees min(i + 1, left + 1) keys (Sq == Sk, top-left)
         w = window_left(s) + 1
         seen = sum(min(i + 1, w) for i in range(s["Sq"]))
@@ -505,8 +503,7 @@ def run_shape(s, impls, fc, flex, flex_budget_s, skipped, mismatches, log, round
     dout = torch.randn_like(q) if bwd else None
 
     def impl(name):
-        ctx, fn = make_impl(name, q, k, v, s["causal"], fc, flex, bottom_right(s),
-                            window_left(s) if windowed(s) else None)
+        ctx, fn = make_impl(name, q, k, v, s["causal"], fc, flex, bottom_right(s), s.get("window"))
         return backward_of(ctx, fn, q, k, v, dout) if bwd else (ctx, fn)
 
     ref = None
@@ -671,9 +668,6 @@ def merge_results(path, meta, new_rows, skipped):
             with open(path) as f:
                 old = json.load(f)
             old_rows, old_meta = old.get("rows", []), old.get("meta", {})
-            for r in old_rows:  # written before the window was a field: WINDOW_LEFT's
-                if windowed(r) and r.get("window") is None:
-                    r["window"] = WINDOW_LEFT
         except (OSError, ValueError) as e:
             print(f"warning: could not read {path} ({e}); writing it anew", file=sys.stderr)
     calls = []

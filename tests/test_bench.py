@@ -161,12 +161,12 @@ def test_window_shapes_follow_dims_and_lefts():
     assert {s["Sq"] for s in bench.window_shapes("window-bwd", quick=True)} == {8192}
 
 
-def test_window_rows_merge_with_files_written_before_the_field(tmp_path):
-    """Rows of a window suite written without "window" are WINDOW_LEFT's: a new reading of that window
-    replaces them, one of another window stands beside them."""
+def test_window_rows_merge_by_their_window(tmp_path):
+    """Rows of a window suite are keyed by their window: a new reading of that window replaces them, one
+    of another window stands beside them."""
     path = str(tmp_path / "gpu.json")
     old = {"suite": "window", "impl": "flashcore", "B": 2, "Hq": 32, "Hkv": 8, "Sq": 8192, "Sk": 8192,
-           "D": 128, "causal": True, "dtype": "fp16", "us": 1.0}
+           "D": 128, "causal": True, "dtype": "fp16", "window": bench.WINDOW_LEFT, "us": 1.0}
     with open(path, "w") as f:
         json.dump({"meta": {"commit": "a" * 40}, "rows": [old]}, f)
     meta = {"commit": "b" * 40, "dirty": False, "suites": ["window"], "date": "2026-11-27"}
@@ -174,7 +174,7 @@ def test_window_rows_merge_with_files_written_before_the_field(tmp_path):
     assert [(r["window"], r["us"]) for r in rows] == [(bench.WINDOW_LEFT, 2.0)]
     rows = bench.merge_results(path, meta, [dict(old, us=3.0, window=1023)], [])
     assert sorted((r["window"], r["us"]) for r in rows) == [(1023, 3.0), (bench.WINDOW_LEFT, 2.0)]
-    grid = {k: v for k, v in old.items() if k != "causal"}
+    grid = {k: v for k, v in old.items() if k not in ("causal", "window")}
     rows = bench.merge_results(path, meta, [dict(grid, suite="grid", causal=False)], [])
     assert [r for r in rows if r["suite"] == "grid"][0].get("window") is None  # other suites carry none
 

@@ -19,12 +19,14 @@ def load(name):
         return json.load(f)
 
 
-def by_shape(rows, window_left=4095):
-    """(suite, dtype, D, Sq, Sk, causal, B) -> {impl: TFLOP/s}; window rows of the README's left edge only
-    (rows written before the field carried it are 4095's)."""
+README_WINDOW_LEFT = 4095  # the README's window tables: window=(4095, 0)
+
+
+def by_shape(rows):
+    """(suite, dtype, D, Sq, Sk, causal, B) -> {impl: TFLOP/s}; window rows of the README's left edge only."""
     out = {}
     for r in rows:
-        if r["suite"].startswith("window") and r.get("window", 4095) != window_left:
+        if r["suite"].startswith("window") and r["window"] != README_WINDOW_LEFT:
             continue
         key = (r["suite"], r["dtype"], r["D"], r["Sq"], r["Sk"], r["causal"], r["B"])
         out.setdefault(key, {})[r["impl"]] = r["tflops"]

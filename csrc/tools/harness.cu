@@ -620,27 +620,18 @@ static int run_host(const Case& c, fc_kernel kernel) {
 }
 
 // FLOPs as benchmarks/bench.py counts them: 4 B Hq Sq Sk D, halved for causal
-// calls with Sq = Sk; with Sq != Sk, 4 B Hq D times the (query, key) pairs the
-// mask leaves visible (row i sees keys j <= i, or j <= i + Sk - Sq bottom-right).
+// calls with Sq = Sk and no window; otherwise 4 B Hq D times the (query, key)
+// pairs the mask leaves visible (kernels.h's fc_band: the causal mode, and the window).
 static double case_flops(const Case& c) {
     const double full = 4.0 * c.B * c.Hq * (double)c.Sq * c.Sk * c.D;
-    if (c.win) {  // the pairs the window's band leaves visible (kernels.h's fc_band)
-        const fc_band b = fc_band_make(c.causal, 1, c.wl, c.wr, c.Sq, c.Sk);
-        double seen = 0;
-        for (long long i = 0; i < c.Sq; ++i) {
-            const long long lo = b.has_lo ? std::max(0LL, i + b.lo) : 0;
-            const long long hi = b.has_hi ? std::min((long long)c.Sk - 1, i + b.hi) : c.Sk - 1;
-            seen += hi >= lo ? (double)(hi - lo + 1) : 0;
-        }
-        return 4.0 * c.B * c.Hq * c.D * seen;
-    }
-    if (c.causal == FC_CAUSAL_NONE) return full;
-    if (c.Sq == c.Sk) return full / 2;
-    const long long shift = c.causal == FC_CAUSAL_BOTTOM_RIGHT ? (long long)c.Sk - c.Sq : 0;
+    if (!c.win && c.causal == FC_CAUSAL_NONE) return full;
+    if (!c.win && c.Sq == c.Sk) return full / 2;
+    const fc_band b = fc_band_make(c.causal, c.win, c.wl, c.wr, c.Sq, c.Sk);
     double seen = 0;
     for (long long i = 0; i < c.Sq; ++i) {
-        const long long n = i + 1 + shift;
-        seen += n < 0 ? 0 : n > c.Sk ? c.Sk : n;
+        const long long lo = b.has_lo ? std::max(0LL, i + b.lo) : 0;
+        const long long hi = b.has_hi ? std::min((long long)c.Sk - 1, i + b.hi) : c.Sk - 1;
+        seen += hi >= lo ? (double)(hi - lo + 1) : 0;
     }
     return 4.0 * c.B * c.Hq * c.D * seen;
 }
