@@ -190,11 +190,12 @@ def ref_dtype(device):
     return torch.float64
 
 
-def ref_attention(q, k, v, scale=None, causal_mode=None, dtype=None):
+def ref_attention(q, k, v, scale=None, causal_mode=None, dtype=None, vis=None):
     """Reference attention in `dtype` (default ref_dtype: fp64) on the upcast inputs.
 
     Returns (out, lse): out (B, Hq, Sq, D) and lse (B, Hq, Sq) in `dtype`, the
-    natural-log logsumexp of scale * q k^T over the visible keys. Rows that see
+    natural-log logsumexp of scale * q k^T over the visible keys (those of
+    causal_mode, or of the bool (Sq, Sk) mask vis where given). Rows that see
     no key give out 0 and lse -inf.
     """
     if scale is None:
@@ -205,7 +206,8 @@ def ref_attention(q, k, v, scale=None, causal_mode=None, dtype=None):
     qf, kf, vf = q.to(dtype), k.to(dtype), v.to(dtype)
     Sq, Sk = q.shape[2], k.shape[2]
     s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
-    vis = visible_mask(Sq, Sk, causal_mode, q.device)
+    if vis is None:
+        vis = visible_mask(Sq, Sk, causal_mode, q.device)
     s = s.masked_fill(~vis, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)  # -inf for a fully masked row
     dead = ~vis.any(dim=-1)  # (Sq,)

@@ -12,11 +12,16 @@ bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
 
-def visible_pairs(Sq, Sk, lower_right):
-    """Query-key pairs a causal mask lets through, counted on the mask itself."""
+def visible_pairs(Sq, Sk, lower_right, left=None):
+    """Query-key pairs a causal mask (with a window: left keys before the diagonal) lets through,
+    counted on the mask itself."""
     i = torch.arange(Sq)[:, None]
     j = torch.arange(Sk)[None, :]
-    return int((j <= i + (Sk - Sq if lower_right else 0)).sum())
+    d = Sk - Sq if lower_right else 0
+    vis = j <= i + d
+    if left is not None:
+        vis &= j >= i + d - left
+    return int(vis.sum())
 
 
 @pytest.mark.parametrize("Sq,Sk", [(4, 4), (5, 9), (9, 5), (1, 7), (64, 640)])
@@ -146,9 +151,7 @@ def test_det_table_ratios():
 def test_window_flops_count_the_band(S, left):
     """A window row counts the pairs its causal band lets through (query i sees keys i - left .. i)."""
     s = dict(bench.shape("window", 2, 3, 1, S, S, 64, True, "fp16"), window=left)
-    i = torch.arange(S)[:, None]
-    j = torch.arange(S)[None, :]
-    assert bench.flops(s) == 4 * 2 * 3 * 64 * int(((j <= i) & (j >= i - left)).sum())
+    assert bench.flops(s) == 4 * 2 * 3 * 64 * visible_pairs(S, S, False, left)
     assert bench.flops(dict(s, suite="window-bwd")) == 2.5 * bench.flops(s)
     assert f"causal-w{left + 1}" in bench.shape_label(s)
 

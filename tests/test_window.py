@@ -21,10 +21,9 @@ import flashcore
 from flashcore import _C
 
 import test_fuzz as fuzz
-from conftest import (EPS, GPU_KERNELS, LSE_ATOL, default_scale, dtype_id, expand_kv, make_qkv, ref_dtype,
-                      requires_gpu)
-
-HALF_ULP = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 1e-5}
+from conftest import (EPS, GPU_KERNELS, LSE_ATOL, default_scale, dtype_id, expand_kv, make_qkv, ref_attention,
+                      ref_dtype, requires_gpu)
+from test_backward import HALF_ULP, SM80_BWD_SMEM_D256, deterministic, maxerr
 
 # (B, Hq, Hkv, Sq, Sk, causal, alignment, left, right): the seed shape with a 128-key window, odd lengths,
 # Sq != Sk both ways (top-left with Sq > Sk leaves rows past the window's reach with no key), a two-sided
@@ -84,21 +83,6 @@ def call(q, k, v, c, kernel="auto", **kw):
                                **kw)
 
 
-def ref(q, k, v, vis, scale):
-    """fp64 (out, lse) with mask vis; rows that see no key give 0 and -inf."""
-    dt = ref_dtype(q.device)
-    ke, ve = expand_kv(q, k, v)
-    s = torch.matmul(q.to(dt), ke.to(dt).transpose(-1, -2)) * scale
-    s = s.masked_fill(~vis, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - torch.where(torch.isneginf(lse), 0.0, lse).unsqueeze(-1))
-    return torch.matmul(p, ve.to(dt)), lse
-
-
-def maxerr(a, b):
-    return 0.0 if a.numel() == 0 else (a.double() - b.double()).abs().max().item()
-
-
 def sdpa_masked(fn):
     """fn() (SDPA with the band as its mask, the low-precision error the checks allow twice of), taken again
     on SDPA's math backend if a fused backend returned NaN/Inf: seen from its backward on an H200 (torch 2.11,
@@ -124,7 +108,7 @@ def check_fwd(out, lse, q, k, v, vis, scale):
     dt = q.dtype
     assert out.shape == q.shape and out.dtype == dt
     assert torch.isfinite(out).all(), "out has NaN/Inf (a row left unwritten?)"
-    r_out, r_lse = ref(q, k, v, vis, scale)
+    r_out, r_lse = ref_attention(q, k, v, scale, vis=vis)
     live = vis.any(-1)
     assert (out[:, :, ~live] == 0).all(), "rows that see no key must give out == 0"
     assert torch.equal(torch.isneginf(lse), torch.isneginf(r_lse)), "-inf lse rows differ from the reference's"
@@ -337,17 +321,14 @@ def test_reruns_bit_identical(kernel, case):
     c, D = case[:9], case[9]
     q, k, v = make_qkv(*c[:5], D, torch.float16, "cuda")
     go = torch.randn_like(q)
-    torch.use_deterministic_algorithms(True)
-    try:
+    with deterministic(True):
         first = None
         for _ in range(5):
             r = (call(q, k, v, c, kernel=kernel),) + grads(q, k, v, c, go, kernel)
             if first is None:
                 first = r
             assert all(torch.equal(a, b) for a, b in zip(r, first))
-        check_bwd(first[1:], q, k, v, band(*c[3:5], *c[5:], "cuda"), go, default_scale(q))
-    finally:
-        torch.use_deterministic_algorithms(False)
+    check_bwd(first[1:], q, k, v, band(*c[3:5], *c[5:], "cuda"), go, default_scale(q))
 
 
 @pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=requires_gpu)])
@@ -406,15 +387,13 @@ def run_window_case(c, device):
             out2, lse2 = call(q, k, v, w, kernel=c["kernel"], return_lse=True, **kw)
             assert torch.equal(out, out2) and torch.equal(lse, lse2), "a rerun gave different bits"
         if c["bwd"] and (device == "cpu" or c["D"] <= 128 or
-                         torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin >= 147968):
+                         torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin >=
+                         SM80_BWD_SMEM_D256):
             go = torch.randn_like(q)
-            torch.use_deterministic_algorithms(c["det"])
-            try:
+            with deterministic(c["det"]):
                 got = grads(q, k, v, w, go, c["kernel"], **kw)
                 if c["det"] and device == "cuda":
                     assert torch.equal(got[0], grads(q, k, v, w, go, c["kernel"], **kw)[0]), "dq moved on a rerun"
-            finally:
-                torch.use_deterministic_algorithms(False)
             check_bwd(got, q, k, v, vis, go, scale)
     except AssertionError as e:
         raise AssertionError(f"{what}: {e}") from None
