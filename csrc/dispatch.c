@@ -170,11 +170,7 @@ static int plan_split(const fc_attn_params* p, const fc_device_info* dev, fc_spl
     /* key tiles any row can see: from row 0's first visible key (the kernel's
      * fc_decode_first_tile) to the last row's last one */
     const fc_band band = FC_BAND(*p);
-    int64_t visible = p->Sk;
-    if (band.has_hi) {
-        const int64_t last = (int64_t)p->Sq - 1 + band.hi + 1;
-        visible = last < visible ? last : visible;
-    }
+    const int64_t visible = fc_band_key_end(band, p->Sk, 0, p->Sq);
     const int bc = decode_bc(p->D);
     const int64_t first = fc_decode_first_tile(band, bc);
     const int64_t tiles = visible <= first * bc ? 1 : (visible + bc - 1) / bc - first;

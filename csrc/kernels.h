@@ -51,6 +51,13 @@ FC_BAND_FN fc_band fc_band_make(fc_causal causal, int window, int left, int righ
 FC_BAND_FN int fc_band_first_block(fc_band band, int row0, int bc, int n) {
     return band.has_lo && row0 + band.lo > 0 ? ((row0 + band.lo) / bc < n ? (row0 + band.lo) / bc : n) : 0;
 }
+/* One past the last key rows r0 .. r0 + rows - 1 see (0 .. Sk; in 64 bits,
+ * as r0 + rows + hi may pass INT_MAX at FC_MAX_SEQ_LEN). */
+FC_BAND_FN int fc_band_key_end(fc_band band, int Sk, int r0, int rows) {
+    if (!band.has_hi) return Sk;
+    const long long last = (long long)r0 + rows - 1 + band.hi + 1;
+    return last < 0 ? 0 : (last < Sk ? (int)last : Sk);
+}
 /* The band of params p (fc_attn_params or fc_attn_bwd_params, by value). */
 #define FC_BAND(p) fc_band_make((p).causal, (p).window, (p).window_left, (p).window_right, (p).Sq, (p).Sk)
 /* Its causal mode's alone (window ignored, has_lo a constant 0): what the

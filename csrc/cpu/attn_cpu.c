@@ -122,16 +122,8 @@ static int visible(fc_band band, int i, int j) {
     return (!band.has_hi || (int64_t)j <= (int64_t)i + band.hi) && (!band.has_lo || (int64_t)j >= (int64_t)i + band.lo);
 }
 
-/* End of the keys rows r0 .. r0 + rows - 1 see: keys past the block's last
- * visible key are never loaded. */
-static int key_end_of(fc_band band, int Sk, int r0, int rows) {
-    if (!band.has_hi) return Sk;
-    const int64_t last = (int64_t)r0 + rows - 1 + band.hi + 1;
-    return last < 0 ? 0 : (last < Sk ? (int)last : Sk);
-}
-
-/* Start of the keys those rows see (a window's lower bound for row r0): keys
- * before it are never loaded. */
+/* Start of the keys rows r0 .. see (a window's lower bound for row r0): keys
+ * before it, and past kernels.h's fc_band_key_end, are never loaded. */
 static int key_begin_of(fc_band band, int Sk, int r0) {
     if (!band.has_lo) return 0;
     const int64_t first = (int64_t)r0 + band.lo;
@@ -170,7 +162,7 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0, void* scra
         m[r] = -INFINITY;
         l[r] = 0.;
     }
-    const int key_end = key_end_of(band, p->Sk, r0, rows);
+    const int key_end = fc_band_key_end(band, p->Sk, r0, rows);
     for (int c0 = key_begin_of(band, p->Sk, r0); c0 < key_end; c0 += KC) {
         const int nk = key_end - c0 < KC ? key_end - c0 : KC;
         load_kv_chunk(kc, vc, p->k, ko, p->k_row_stride, p->v, vo, p->v_row_stride, c0, nk, D, p->dtype);
@@ -288,7 +280,7 @@ static void bwd_rows_block(const fc_attn_bwd_params* p, int b, int h, int r0, do
         lse[r] = p->lse[row0 + r];
         dsum[r] = 0.;
     }
-    const int key_end = key_end_of(band, p->Sk, r0, rows);
+    const int key_end = fc_band_key_end(band, p->Sk, r0, rows);
     for (int c0 = key_begin_of(band, p->Sk, r0); c0 < key_end; c0 += KC) {
         const int nk = key_end - c0 < KC ? key_end - c0 : KC;
         load_kv_chunk(kc, vc, p->k, ko, p->k_row_stride, p->v, vo, p->v_row_stride, c0, nk, D, p->dtype);
