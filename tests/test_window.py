@@ -27,9 +27,9 @@ from test_backward import HALF_ULP, SM80_BWD_SMEM_D256, deterministic, maxerr
 
 # (B, Hq, Hkv, Sq, Sk, causal, alignment, left, right): the seed shape with a 128-key window, odd lengths,
 # Sq != Sk both ways (top-left with Sq > Sk leaves rows past the window's reach with no key), a two-sided
-# window, each side alone, the diagonal alone, windows wider than the keys, decode rows (the split-KV
-# kernel), and more query tiles than an H100 has SMs (the Hopper kernel's persistent CTAs run several
-# tiles, each from its own first K/V tile, through one ring).
+# window, each side alone, the diagonal alone, windows wider than the keys (causal and not), decode rows
+# (the split-KV kernel), and more query tiles than an H100 has SMs (the Hopper kernel's persistent CTAs run
+# several tiles, each from its own first K/V tile, through one ring).
 CASES = [
     (2, 8, 8, 512, 512, True, "top_left", 127, 0),
     (1, 4, 2, 1000, 1000, True, "top_left", 255, 0),
@@ -53,6 +53,9 @@ CASES = [
     # a narrow window there: each consumer starts at its own rows' first K/V tile (the later ones
     # release the tile's first ones unread)
     (4, 16, 4, 2048, 2100, True, "bottom_right", 127, 0),
+    # a causal window that masks nothing the diagonal does not (its left reaches key 0 from every row): the
+    # Hopper kernels run it as the causal call (FC_WINDOW_MASKS_MORE), forward and backward
+    (2, 4, 2, 1000, 1100, True, "bottom_right", 1100, 0),
 ]
 SMALL = [c for c in CASES if c[3] * c[4] <= 300 * 300]  # the CPU path's share
 
