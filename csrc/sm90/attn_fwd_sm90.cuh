@@ -587,7 +587,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
             mbar_arrive(q_empty + 8 * qbar);
         }
         TR_SET(TR_END);
-        TR_VAL(TR_BLOCKS, t.n_blocks);
+        TR_VAL(TR_BLOCKS, any ? (nb - first + step - 1) / step : 0);
         TR_FLUSH();
     }
 #else

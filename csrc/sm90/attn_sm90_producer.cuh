@@ -148,7 +148,7 @@ __device__ __forceinline__ void sm90_producer(const Sm90Args& args, const Sm90Sm
             }
         }
         TR_SET(TR_END);
-        TR_VAL(TR_BLOCKS, t.n_blocks);
+        TR_VAL(TR_BLOCKS, t.n_blocks - kv0);
         TR_FLUSH();
         if constexpr (ahead) {
             t = tn;

@@ -6,8 +6,9 @@
 // w (0 producer, 1.. consumers, thread 0 of each), FC_TRACE_EV 64-bit slots at
 // trace[((c * FC_TRACE_TILES + l) * FC_TRACE_WGS + w) * FC_TRACE_EV]. Slots
 // TR_START .. TR_END are clock64() readings; TR_W_K .. TR_TAIL are cycles summed over the
-// tile's waits of one kind; TR_BLOCKS is the tile's K/V tile count; TR_GT is
-// %globaltimer (ns) at the tile's start, for lining CTAs up.
+// tile's waits of one kind; TR_BLOCKS is the K/V tiles the warpgroup ran (the producer: loaded;
+// a window's or a skipping consumer's own, not the tile's end index); TR_GT is %globaltimer (ns)
+// at the tile's start, for lining CTAs up.
 #pragma once
 
 #include "../common/ptx.cuh"  // globaltimer_ns
@@ -30,7 +31,7 @@ enum {
     TR_SOFT = 10,    // masking + softmax in the loop
     TR_ISSUE = 11,   // issuing the loop's wgmma groups
     TR_TAIL = 12,    // the loop's O rescale and P packing
-    TR_BLOCKS = 13,  // K/V tiles of this tile
+    TR_BLOCKS = 13,  // K/V tiles this warpgroup ran (loaded) in this tile
     TR_GT = 14,      // globaltimer at the start
 };
 #define TR_ACCS 7    // accumulated slots, TR_W_K .. TR_TAIL
