@@ -138,7 +138,9 @@ void check_no_tangent(const at::Tensor& t, const char* name) {
 
 // Every check that can be phrased in terms of the user's arguments lives
 // here, so the message names the argument; fc_attn_fwd_check is the backstop.
-void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+// own_dv: the forward, where v's head dim may be its own (fc_attn_params' Dv: a
+// multiple of 8 below D; the C checks say which kernels run it).
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool own_dv = false) {
     const at::Tensor* ts[3] = {&q, &k, &v};
     const char* names[3] = {"q", "k", "v"};
     for (int i = 0; i < 3; ++i) {
@@ -192,10 +194,14 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
         if (ts[i]->size(0) != q.size(0))
             value_error(std::string(names[i]) + ": batch " + std::to_string(ts[i]->size(0)) +
                         " differs from q's " + std::to_string(q.size(0)) + "; q, k and v need the same B");
-        if (ts[i]->size(3) != q.size(3))  // (flashcore.attention pads a v of its own head dim first)
-            value_error(std::string(names[i]) + ": head dim " + std::to_string(ts[i]->size(3)) +
-                        " differs from q's " + std::to_string(q.size(3)) +
-                        (i == 1 ? "; q and k need the same D (v's may differ)" : "; this entry needs v's D = q's"));
+        // (flashcore.attention pads a v of its own head dim where the kernel does not take it)
+        const int64_t dv = ts[i]->size(3);
+        if (dv != q.size(3) && (i == 1 || !own_dv || dv < 8 || dv > q.size(3) || dv % 8 != 0))
+            value_error(std::string(names[i]) + ": head dim " + std::to_string(dv) + " differs from q's " +
+                        std::to_string(q.size(3)) +
+                        (i == 1 ? "; q and k need the same D (v's may differ)"
+                         : own_dv ? "; this entry takes v's head dim equal to D or a multiple of 8 below it"
+                                  : "; this entry needs v's D = q's"));
     }
     if (v.size(1) != k.size(1))
         value_error("v: " + std::to_string(v.size(1)) + " heads but k has " + std::to_string(k.size(1)) +
@@ -279,6 +285,7 @@ fc_attn_params fill_params(const at::Tensor& q, const at::Tensor& k, const at::T
     p.o_batch_stride = q.stride(0); p.o_head_stride = q.stride(1); p.o_row_stride = q.stride(2);
     p.B = (int)q.size(0); p.Hq = (int)q.size(1); p.Hkv = (int)k.size(1);
     p.Sq = (int)q.size(2); p.Sk = (int)k.size(2); p.D = (int)q.size(3);
+    p.Dv = v.size(3) != q.size(3) ? (int)v.size(3) : 0;
     p.dtype = to_fc_dtype(q.scalar_type());
     p.scale = (float)scale;
     p.causal = (fc_causal)causal;
@@ -388,7 +395,7 @@ void check_kernel_id(const at::Tensor& q, int kernel) {
 std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                           double scale, int causal, int kernel, bool return_lse,
                                           int64_t num_splits, const Window& w) {
-    check_inputs(q, k, v);
+    check_inputs(q, k, v, true);
     check_num_splits(num_splits);
     check_scale(scale);
     if (causal < FC_CAUSAL_NONE || causal > FC_CAUSAL_BOTTOM_RIGHT)
@@ -396,7 +403,7 @@ std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor&
     check_kernel_id(q, kernel);
 
     c10::OptionalDeviceGuard guard(q.device());
-    at::Tensor out = at::empty(q.sizes(), q.options());
+    at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());  // (B, Hq, Sq, Dv)
     at::Tensor lse;
     if (return_lse) lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
 
@@ -736,12 +743,36 @@ bool for_dispatcher(const pybind11::handle& o, const char* name) {
 // flashcore.attention, which makes them such a call (_as_bhsd,
 // _pad_head_dims) and shapes the output back. A nested or non-strided tensor counts
 // as one call here: check_inputs refuses it.
-bool bhsd_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+// any_dv: v's head dim not compared (a call that may run with v's own, native_dv).
+bool bhsd_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool any_dv = false) {
     for (const at::Tensor* t : {&q, &k, &v})
         if (t->is_nested() || t->layout() != at::kStrided) return true;
     if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return false;
-    return v.size(3) == q.size(3) && k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == v.size(1) &&
-           !(q.size(1) == 1 && k.size(1) != 1);
+    return (any_dv || v.size(3) == q.size(3)) && k.size(0) == q.size(0) && v.size(0) == q.size(0) &&
+           k.size(1) == v.size(1) && !(q.size(1) == 1 && k.size(1) != 1);
+}
+
+// Whether a (B, H, S, D) call whose v has a head dim of its own runs as it is:
+// the kernel it picks takes v's Dv (fc_attn_params: a multiple of 8 below D, on
+// the CPU kernel or the sm90 one at D > 128, not split-KV; fc_attn_fwd_check_args
+// says). Otherwise flashcore.attention pads v to D, and a call the checks
+// refuse for another reason raises there, from the padded call's checks.
+bool native_dv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, int causal,
+               int kernel, int64_t num_splits, const Window& w) {
+    const int64_t d = q.size(3), dv = v.size(3);
+    if (dv < 8 || dv >= d || dv % 8 != 0 || d > FC_MAX_HEAD_DIM) return false;
+    if (!(q.is_cpu() || q.is_cuda()) || k.device() != q.device() || v.device() != q.device() ||
+        k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type() || k.size(3) != d ||
+        v.size(2) != k.size(2) || num_splits < 0 || num_splits > INT32_MAX || !scale_ok(scale))
+        return false;
+    for (const at::Tensor* t : {&q, &k, &v})
+        if (t->size(0) > INT32_MAX || t->size(1) > INT32_MAX || t->size(2) > FC_MAX_SEQ_LEN) return false;
+    c10::OptionalDeviceGuard guard(q.device());
+    fc_attn_params p = fill_params(q, k, v, scale, causal, kernel, num_splits, w);
+    p.o_row_stride = dv;  // (run_fwd's out: contiguous (B, Hq, Sq, Dv))
+    p.o_head_stride = q.size(2) * dv;
+    p.o_batch_stride = q.size(1) * p.o_head_stride;
+    return fc_attn_fwd_check_args(&p, nullptr, 0) == FC_OK;
 }
 
 // Under torch.autocast SDPA runs in the autocast dtype (by default fp16 on
@@ -775,7 +806,8 @@ pybind11::object attention(const pybind11::handle& query, const pybind11::handle
     at::Tensor q = tensor_arg(query, "q");
     at::Tensor k = tensor_arg(key, "k");
     at::Tensor v = tensor_arg(value, "v");
-    if (!bhsd_call(q, k, v)) return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
+    const bool own_dv = !bhsd_call(q, k, v) && bhsd_call(q, k, v, true);  // v's head dim its own (native_dv)
+    if (!bhsd_call(q, k, v) && !own_dv) return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
     // Inputs that require grad while autograd records take the custom op, whose
     // autograd formula runs the backward (flashcore/__init__.py); a forward-mode
     // tangent is refused first, as check_inputs refuses it.
@@ -790,6 +822,8 @@ pybind11::object attention(const pybind11::handle& query, const pybind11::handle
                                   return_lse, kernel, num_splits, window);
     const double d = q.dim() > 0 ? (double)q.size(-1) : 0.0;
     const double scale_v = a.has_scale ? a.scale : (d > 0 ? 1.0 / std::sqrt(d) : 1.0);
+    if (own_dv && !native_dv(q, k, v, scale_v, a.causal_mode, a.kernel, a.splits, a.window))
+        return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);  // (padded by flashcore.attention)
     auto r = run_fwd(q, k, v, scale_v, a.causal_mode, a.kernel, a.return_lse, a.splits, a.window);
     if (a.return_lse) return pybind11::make_tuple(r.first, r.second);
     return pybind11::cast(r.first);
@@ -877,6 +911,15 @@ PYBIND11_MODULE(_C, m) {
           "kernel id, deterministic) -> (dq, dk, dv)", py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"),
           py::arg("out"), py::arg("lse"), py::arg("dlse"), py::arg("scale"), py::arg("causal"), py::arg("kernel") = 0,
           py::arg("deterministic") = false, py::arg("window") = pybind11::none());
+    m.def("native_dv", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int causal, int kernel,
+                          int64_t num_splits, const pybind11::object& window) {
+        return q.dim() == 4 && k.dim() == 4 && v.dim() == 4 &&
+               native_dv(q, k, v, q.size(3) > 0 ? 1.0 / std::sqrt((double)q.size(3)) : 1.0, causal, kernel,
+                         num_splits, raw_window(window));
+    }, "whether flashcore.attention runs (q, k, v) without grad on the kernel as it is, v's head dim its own "
+       "(causal mode id, kernel id, num_splits, the C API's window or None); false: v is padded to D",
+       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal"), py::arg("kernel"), py::arg("num_splits"),
+       py::arg("window") = pybind11::none());
     m.attr("BWD_MAX_GPU_HEAD_DIM") = FC_BWD_MAX_GPU_HEAD_DIM;
     m.attr("MAX_HEAD_DIM") = FC_MAX_HEAD_DIM;
     m.def("picked_kernel", &picked_kernel, "kernel that kernel='auto' runs for (q, k)");

@@ -295,6 +295,9 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
     if (p->D < 8 || p->D > FC_MAX_HEAD_DIM || p->D % 8 != 0)
         fail(&r, FC_ERR_UNSUPPORTED_HEAD_DIM, "D: head dim %d is not supported; use a multiple of 8 from 8 to %d",
              p->D, FC_MAX_HEAD_DIM);
+    if (p->Dv != 0 && (p->Dv < 8 || p->Dv > p->D || p->Dv % 8 != 0))
+        fail(&r, FC_ERR_UNSUPPORTED_HEAD_DIM, "Dv: v's head dim %d is not supported with D=%d; use 0 (the same "
+             "as D) or a multiple of 8 from 8 to D (pad v, or q and k, to one head dim)", p->Dv, p->D);
     if (!(p->scale > 0.f && p->scale <= FC_MAX_SCALE))  /* (false for NaN) */
         fail(&r, FC_ERR_INVALID_SCALE, "scale: %g must be > 0 and at most FC_MAX_SCALE (2.3e38)", (double)p->scale);
     if (p->causal != FC_CAUSAL_NONE && p->causal != FC_CAUSAL_TOP_LEFT && p->causal != FC_CAUSAL_BOTTOM_RIGHT)
@@ -330,6 +333,11 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
     }
 
     /* GPU kernels */
+    const int own_dv = FC_DV(*p) != p->D;  /* v's head dim is not D: the sm90 tile kernel at D > 128 only */
+    if (own_dv && !(k == FC_KERNEL_SM90 && p->D > 128))
+        fail(&r, FC_ERR_UNSUPPORTED_HEAD_DIM, "Dv: v's head dim %d differs from D=%d, which the %s kernel does not "
+             "run (the CPU kernel does, and the sm90 kernel at D > 128); pad v to D and cut o's extra columns",
+             p->Dv, p->D, k == FC_KERNEL_SM90 ? "sm90 (at D <= 128)" : "sm80");
     if (p->dtype == FC_DTYPE_FP32)
         fail(&r, FC_ERR_UNSUPPORTED_DTYPE, "dtype: fp32 runs only on the CPU; use fp16 or bf16 on the GPU");
     if (((int64_t)p->Sq + 63) / 64 * p->B * p->Hq > FC_GRID_X_MAX)  /* 64: the smallest BR */
@@ -379,6 +387,10 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
                  "blocks to merge the splits; pass num_splits=None", p->B, p->Hq, p->Sq);
         else if (!empty) {
             c->split = use_split(p, k, dev, &c->plan);
+            if (c->split && own_dv)
+                fail(&r, FC_ERR_UNSUPPORTED_HEAD_DIM, "Dv: v's head dim %d differs from D=%d, which the split-KV "
+                     "kernel this call runs (few query rows, many keys) does not take; pad v to D and cut o's "
+                     "extra columns", p->Dv, p->D);
             if (!c->split && k == FC_KERNEL_SM90) {
                 c->dyn = fc_sm90_dynamic_order(p, dev->sm_count);
                 c->tail = fc_sm90_tail_workspace(p, dev->sm_count);
@@ -408,6 +420,13 @@ fc_status fc_attn_fwd_check(const fc_attn_params* p, char* why, size_t why_len) 
     if (why && why_len) why[0] = '\0';
     fc_choice c;
     return check_impl(p, &r, 1, &c);
+}
+
+fc_status fc_attn_fwd_check_args(const fc_attn_params* p, char* why, size_t why_len) {
+    fc_reasons r = {FC_OK, why, why_len, 0};
+    if (why && why_len) why[0] = '\0';
+    fc_choice c;
+    return check_impl(p, &r, 0, &c);
 }
 
 int fc_attn_fwd_num_splits(const fc_attn_params* p) {
@@ -461,9 +480,12 @@ fc_status fc_attn_fwd(const fc_attn_params* p, fc_stream_t stream) {
     if (s != FC_OK) return s;
     if (no_output_rows(p)) return FC_OK;
     if (c.kernel == FC_KERNEL_CPU) return fc_cpu_fwd(p);  /* (Sk = 0 included: every row masked) */
-    if (p->Sk == 0) {  /* no keys: the combine of zero splits writes O = 0, LSE = -inf */
+    if (p->Sk == 0) {  /* no keys: the combine of zero splits writes O = 0 (Dv columns), LSE = -inf */
         const fc_split_plan none = {0};
-        return fc_split_combine(p, &none, stream);
+        fc_attn_params z = *p;
+        z.D = FC_DV(*p);
+        z.Dv = 0;
+        return fc_split_combine(&z, &none, stream);
     }
     s = launch_choice(p, &c, stream);
     /* A workspace kept zero (counters_zeroed) is left zero: the dynamic order's

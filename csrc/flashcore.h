@@ -67,8 +67,8 @@ typedef enum {
 typedef struct {
     const void* q;    /* (B, Hq, Sq, D) queries */
     const void* k;    /* (B, Hkv, Sk, D) keys */
-    const void* v;    /* (B, Hkv, Sk, D) values */
-    void* o;          /* (B, Hq, Sq, D) output, same dtype as q */
+    const void* v;    /* (B, Hkv, Sk, Dv) values */
+    void* o;          /* (B, Hq, Sq, Dv) output, same dtype as q */
     float* lse;       /* (B, Hq, Sq) contiguous fp32 log-sum-exp (natural log), or NULL */
 
     int64_t q_batch_stride, q_head_stride, q_row_stride;  /* in elements */
@@ -105,6 +105,9 @@ typedef struct {
                          nothing the causal mode does not, which runs as the causal call) */
     int window_left;  /* window = 1: keys before the diagonal a query sees, >= 0; -1: all of them */
     int window_right; /* window = 1: keys after the diagonal a query sees, >= 0 (0: causal); -1: all */
+    int Dv;           /* v's and o's head dim: 0 = D (the default). Another value (a multiple of 8 below D)
+                         runs on the CPU kernel, and on the sm90 kernel where D > 128 (not split-KV); the
+                         others refuse it (pad v to D, and cut o's extra columns) */
 } fc_attn_params;
 
 /* Short English name of a status code. Never NULL. */
@@ -130,6 +133,11 @@ const char* fc_status_string(fc_status s);
  * checked against the current CUDA device.
  */
 fc_status fc_attn_fwd_check(const fc_attn_params* p, char* why, size_t why_len);
+
+/* fc_attn_fwd_check without the workspace's checks: for a caller deciding how
+ * to make a call (whether a kernel takes v's own head dim Dv, say) before it
+ * has the workspace. */
+fc_status fc_attn_fwd_check_args(const fc_attn_params* p, char* why, size_t why_len);
 
 /*
  * Runs the forward pass on `stream` (ignored for FC_KERNEL_CPU, which runs on

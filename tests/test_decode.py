@@ -245,7 +245,7 @@ class Params(ctypes.Structure):
                 + [("scale", ctypes.c_float), ("causal", ctypes.c_int), ("kernel", ctypes.c_int),
                    ("num_splits", ctypes.c_int), ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
                    ("counters_zeroed", ctypes.c_int), ("window", ctypes.c_int), ("window_left", ctypes.c_int),
-                   ("window_right", ctypes.c_int)])
+                   ("window_right", ctypes.c_int), ("Dv", ctypes.c_int)])
 
 
 def _lib():

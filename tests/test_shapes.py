@@ -257,6 +257,51 @@ def test_v_head_dim_differs(dev, kernel, dims, causal):
         assert err(a, r) <= 2 * err(lo, r) + ulp * max(1.0, r.abs().max().item()), name
 
 
+# (D, Dv) pairs a kernel runs as they are (flashcore.h's Dv: a multiple of 8 below D; the CPU path, and
+# the sm90 kernel at D > 128): MLA's 192 / 128, Dv one P V part or two, D three slabs or four.
+NATIVE_DV = [(192, 128), (256, 128), (136, 8), (256, 248), (160, 96), (64, 32)]
+
+
+@pytest.mark.parametrize("alignment", [None, "top_left", "bottom_right"], ids=["nocausal", "tl", "br"])
+@pytest.mark.parametrize("dims", NATIVE_DV, ids=lambda d: f"D{d[0]}-Dv{d[1]}")
+@pytest.mark.parametrize("dev,kernel", DEVICES)
+def test_v_head_dim_native(dev, kernel, dims, alignment):
+    """A call without grad whose v has a head dim of its own runs on the kernel as it is where that kernel
+    takes it (_C.native_dv says where, and must say so for the CPU path and for sm90 at D > 128), else
+    padded: out against the fp64 reference by the suite's rule (fp16 also allclose to SDPA), bit for bit
+    the call with v padded to D by hand, on fresh inputs with outputs poisoned (conftest), odd Sq != Sk
+    both ways, GQA, q in a (B, S, H, D) view, fp16 and bf16 on the GPU, and a sliding window."""
+    d, dv = dims
+    kid = flashcore.KERNELS[kernel]
+    for sq, sk, dtype in ((SQ, SK, DTYPE[dev]), (SK + 80, SQ, torch.bfloat16 if dev == "cuda" else DTYPE[dev])):
+        torch.manual_seed(sq * 1000 + d + dv)
+        q = torch.randn(2, sq, 4, d, device=dev).to(dtype).transpose(1, 2)  # (a (B, S, H, D) view)
+        k, v = (torch.randn(2, 2, sk, e, device=dev).to(dtype) for e in (d, dv))
+        mode = {None: 0, "top_left": 1, "bottom_right": 2}[alignment]
+        native = flashcore._C.native_dv(q, k, v, mode, kid, 0, None)
+        assert native == (dev == "cpu" or (kernel == "sm90" and d > 128)), (dev, kernel, dims)
+        kw = dict(causal=alignment is not None, causal_alignment=alignment or "top_left", kernel=kernel)
+        out, lse = flashcore.attention(q, k, v, return_lse=True, **kw)
+        assert out.shape == (2, 4, sq, dv) and out.dtype == dtype and out.is_contiguous()
+        padded, plse = flashcore.attention(q, k, F.pad(v, (0, d - dv)), return_lse=True, **kw)
+        assert torch.equal(out, padded[..., :dv]) and torch.equal(lse, plse)
+        kx, vx = (t.repeat_interleave(2, dim=1) for t in (k, v))
+        mask = visible_mask(sq, sk, alignment, dev)
+        want = F.scaled_dot_product_attention(*(t.double() for t in (q, kx, vx)), attn_mask=mask)
+        low = F.scaled_dot_product_attention(q, kx, vx, attn_mask=mask)
+        rows = mask.any(-1)  # (rows that see no key: out 0, which the masked SDPA leaves NaN)
+        eps = 1e-5 if dtype == torch.float32 else 1e-3
+        assert err(out[..., rows, :], want[..., rows, :]) <= 2 * err(low[..., rows, :], want[..., rows, :]) + eps
+        assert torch.all(out[..., ~rows, :] == 0) and torch.all(lse[..., ~rows] == float("-inf"))
+        if dtype == torch.float16:
+            torch.testing.assert_close(out[..., rows, :], low[..., rows, :], atol=1e-3, rtol=1e-3)
+        if alignment is not None:  # a window (its own sm90 instantiation), against the padded call
+            w = dict(kw, window=(17, 0))
+            got = flashcore.attention(q, k, v, **w)
+            assert torch.equal(got, flashcore.attention(q, k, F.pad(v, (0, d - dv)), **w)[..., :dv])
+            assert flashcore._C.native_dv(q, k, v, mode, kid, 0, (17, 0)) == native
+
+
 def test_v_head_dim_refusals():
     q = torch.randn(2, 4, 5, 64)
     with pytest.raises(ValueError, match=r"k: head dim 32 differs from q's 64; q and k need the same D \(v's may"):

@@ -130,12 +130,13 @@ static int key_begin_of(fc_band band, int Sk, int r0) {
     return first < 0 ? 0 : (first < Sk ? (int)first : Sk);
 }
 
-/* Keys c0 .. c0 + nk - 1 of one KV head (element offsets ko, vo) into kc, vc as fp32 rows of D. */
+/* Keys c0 .. c0 + nk - 1 of one KV head (element offsets ko, vo) into kc, vc as fp32 rows of D
+ * (v's first Dv columns of each row; Dv <= D). */
 static void load_kv_chunk(float* kc, float* vc, const void* k, int64_t ko, int64_t k_row_stride, const void* v,
-                          int64_t vo, int64_t v_row_stride, int c0, int nk, int D, fc_dtype dt) {
+                          int64_t vo, int64_t v_row_stride, int c0, int nk, int D, int Dv, fc_dtype dt) {
     for (int j = 0; j < nk; ++j) {
         load_row(kc + j * D, k, ko + (int64_t)(c0 + j) * k_row_stride, D, dt);
-        load_row(vc + j * D, v, vo + (int64_t)(c0 + j) * v_row_stride, D, dt);
+        load_row(vc + j * D, v, vo + (int64_t)(c0 + j) * v_row_stride, Dv, dt);
     }
 }
 
@@ -143,7 +144,7 @@ static void load_kv_chunk(float* kc, float* vc, const void* k, int64_t ko, int64
 
 /* scratch: SCRATCH_BYTES_PER_D x D bytes from malloc, this thread's own */
 static void attn_block(const fc_attn_params* p, int b, int h, int r0, void* scratch) {
-    const int D = p->D, hk = h / (p->Hq / p->Hkv);
+    const int D = p->D, Dv = FC_DV(*p), hk = h / (p->Hq / p->Hkv);  /* (Dv <= D: rows keep D's stride) */
     const int rows = p->Sq - r0 < QB ? p->Sq - r0 : QB;
     const fc_band band = FC_BAND(*p);
     const int64_t qo = (int64_t)b * p->q_batch_stride + (int64_t)h * p->q_head_stride;
@@ -158,14 +159,14 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0, void* scra
     double m[QB], l[QB], s[KC];        /* running max and sum per row; one chunk's scores */
     for (int r = 0; r < rows; ++r) {
         load_row(q + r * D, p->q, qo + (int64_t)(r0 + r) * p->q_row_stride, D, p->dtype);
-        memset(acc + r * D, 0, (size_t)D * sizeof(double));
+        memset(acc + r * D, 0, (size_t)Dv * sizeof(double));
         m[r] = -INFINITY;
         l[r] = 0.;
     }
     const int key_end = fc_band_key_end(band, p->Sk, r0, rows);
     for (int c0 = key_begin_of(band, p->Sk, r0); c0 < key_end; c0 += KC) {
         const int nk = key_end - c0 < KC ? key_end - c0 : KC;
-        load_kv_chunk(kc, vc, p->k, ko, p->k_row_stride, p->v, vo, p->v_row_stride, c0, nk, D, p->dtype);
+        load_kv_chunk(kc, vc, p->k, ko, p->k_row_stride, p->v, vo, p->v_row_stride, c0, nk, D, Dv, p->dtype);
         for (int r = 0; r < rows; ++r) {
             const int i = r0 + r;
             const float* qr = q + r * D;
@@ -181,13 +182,13 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0, void* scra
             const double m_new = mx > m[r] || isnan(mx) ? mx : m[r];
             const double corr = exp(m[r] - m_new);  /* exp(-inf) = 0 on the first visible chunk */
             l[r] *= corr;
-            for (int d = 0; d < D; ++d) ar[d] *= corr;
+            for (int d = 0; d < Dv; ++d) ar[d] *= corr;
             for (int j = 0; j < nk; ++j) {
                 if (s[j] == -INFINITY) continue;
                 const double pj = exp(s[j] - m_new);
                 l[r] += pj;
                 const float* vj = vc + j * D;
-                for (int d = 0; d < D; ++d) ar[d] += pj * vj[d];
+                for (int d = 0; d < Dv; ++d) ar[d] += pj * vj[d];
             }
             m[r] = m_new;
         }
@@ -197,8 +198,8 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0, void* scra
         const double inv = empty ? 0. : 1. / l[r];
         const double* ar = acc + r * D;
         float* orow = q + r * D;
-        for (int d = 0; d < D; ++d) orow[d] = (float)(ar[d] * inv);
-        store_row(p->o, oo + (int64_t)(r0 + r) * p->o_row_stride, orow, D, p->dtype);
+        for (int d = 0; d < Dv; ++d) orow[d] = (float)(ar[d] * inv);
+        store_row(p->o, oo + (int64_t)(r0 + r) * p->o_row_stride, orow, Dv, p->dtype);
         if (p->lse) p->lse[((int64_t)b * p->Hq + h) * p->Sq + r0 + r] = empty ? -INFINITY : (float)(m[r] + log(l[r]));
     }
 }
@@ -283,7 +284,7 @@ static void bwd_rows_block(const fc_attn_bwd_params* p, int b, int h, int r0, do
     const int key_end = fc_band_key_end(band, p->Sk, r0, rows);
     for (int c0 = key_begin_of(band, p->Sk, r0); c0 < key_end; c0 += KC) {
         const int nk = key_end - c0 < KC ? key_end - c0 : KC;
-        load_kv_chunk(kc, vc, p->k, ko, p->k_row_stride, p->v, vo, p->v_row_stride, c0, nk, D, p->dtype);
+        load_kv_chunk(kc, vc, p->k, ko, p->k_row_stride, p->v, vo, p->v_row_stride, c0, nk, D, D, p->dtype);
         for (int r = 0; r < rows; ++r) {
             if (lse[r] == -INFINITY) continue; /* the row sees no key */
             for (int j = 0; j < nk; ++j) {
@@ -325,7 +326,7 @@ static void bwd_keys_block(const fc_attn_bwd_params* p, int b, int hk, int c0, c
     float* vc = kc + KC * D;
     float* q = vc + KC * D; /* one query row */
     float* g = q + D;       /* its dO row */
-    load_kv_chunk(kc, vc, p->k, ko, p->k_row_stride, p->v, vo, p->v_row_stride, c0, nk, D, p->dtype);
+    load_kv_chunk(kc, vc, p->k, ko, p->k_row_stride, p->v, vo, p->v_row_stride, c0, nk, D, D, p->dtype);
     memset(dk, 0, (size_t)2 * KC * D * sizeof(double));
     /* rows that see key c0 or later (i + hi >= c0), up to the last that sees key c0 + nk - 1 or
      * earlier (i + lo <= c0 + nk - 1) */

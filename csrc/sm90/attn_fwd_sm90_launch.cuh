@@ -437,6 +437,7 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
     using Tile = Sm90Tile<DP>;
     Sm90Args a;
     a.p = *p;
+    a.p.Dv = FC_DV(*p);  // (the kernels read v's head dim as given: Dv = 0 means D)
     a.tile_counter = nullptr;  // the static order unless fc_sm90_dynamic_order (below)
     a.tail = Sm90Tail{};       // no split tail unless sm90_tail (below)
 #ifdef FC_SM90_TRACE
@@ -453,7 +454,7 @@ static fc_status attn_fwd_sm90_launch(const fc_attn_params* p, int num_sms, cuda
         s = fc_sm90_tensor_map(&a.k_map, p->dtype, p->k, p->D, p->Sk, p->Hkv, p->B, p->k_row_stride,
                                p->k_head_stride, p->k_batch_stride, bc);
     if (s == FC_OK)
-        s = fc_sm90_tensor_map(&a.v_map, p->dtype, p->v, p->D, p->Sk, p->Hkv, p->B, p->v_row_stride,
+        s = fc_sm90_tensor_map(&a.v_map, p->dtype, p->v, a.p.Dv, p->Sk, p->Hkv, p->B, p->v_row_stride,
                                p->v_head_stride, p->v_batch_stride, bc);
     if (s != FC_OK) return s;
     const long long n_tiles = fc_sm90_tiles(p, br);

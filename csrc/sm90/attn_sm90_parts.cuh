@@ -235,6 +235,21 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[N / 2], const uint32_t a[4],
 }
 
 // ---------------------------------------------------------------------------
+// The 64-column slabs of Q and K, and the P V parts of V, that hold a call's
+// columns (issue_qk, issue_pv). The DP = 256 kernels run any D > 128 and a v
+// head dim Dv <= D (flashcore.h; the launcher sets p.Dv): S skips slab 3 at
+// D <= 192, P V its second part (and the epilogue its pass) at Dv <= 128, both
+// TMA's zeros. The other DPs take all of them, as constants (their calls are
+// D wide, and the slabs past D hold none of it only at DP = 256).
+template <int DP>
+__device__ __forceinline__ int sm90_q_slabs(const fc_attn_params& p) {
+    return DP == 256 ? (p.D + FC_SLAB_COLS - 1) / FC_SLAB_COLS : DP / FC_SLAB_COLS;
+}
+template <int DP, int PV_N>
+__device__ __forceinline__ int sm90_v_parts(const fc_attn_params& p) {
+    return DP == 256 ? (p.Dv + PV_N - 1) / PV_N : DP / PV_N;
+}
+
 // Consumer helpers. S fragments: s[4*nt + e] holds row lane/4 + 8*(e/2) of the
 // warp's 16 rows and key nt*8 + (lane%4)*2 + e%2 of the tile.
 
@@ -242,18 +257,19 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[N / 2], const uint32_t a[4],
 // 32 bytes) as one wgmma group. q_rows: this warpgroup's rows of slab 0.
 // DESC_ADD: see Sm90Tile::DESC_ADD. KROWS: the K tile's rows (its slab
 // stride), when S covers only its last BC of them (k_tile then points there).
-template <int DP, int BR, int BC, typename T, bool DESC_ADD, int KROWS = BC>
-__device__ __forceinline__ void issue_qk(float (&s)[BC / 2], uint32_t q_rows, uint32_t k_tile) {
+// KSTEPS: the k steps run (issue_qk: fewer when the slabs past D are skipped).
+template <int DP, int BR, int BC, typename T, bool DESC_ADD, int KROWS = BC, int KSTEPS = DP / 16>
+__device__ __forceinline__ void issue_qk_steps(float (&s)[BC / 2], uint32_t q_rows, uint32_t k_tile) {
     wgmma_fence();  // orders earlier register use of s before the async writes
     if constexpr (DESC_ADD) {
         const uint64_t qd = wgmma_desc(q_rows, 16, FC_SWZ_GROUP_BYTES), kd = wgmma_desc(k_tile, 16, FC_SWZ_GROUP_BYTES);
 #pragma unroll
-        for (int kk = 0; kk < DP / 16; ++kk)
+        for (int kk = 0; kk < KSTEPS; ++kk)
             wgmma_qk<BC, T>(s, wgmma_desc_add(qd, (kk / 4) * BR * FC_SWZ_ROW_BYTES + (kk % 4) * 32),
                             wgmma_desc_add(kd, (kk / 4) * KROWS * FC_SWZ_ROW_BYTES + (kk % 4) * 32), kk > 0);
     } else {
 #pragma unroll
-        for (int kk = 0; kk < DP / 16; ++kk) {
+        for (int kk = 0; kk < KSTEPS; ++kk) {
             const uint32_t qa = q_rows + (kk / 4) * BR * FC_SWZ_ROW_BYTES + (kk % 4) * 32;
             const uint32_t kb = k_tile + (kk / 4) * KROWS * FC_SWZ_ROW_BYTES + (kk % 4) * 32;
             wgmma_qk<BC, T>(s, wgmma_desc(qa, 16, FC_SWZ_GROUP_BYTES), wgmma_desc(kb, 16, FC_SWZ_GROUP_BYTES), kk > 0);
@@ -261,24 +277,45 @@ __device__ __forceinline__ void issue_qk(float (&s)[BC / 2], uint32_t q_rows, ui
     }
     wgmma_commit();
 }
+// q_slabs (sm90_q_slabs): at DP = 256, 3 runs the k steps of slabs 0-2 only.
+// (Each form is one whole wgmma group: a wgmma under its own branch made
+// ptxas inject a warpgroup.arrive before the others.)
+template <int DP, int BR, int BC, typename T, bool DESC_ADD, int KROWS = BC>
+__device__ __forceinline__ void issue_qk(float (&s)[BC / 2], uint32_t q_rows, uint32_t k_tile,
+                                         int q_slabs = DP / FC_SLAB_COLS) {
+    if (DP == 256 && q_slabs < DP / FC_SLAB_COLS)
+        issue_qk_steps<DP, BR, BC, T, DESC_ADD, KROWS, DP / 16 - 4>(s, q_rows, k_tile);
+    else
+        issue_qk_steps<DP, BR, BC, T, DESC_ADD, KROWS>(s, q_rows, k_tile);
+}
 
 // Issues O += P V for one V tile as one wgmma group. V is N-major: a 16-key
-// step moves 16 rows, a part (PV_N = 128 columns) moves 2 slabs.
-template <int BC, int PV_N, int PV_PARTS, typename T, bool DESC_ADD>
-__device__ __forceinline__ void issue_pv(float (&o)[PV_PARTS][PV_N / 2], const uint32_t (&pa)[BC / 16][4],
-                                         uint32_t v_tile) {
+// step moves 16 rows, a part (PV_N = 128 columns) moves 2 slabs. PARTS: the
+// parts run (issue_pv: part 0 alone when v's columns end there).
+template <int BC, int PV_N, int PV_PARTS, typename T, bool DESC_ADD, int PARTS = PV_PARTS>
+__device__ __forceinline__ void issue_pv_parts(float (&o)[PV_PARTS][PV_N / 2], const uint32_t (&pa)[BC / 16][4],
+                                               uint32_t v_tile) {
     wgmma_fence();  // orders earlier register writes of o and pa before the async accumulation
     const uint64_t vd = wgmma_desc(v_tile, BC * FC_SWZ_ROW_BYTES, FC_SWZ_GROUP_BYTES);
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk)
 #pragma unroll
-        for (int pp = 0; pp < PV_PARTS; ++pp) {
+        for (int pp = 0; pp < PARTS; ++pp) {
             const uint32_t off = pp * 2 * BC * FC_SWZ_ROW_BYTES + kk * 16 * FC_SWZ_ROW_BYTES;
             wgmma_pv<PV_N, T>(o[pp], pa[kk],
                               DESC_ADD ? wgmma_desc_add(vd, off)
                                        : wgmma_desc(v_tile + off, BC * FC_SWZ_ROW_BYTES, FC_SWZ_GROUP_BYTES));
         }
     wgmma_commit();
+}
+// v_parts (sm90_v_parts): 1 runs part 0 alone (the other's O stays 0).
+template <int BC, int PV_N, int PV_PARTS, typename T, bool DESC_ADD>
+__device__ __forceinline__ void issue_pv(float (&o)[PV_PARTS][PV_N / 2], const uint32_t (&pa)[BC / 16][4],
+                                         uint32_t v_tile, int v_parts = PV_PARTS) {
+    if (PV_PARTS > 1 && v_parts < PV_PARTS)
+        issue_pv_parts<BC, PV_N, PV_PARTS, T, DESC_ADD, 1>(o, pa, v_tile);
+    else
+        issue_pv_parts<BC, PV_N, PV_PARTS, T, DESC_ADD>(o, pa, v_tile);
 }
 
 // Sets keys >= Sk, and (causal) keys > row + diag, of the tile at key0 to -inf.
