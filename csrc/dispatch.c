@@ -465,8 +465,10 @@ static fc_status launch_choice(const fc_attn_params* p, const fc_choice* c, fc_s
                                : fc_sm80_fwd_d256(p, stream);
 #ifdef FC_HAVE_SM90
         case FC_KERNEL_SM90:
+            /* (MLA's shapes take their own tile; its shared memory is below D = 256's, which check_impl checks) */
             return p->D <= 64 ? fc_sm90_fwd_d64(p, dev->sm_count, stream)
                  : p->D <= 128 ? fc_sm90_fwd_d128(p, dev->sm_count, stream)
+                 : fc_sm90_d192(p) ? fc_sm90_fwd_d192(p, dev->sm_count, stream)
                                : fc_sm90_fwd_d256(p, dev->sm_count, stream);
 #endif
         default: return FC_ERR_ARCH;

@@ -125,6 +125,11 @@ size_t fc_sm90_bwd_smem_d256(void);
 fc_status fc_sm90_fwd_d64(const fc_attn_params* p, int num_sms, fc_stream_t stream);   /* D <= 64 */
 fc_status fc_sm90_fwd_d128(const fc_attn_params* p, int num_sms, fc_stream_t stream);  /* 64 < D <= 128 */
 fc_status fc_sm90_fwd_d256(const fc_attn_params* p, int num_sms, fc_stream_t stream);  /* 128 < D <= 256 */
+/* MLA's shapes: 128 < D <= 192 with v's head dim Dv <= 128 (fc_sm90_fwd_d192's tile, see fc_sm90_d192) */
+fc_status fc_sm90_fwd_d192(const fc_attn_params* p, int num_sms, fc_stream_t stream);
+static inline int fc_sm90_d192(const fc_attn_params* p) {
+    return p->D > 128 && p->D <= 192 && FC_DV(*p) <= 128;
+}
 /* Whether an sm90 call takes its tiles from a counter in the workspace (the
  * dynamic tile order) rather than round robin: causal calls at D > 64 with
  * Sk < 2048 and more 128-row tiles than SMs, causal D = 128 calls from
@@ -261,9 +266,11 @@ static inline int fc_sm90_dynamic_order(const fc_attn_params* p, int num_sms) {
 const char* fc_sm90_route_d64(const fc_attn_params* p, int num_sms);
 const char* fc_sm90_route_d128(const fc_attn_params* p, int num_sms);
 const char* fc_sm90_route_d256(const fc_attn_params* p, int num_sms);
+const char* fc_sm90_route_d192(const fc_attn_params* p, int num_sms);
 size_t fc_sm90_smem_d64(void);   /* dynamic shared memory per CTA, bytes (the larger mode) */
 size_t fc_sm90_smem_d128(void);
 size_t fc_sm90_smem_d256(void);
+size_t fc_sm90_smem_d192(void);
 
 /* Split-KV ("decode") kernel (csrc/sm80/attn_decode_sm80.cuh). One CTA owns
  * FC_DECODE_ROWS packed query rows of one (batch, KV head) -- the Hq/Hkv query

@@ -54,8 +54,9 @@
 //
 // Limits. D is any multiple of 8 up to DP (64, 128 or 256): TMA zero-fills the columns past D
 // and the rows past Sq or Sk (and, with LEAD_TILE, the K/V rows before key 0), and those
-// rows/keys are masked or never stored. At DP = 256, v may be narrower (Dv < D, fc_attn_params),
-// and S skips a fourth slab of zeros, P V a second part (sm90_q_slabs, sm90_v_parts). Any Sq, Sk >= 1; both causal alignments; sliding
+// rows/keys are masked or never stored. v's head dim Dv (fc_attn_params) is D's, or below D
+// at D > 128: DP = 192 (MLA's q and k of 129..192 columns in three slabs, v and O of Dv <= 128
+// in two, Sm90Tile::DV) or DP = 256 (the extra columns of v zero, of O not stored). Any Sq, Sk >= 1; both causal alignments; sliding
 // windows (WIN, below); strided inputs whose strides are multiples of 8 elements (a TMA rule,
 // checked by dispatch); GQA reads KV head h / (Hq / Hkv) in place. Rows that see no key give
 // O = 0 and LSE = -inf. Needs sm_90a (H100, H200); the body is empty in other passes.
@@ -114,8 +115,8 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
     const uint32_t raw = smem_u32(smem_raw);
     const uint32_t sQ = (raw + FC_SWZ_GROUP_BYTES - 1) & ~(FC_SWZ_GROUP_BYTES - 1);  // 128B-swizzle atoms need 1 KB alignment
     const uint32_t sK = sQ + Q_BUFS * Tile::Q_BYTES;   // STAGES K tiles
-    const uint32_t sV = sK + STAGES * Tile::KV_BYTES;  // STAGES V tiles
-    const uint32_t sO = sV + STAGES * Tile::KV_BYTES;  // EARLY_Q: one O buffer per consumer
+    const uint32_t sV = sK + STAGES * Tile::K_BYTES;   // STAGES V tiles
+    const uint32_t sO = sV + STAGES * Tile::V_BYTES;   // EARLY_Q: one O buffer per consumer
     const uint32_t bar0 = sO + Tile::CONSUMERS * Tile::O_STAGE_BYTES;
     constexpr int Q_BARS = Tile::Q_BARS;
     const uint32_t q_full = bar0, q_empty = q_full + 8 * Q_BARS;  // one per Q buffer (Q_HALVES: per consumer's rows)
@@ -240,7 +241,6 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
     const int cw = (uniform_cw ? __shfl_sync(0xffffffffu, wg, 0) : wg) - 1;
     const int t128 = tid % 128, warp = t128 / 32, lane = tid % 32;
     const float scale_log2 = p.scale * FC_LOG2E;
-    const int q_slabs = sm90_q_slabs<DP>(p), v_parts = sm90_v_parts<DP, PV_N>(p);  // (constants but at DP = 256)
     // Key j visible to query i iff j < Sk, j <= i + diag (causal) and, WIN, j >= i + lo (fc_band).
     const fc_band band = WIN ? FC_BAND(p) : FC_CAUSAL_BAND(p);
     const bool causal = band.has_hi;
@@ -369,7 +369,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
         auto pv_tile = [&](int g) {
             const int st = g % STAGES;
             TR_TIME(TR_W_V, mbar_wait(v_full + 8 * st, (g / STAGES) & 1));  // V of tile g has landed
-            issue_pv<BC, PV_N, PV_PARTS, T, Tile::DESC_ADD>(o, pa, sV + st * Tile::KV_BYTES, v_parts);
+            issue_pv<BC, PV_N, PV_PARTS, T, Tile::DESC_ADD>(o, pa, sV + st * Tile::V_BYTES);
             TR_TIME(TR_W_PV, wgmma_wait<0>());
 #pragma unroll
             for (int pp = 0; pp < PV_PARTS; ++pp) fence_regs(o[pp]);
@@ -386,7 +386,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
                     constexpr int SKIP = decltype(skip)::value, N = BC - G * SKIP;
                     float sl[N / 2];
                     issue_qk<DP, BR, N, T, Tile::DESC_ADD, BC>(sl, q_rows,
-                                                               sK + (g % STAGES) * Tile::KV_BYTES + SKIP * G * ROWB);
+                                                               sK + (g % STAGES) * Tile::K_BYTES + SKIP * G * ROWB);
                     wgmma_wait<0>();
                     fence_regs(sl);
                     release(k_empty + 8 * (g % STAGES));  // this thread is done with K slot g % STAGES
@@ -397,7 +397,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
                 else if (lead >= G) lead_prologue(std::integral_constant<int, 1>{});
                 else lead_prologue(std::integral_constant<int, 0>{});
             } else {
-                issue_qk<DP, BR, BC, T, Tile::DESC_ADD>(s, q_rows, sK + (g % STAGES) * Tile::KV_BYTES, q_slabs);
+                issue_qk<DP, BR, BC, T, Tile::DESC_ADD>(s, q_rows, sK + (g % STAGES) * Tile::K_BYTES);
                 wgmma_wait<0>();
                 fence_regs(s);
                 release(k_empty + 8 * (g % STAGES));  // this thread is done with K slot g % STAGES
@@ -421,11 +421,9 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
             unsigned rescale;
             if constexpr (overlap) {
                 TR_TIME(TR_W_K, mbar_wait(k_full + 8 * sn, (gn / STAGES) & 1));  // K of the next tile has landed
-                TR_TIME(TR_ISSUE,
-                        issue_qk<DP, BR, BC, T, Tile::DESC_ADD>(s, q_rows, sK + sn * Tile::KV_BYTES, q_slabs));
+                TR_TIME(TR_ISSUE, issue_qk<DP, BR, BC, T, Tile::DESC_ADD>(s, q_rows, sK + sn * Tile::K_BYTES));
                 TR_TIME(TR_W_V, mbar_wait(v_full + 8 * st, (g / STAGES) & 1));  // V of tile j has landed
-                TR_TIME(TR_ISSUE,
-                        issue_pv<BC, PV_N, PV_PARTS, T, Tile::DESC_ADD>(o, pa, sV + st * Tile::KV_BYTES, v_parts));
+                TR_TIME(TR_ISSUE, issue_pv<BC, PV_N, PV_PARTS, T, Tile::DESC_ADD>(o, pa, sV + st * Tile::V_BYTES));
                 TR_TIME(TR_W_S, wgmma_wait<1>());  // S of the next tile is done; P_j V_j may still run
                 fence_regs(s);
                 release(k_empty + 8 * sn);  // this thread is done with K slot sn
@@ -443,7 +441,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
             } else {  // in order: P_j V_j, then S of the next tile and its softmax
                 pv_tile(g);
                 TR_TIME(TR_W_K, mbar_wait(k_full + 8 * sn, (gn / STAGES) & 1));  // K of the next tile has landed
-                issue_qk<DP, BR, BC, T, Tile::DESC_ADD>(s, q_rows, sK + sn * Tile::KV_BYTES, q_slabs);
+                issue_qk<DP, BR, BC, T, Tile::DESC_ADD>(s, q_rows, sK + sn * Tile::K_BYTES);
                 TR_TIME(TR_W_S, wgmma_wait<0>());
                 fence_regs(s);
                 release(k_empty + 8 * sn);  // this thread is done with K slot sn
@@ -506,7 +504,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
             // with EARLY_Q through its O buffer, PV_N columns per pass.
             constexpr bool EARLY_Q = Tile::EARLY_Q;
             constexpr int PASSES = EARLY_Q ? PV_PARTS : 1, PASS_PARTS = PV_PARTS / PASSES;
-            constexpr int PASS_COLS = DP / PASSES;
+            constexpr int PASS_COLS = Tile::DV / PASSES;
             constexpr uint32_t SLAB_STRIDE = (EARLY_Q ? Tile::WG_ROWS : BR) * ROWB;  // bytes from one 64-column slab to the next
             const uint32_t stage = EARLY_Q ? sO + cw * Tile::O_STAGE_BYTES : q_rows;
             unsigned char* stage_p = smem_raw + (stage - raw);  // generic pointer to our staging rows
@@ -529,7 +527,6 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
             for (int hr = 0; hr < 2; ++hr) inv[hr] = l[hr] > 0.f ? 1.f / l[hr] : 0.f;  // (NaN O * 0 stays NaN)
 #pragma unroll
             for (int pass = 0; pass < PASSES; ++pass) {
-                if (EARLY_Q && pass > 0 && pass >= v_parts) break;  // a pass of v's zero columns
                 // (ids 1-3; key-split mode's merge uses 3 and 4, but has only consumers 1-2)
                 if constexpr (EARLY_Q)
                     named_barrier_sync(1 + cw, 128);  // the last pass's (or tile's) reads of the O buffer are done
@@ -562,7 +559,7 @@ attn_fwd_sm90_kernel(const __grid_constant__ Sm90Args args,
                     }
                 }
                 named_barrier_sync(1 + cw, 128);  // this warpgroup's O rows are in smem before its threads read them back
-                if (pass * PASS_COLS + c * 8 < (DP == 256 ? p.Dv : p.D)) {
+                if (pass * PASS_COLS + c * 8 < p.Dv) {  // (v's head dim: the launcher sets it)
                     const uint32_t base = (c / 8) * SLAB_STRIDE + r0 * ROWB;
                     const int sw = (c % 8) ^ (r0 & 7);
                     T* o_thr = o_bh + (int64_t)(wrow0 + r0) * p.o_row_stride + pass * PASS_COLS + c * 8;

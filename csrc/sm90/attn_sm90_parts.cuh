@@ -60,11 +60,15 @@ __host__ __device__ constexpr bool sm90_window_cap(bool dyn, int cons) { return 
 // LONG: the instantiation for long key rows, at D = 128 (two consumers) the
 // softmax pinned ahead of the P V wait (PIN_SOFTMAX), at D = 64 (three
 // consumers) 192-key K/V tiles (WIDE_KV; which calls: sm90_wide_kv).
+// DP = 192 is MLA's tile: q and k of D in 129..192 (three slabs), v and O of
+// Dv <= 128 (DV; flashcore.h's Dv), otherwise D = 256's (SM90_D192 below).
 template <int DP, int CONS = 2, bool LONG = false>
 struct Sm90Tile {
     static_assert(CONS == 2 || (CONS == 3 && DP <= 128), "three consumers fit their registers only at D <= 128");
     static_assert(!LONG || (DP == 128 && CONS == 2) || (DP == 64 && CONS == 3),
                   "the long-row instantiations: D = 128 on two consumers, D = 64 on three");
+    static_assert(DP == 64 || DP == 128 || DP == 192 || DP == 256, "padded head dims 64, 128, 192 (MLA), 256");
+    static constexpr int DV = DP == 192 ? 128 : DP;   // v's and O's columns (DP = 192: v at most 128 wide)
     static constexpr int CONSUMERS = CONS;            // consumer warpgroups
     static constexpr int WG_ROWS = 64;                // query rows per consumer (wgmma M)
     static constexpr int BR = CONSUMERS * WG_ROWS;    // query rows per tile
@@ -86,7 +90,9 @@ struct Sm90Tile {
     // The lead's skipped unit: whole 64-key groups (at most two with BC = 192),
     // one softmax instantiation per count, where 16-key steps would take twelve.
     static constexpr int LEAD_GROUP = 64;
-    static constexpr int STAGES = DP <= 64 ? 3 : 2;   // K/V tiles in flight (ordinary mode)
+    // K/V tiles in flight (ordinary mode). DP = 192's tiles are 40 KB (D = 256's
+    // 64): three fit beside its Q and O buffers (200 KB).
+    static constexpr int STAGES = DP <= 64 || DP == 192 ? 3 : 2;
     // Key-split mode: warpgroup c takes the ring positions of one parity. With an
     // even ring every slot then has one owner, which waits on every phase of the
     // slot's barriers; with an odd one a warpgroup skips the other's phases, and
@@ -130,7 +136,7 @@ struct Sm90Tile {
     // At D = 128 it helps long rows and costs short ones (session 19), so it is
     // on in the LONG instantiation only, which dispatch picks from
     // SM90_LONG_MIN_SK keys.
-    static constexpr bool PIN_SOFTMAX = DP == 256 || (LONG && DP == 128);
+    static constexpr bool PIN_SOFTMAX = DP > 128 || (LONG && DP == 128);
     // Tile coordinates by multiply and shift (sm90_tile_magic, the order
     // computed on the host by sm90_sched): measured on an H100 (perf notes,
     // session 18) +4-9 % on causal D = 64 at S <= 1k and +1-1.5 % at D = 256;
@@ -152,7 +158,7 @@ struct Sm90Tile {
     // ptxas knows it is warp-uniform and builds the Q descriptors in uniform
     // registers (no R2UR per wgmma). Measured on an H100 (perf notes, session
     // 19): D = 256 +1.5-3 %; D = 128 0.5-1 % and D = 64 2-5 % slower.
-    static constexpr bool UNIFORM_CW = DP == 256;
+    static constexpr bool UNIFORM_CW = DP > 128;
     // PAD_FIRST: causal query blocks are aligned to the last row, so when BR does
     // not divide Sq the padding rows (negative row numbers: Q loads as zeros, O
     // and LSE are not written) fall in the head's shortest tile, not its longest.
@@ -177,20 +183,22 @@ struct Sm90Tile {
     // consumers (192-row tiles, 128-key tiles) the first two often skip one.
     // Measured on an H100 (perf notes, session 21): three consumers causal
     // +4-5 % at S2k, +1 % at 4k, +2-4 % at 8k; D = 256 causal +0.5-1.2 %.
-    static constexpr bool WG_SKIP = DP == 256 || CONS == 3;
+    static constexpr bool WG_SKIP = DP > 128 || CONS == 3;
     static constexpr int THREADS = 128 * (1 + CONSUMERS);
-    static constexpr int SLABS = DP / FC_SLAB_COLS;   // 128-byte swizzle slabs across a row
+    static constexpr int SLABS = DP / FC_SLAB_COLS;   // 128-byte swizzle slabs across a row of Q or K
+    static constexpr int V_SLABS = DV / FC_SLAB_COLS;  // ... of V (and O)
     static constexpr uint32_t Q_BYTES = BR * DP * 2;
-    static constexpr uint32_t KV_BYTES = BC * DP * 2;  // one K (or V) tile
-    static constexpr int PV_N = DP < 128 ? DP : 128;   // N of one P V wgmma
-    static constexpr int PV_PARTS = DP / PV_N;         // P V wgmmas per 16-key step
+    static constexpr uint32_t K_BYTES = BC * DP * 2;   // one K tile
+    static constexpr uint32_t V_BYTES = BC * DV * 2;   // one V tile
+    static constexpr int PV_N = DV < 128 ? DV : 128;   // N of one P V wgmma
+    static constexpr int PV_PARTS = DV / PV_N;         // P V wgmmas per 16-key step
     static constexpr uint32_t O_STAGE_BYTES = EARLY_Q ? WG_ROWS * PV_N * 2 : 0;  // one consumer's O buffer
     // Registers after setmaxnreg: 40*128 + 232*256, 24*128 + 240*256 or
     // 32*128 + 160*384 <= 64K. D = 256 takes 240 (O alone is 128 per thread):
     // +2-6 % there; at D = 64 and 128 the same split measured flat to 8 % slower
     // (perf notes, session 12).
-    static constexpr int PRODUCER_REGS = CONS == 3 ? 32 : DP == 256 ? 24 : 40;
-    static constexpr int CONSUMER_REGS = CONS == 3 ? 160 : DP == 256 ? 240 : 232;
+    static constexpr int PRODUCER_REGS = CONS == 3 ? 32 : DP > 128 ? 24 : 40;
+    static constexpr int CONSUMER_REGS = CONS == 3 ? 160 : DP > 128 ? 240 : 232;
     // Key-split mode: consumer 2's O partials fill the upper 64 rows of every
     // slab of every Q buffer (16 fp32 registers x 128 threads per 8 KB), so
     // it needs DP / 2 <= 16 * Q_BUFS * SLABS, true for DP <= 128.
@@ -209,7 +217,7 @@ struct Sm90Tile {
     static constexpr int n_barriers(bool kv_split) { return 2 * Q_BARS + 4 * stages(kv_split); }
     // Dynamic smem; key-split mode adds ML_BYTES for its merge.
     static constexpr size_t smem_bytes(bool kv_split) {
-        return FC_SWZ_GROUP_BYTES /* alignment slack */ + Q_BUFS * Q_BYTES + 2 * stages(kv_split) * (size_t)KV_BYTES +
+        return FC_SWZ_GROUP_BYTES /* alignment slack */ + Q_BUFS * Q_BYTES + stages(kv_split) * (size_t)(K_BYTES + V_BYTES) +
                CONSUMERS * O_STAGE_BYTES + 8 * n_barriers(kv_split) + (kv_split ? ML_BYTES : 0) + SINK_BYTES +
                INFO_BYTES;
     }
@@ -235,21 +243,6 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[N / 2], const uint32_t a[4],
 }
 
 // ---------------------------------------------------------------------------
-// The 64-column slabs of Q and K, and the P V parts of V, that hold a call's
-// columns (issue_qk, issue_pv). The DP = 256 kernels run any D > 128 and a v
-// head dim Dv <= D (flashcore.h; the launcher sets p.Dv): S skips slab 3 at
-// D <= 192, P V its second part (and the epilogue its pass) at Dv <= 128, both
-// TMA's zeros. The other DPs take all of them, as constants (their calls are
-// D wide, and the slabs past D hold none of it only at DP = 256).
-template <int DP>
-__device__ __forceinline__ int sm90_q_slabs(const fc_attn_params& p) {
-    return DP == 256 ? (p.D + FC_SLAB_COLS - 1) / FC_SLAB_COLS : DP / FC_SLAB_COLS;
-}
-template <int DP, int PV_N>
-__device__ __forceinline__ int sm90_v_parts(const fc_attn_params& p) {
-    return DP == 256 ? (p.Dv + PV_N - 1) / PV_N : DP / PV_N;
-}
-
 // Consumer helpers. S fragments: s[4*nt + e] holds row lane/4 + 8*(e/2) of the
 // warp's 16 rows and key nt*8 + (lane%4)*2 + e%2 of the tile.
 
@@ -257,19 +250,18 @@ __device__ __forceinline__ int sm90_v_parts(const fc_attn_params& p) {
 // 32 bytes) as one wgmma group. q_rows: this warpgroup's rows of slab 0.
 // DESC_ADD: see Sm90Tile::DESC_ADD. KROWS: the K tile's rows (its slab
 // stride), when S covers only its last BC of them (k_tile then points there).
-// KSTEPS: the k steps run (issue_qk: fewer when the slabs past D are skipped).
-template <int DP, int BR, int BC, typename T, bool DESC_ADD, int KROWS = BC, int KSTEPS = DP / 16>
-__device__ __forceinline__ void issue_qk_steps(float (&s)[BC / 2], uint32_t q_rows, uint32_t k_tile) {
+template <int DP, int BR, int BC, typename T, bool DESC_ADD, int KROWS = BC>
+__device__ __forceinline__ void issue_qk(float (&s)[BC / 2], uint32_t q_rows, uint32_t k_tile) {
     wgmma_fence();  // orders earlier register use of s before the async writes
     if constexpr (DESC_ADD) {
         const uint64_t qd = wgmma_desc(q_rows, 16, FC_SWZ_GROUP_BYTES), kd = wgmma_desc(k_tile, 16, FC_SWZ_GROUP_BYTES);
 #pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk)
+        for (int kk = 0; kk < DP / 16; ++kk)
             wgmma_qk<BC, T>(s, wgmma_desc_add(qd, (kk / 4) * BR * FC_SWZ_ROW_BYTES + (kk % 4) * 32),
                             wgmma_desc_add(kd, (kk / 4) * KROWS * FC_SWZ_ROW_BYTES + (kk % 4) * 32), kk > 0);
     } else {
 #pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) {
+        for (int kk = 0; kk < DP / 16; ++kk) {
             const uint32_t qa = q_rows + (kk / 4) * BR * FC_SWZ_ROW_BYTES + (kk % 4) * 32;
             const uint32_t kb = k_tile + (kk / 4) * KROWS * FC_SWZ_ROW_BYTES + (kk % 4) * 32;
             wgmma_qk<BC, T>(s, wgmma_desc(qa, 16, FC_SWZ_GROUP_BYTES), wgmma_desc(kb, 16, FC_SWZ_GROUP_BYTES), kk > 0);
@@ -277,45 +269,24 @@ __device__ __forceinline__ void issue_qk_steps(float (&s)[BC / 2], uint32_t q_ro
     }
     wgmma_commit();
 }
-// q_slabs (sm90_q_slabs): at DP = 256, 3 runs the k steps of slabs 0-2 only.
-// (Each form is one whole wgmma group: a wgmma under its own branch made
-// ptxas inject a warpgroup.arrive before the others.)
-template <int DP, int BR, int BC, typename T, bool DESC_ADD, int KROWS = BC>
-__device__ __forceinline__ void issue_qk(float (&s)[BC / 2], uint32_t q_rows, uint32_t k_tile,
-                                         int q_slabs = DP / FC_SLAB_COLS) {
-    if (DP == 256 && q_slabs < DP / FC_SLAB_COLS)
-        issue_qk_steps<DP, BR, BC, T, DESC_ADD, KROWS, DP / 16 - 4>(s, q_rows, k_tile);
-    else
-        issue_qk_steps<DP, BR, BC, T, DESC_ADD, KROWS>(s, q_rows, k_tile);
-}
 
 // Issues O += P V for one V tile as one wgmma group. V is N-major: a 16-key
-// step moves 16 rows, a part (PV_N = 128 columns) moves 2 slabs. PARTS: the
-// parts run (issue_pv: part 0 alone when v's columns end there).
-template <int BC, int PV_N, int PV_PARTS, typename T, bool DESC_ADD, int PARTS = PV_PARTS>
-__device__ __forceinline__ void issue_pv_parts(float (&o)[PV_PARTS][PV_N / 2], const uint32_t (&pa)[BC / 16][4],
-                                               uint32_t v_tile) {
+// step moves 16 rows, a part (PV_N = 128 columns) moves 2 slabs.
+template <int BC, int PV_N, int PV_PARTS, typename T, bool DESC_ADD>
+__device__ __forceinline__ void issue_pv(float (&o)[PV_PARTS][PV_N / 2], const uint32_t (&pa)[BC / 16][4],
+                                         uint32_t v_tile) {
     wgmma_fence();  // orders earlier register writes of o and pa before the async accumulation
     const uint64_t vd = wgmma_desc(v_tile, BC * FC_SWZ_ROW_BYTES, FC_SWZ_GROUP_BYTES);
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk)
 #pragma unroll
-        for (int pp = 0; pp < PARTS; ++pp) {
+        for (int pp = 0; pp < PV_PARTS; ++pp) {
             const uint32_t off = pp * 2 * BC * FC_SWZ_ROW_BYTES + kk * 16 * FC_SWZ_ROW_BYTES;
             wgmma_pv<PV_N, T>(o[pp], pa[kk],
                               DESC_ADD ? wgmma_desc_add(vd, off)
                                        : wgmma_desc(v_tile + off, BC * FC_SWZ_ROW_BYTES, FC_SWZ_GROUP_BYTES));
         }
     wgmma_commit();
-}
-// v_parts (sm90_v_parts): 1 runs part 0 alone (the other's O stays 0).
-template <int BC, int PV_N, int PV_PARTS, typename T, bool DESC_ADD>
-__device__ __forceinline__ void issue_pv(float (&o)[PV_PARTS][PV_N / 2], const uint32_t (&pa)[BC / 16][4],
-                                         uint32_t v_tile, int v_parts = PV_PARTS) {
-    if (PV_PARTS > 1 && v_parts < PV_PARTS)
-        issue_pv_parts<BC, PV_N, PV_PARTS, T, DESC_ADD, 1>(o, pa, v_tile);
-    else
-        issue_pv_parts<BC, PV_N, PV_PARTS, T, DESC_ADD>(o, pa, v_tile);
 }
 
 // Sets keys >= Sk, and (causal) keys > row + diag, of the tile at key0 to -inf.

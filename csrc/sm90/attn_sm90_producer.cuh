@@ -10,6 +10,8 @@
 
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "attn_sm90_parts.cuh"
 #include "hopper.cuh"
 #include "trace.cuh"
@@ -51,10 +53,15 @@ __device__ __forceinline__ void sm90_producer(const Sm90Args& args, const Sm90Sm
     int local = 0;
     // One tile of `rows` rows (of tensor `map`, from row `row` of head h, batch b)
     // into smem at dst, one 64-column slab per TMA load, completing on mbarrier bar.
-    auto load_slabs = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar, int rows, int row, int h, int b) {
-#pragma unroll(DYN && (DP == 256 || CONS == 3) ? 1 : SLABS)  // (the DYN producers' 24 and 32 registers)
-        for (int s = 0; s < SLABS; ++s) tma_load_4d(dst + s * rows * ROWB, map, bar, s * FC_SLAB_COLS, row, h, b);
+    // N: the slabs, std::integral_constant of SLABS (Q, K) or V_SLABS.
+    auto load_slabs = [&](auto n, uint32_t dst, const CUtensorMap* map, uint32_t bar, int rows, int row, int h,
+                          int b) {
+        constexpr int N = decltype(n)::value;
+#pragma unroll(DYN && (DP > 128 || CONS == 3) ? 1 : N)  // (the DYN producers' 24 and 32 registers)
+        for (int s = 0; s < N; ++s) tma_load_4d(dst + s * rows * ROWB, map, bar, s * FC_SLAB_COLS, row, h, b);
     };
+    using QKSlabs = std::integral_constant<int, SLABS>;
+    using VSlabs = std::integral_constant<int, Tile::V_SLABS>;
     // Q_AHEAD: Q of tile local + 1 is issued after this tile's second K/V tile, not
     // after its last: its buffer held tile local - 1, whose consumers are done by
     // then or soon (they release it after that tile's epilogue), and no K/V load
@@ -78,7 +85,7 @@ __device__ __forceinline__ void sm90_producer(const Sm90Args& args, const Sm90Sm
                             s * FC_SLAB_COLS, t.row0 + half * rows, t.h, t.b);
         } else {
             mbar_expect_tx(q_full + 8 * qbar, br * DP * 2);  // (an arrive: releases the store above to its waiters)
-            load_slabs(sQ + qb * Tile::Q_BYTES, &args.q_map, q_full + 8 * qbar, BR, t.row0, t.h, t.b);
+            load_slabs(QKSlabs{}, sQ + qb * Tile::Q_BYTES, &args.q_map, q_full + 8 * qbar, BR, t.row0, t.h, t.b);
         }
     };
     Sm90TileCoord t;
@@ -103,8 +110,9 @@ __device__ __forceinline__ void sm90_producer(const Sm90Args& args, const Sm90Sm
             // Tile j of `map` into dst: with clusters our CTA's slabs, to both CTAs (the
             // other CTA's land on our barrier as well, and may count before our
             // expect_tx: the phase cannot complete before this thread's arrival).
-            auto load_tile = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar) {
+            auto load_tile = [&](auto n, uint32_t dst, const CUtensorMap* map, uint32_t bar) {
                 if constexpr (CL > 1) {
+                    static_assert(decltype(n)::value == SLABS, "clusters: V as wide as K (DP != 192)");
 #pragma unroll
                     for (int h = 0; h < SLABS / CL; ++h) {
                         const int s = h * CL + crank;
@@ -112,15 +120,15 @@ __device__ __forceinline__ void sm90_producer(const Sm90Args& args, const Sm90Sm
                                               (1u << CL) - 1);
                     }
                 } else {
-                    load_slabs(dst, map, bar, BC, j * BC - lead, t.hk, t.b);
+                    load_slabs(n, dst, map, bar, BC, j * BC - lead, t.hk, t.b);
                 }
             };
             TR_TIME(TR_W_K, mbar_wait(k_empty + 8 * st, free_parity));  // K slot st is free (in both CTAs)
-            mbar_expect_tx(k_full + 8 * st, Tile::KV_BYTES);
-            load_tile(sK + st * Tile::KV_BYTES, &args.k_map, k_full + 8 * st);
+            mbar_expect_tx(k_full + 8 * st, Tile::K_BYTES);
+            load_tile(QKSlabs{}, sK + st * Tile::K_BYTES, &args.k_map, k_full + 8 * st);
             TR_TIME(TR_W_V, mbar_wait(v_empty + 8 * st, free_parity));  // V slot st is free (in both CTAs)
-            mbar_expect_tx(v_full + 8 * st, Tile::KV_BYTES);
-            load_tile(sV + st * Tile::KV_BYTES, &args.v_map, v_full + 8 * st);
+            mbar_expect_tx(v_full + 8 * st, Tile::V_BYTES);
+            load_tile(VSlabs{}, sV + st * Tile::V_BYTES, &args.v_map, v_full + 8 * st);
         };
         const int kv0 = TAIL || WIN ? t.kv0 : 0;  // (a tail piece's, or a window's, first K/V tile)
         int j0 = kv0;
