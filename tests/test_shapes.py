@@ -302,6 +302,41 @@ def test_v_head_dim_native(dev, kernel, dims, alignment):
             assert flashcore._C.native_dv(q, k, v, mode, kid, 0, (17, 0)) == native
 
 
+@requires_gpu
+@pytest.mark.parametrize("case", [(2, 16, 1000, 1000, "top_left", None), (1, 8, 2000, 1500, None, None),
+                                  (2, 8, 1100, 1300, "bottom_right", (300, 0)), (3, 12, 700, 700, None, None)],
+                         ids=["dynamic", "static", "window", "grid-odd"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_v_head_dim_native_orders(case, dtype):
+    """MLA's D = 192, Dv = 128 on the Hopper kernel's tile orders (a causal call with more tiles than SMs takes
+    the dynamic order, a window its own instantiation): bit for bit the call with v padded to D, and against
+    the fp64 reference on a sample of heads by the suite's rule."""
+    if "sm90" not in GPU_KERNELS:
+        pytest.skip("the sm90 kernel runs v's own head dim (no sm90 device here)")
+    B, H, sq, sk, alignment, window = case
+    torch.manual_seed(sq + sk)
+    q = torch.randn(B, H, sq, 192, device="cuda").to(dtype)
+    k = torch.randn(B, H, sk, 192, device="cuda").to(dtype)
+    v = torch.randn(B, H, sk, 128, device="cuda").to(dtype)
+    mode = {None: 0, "top_left": 1, "bottom_right": 2}[alignment]
+    assert flashcore._C.native_dv(q, k, v, mode, flashcore.KERNELS["auto"], 0, window)
+    kw = dict(causal=alignment is not None, causal_alignment=alignment or "top_left", window=window)
+    out = flashcore.attention(q, k, v, **kw)
+    assert torch.equal(out, flashcore.attention(q, k, F.pad(v, (0, 64)), **kw)[..., :128])
+    i = torch.arange(sq, device="cuda").unsqueeze(1)
+    j = torch.arange(sk, device="cuda").unsqueeze(0)
+    diag = {None: 0, "top_left": 0, "bottom_right": sk - sq}[alignment]
+    mask = torch.ones(sq, sk, dtype=torch.bool, device="cuda") if alignment is None else j <= i + diag
+    if window is not None:
+        mask &= j >= i + diag - window[0]
+    rows = mask.any(-1)
+    qs, ks, vs, os = (t[:1, :2] for t in (q, k, v, out))  # (one batch entry, two heads)
+    want = F.scaled_dot_product_attention(qs.double(), ks.double(), vs.double(), attn_mask=mask)
+    low = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)
+    assert err(os[..., rows, :], want[..., rows, :]) <= 2 * err(low[..., rows, :], want[..., rows, :]) + 1e-3
+    assert torch.all(os[..., ~rows, :] == 0)
+
+
 def test_v_head_dim_refusals():
     q = torch.randn(2, 4, 5, 64)
     with pytest.raises(ValueError, match=r"k: head dim 32 differs from q's 64; q and k need the same D \(v's may"):
