@@ -8,7 +8,9 @@ same inputs.
 Shapes: B * S = 16384 tokens, H = 16 query and KV heads, S in --seqlens, causal both, fp16, plus
 bf16 at S = 4096. FLOPs = 2 * B * H * Sq * Sk * (D + Dv), halved for causal (Sq = Sk). Each impl
 is timed by do_bench (median, L2 flushed) in ROUNDS rounds of shuffled order; a row is the median
-reading. Writes the rows (suite "dv", with a "Dv" field) and a markdown table beside them.
+reading. Suite "dv-fwdbwd" (S in --fwdbwd-seqlens, fp16): one forward and torch.autograd.grad of
+q, k and v, FLOPs 3.5x the forward's. Writes the rows (with a "Dv" field) and a markdown table
+beside them.
 """
 import argparse
 import datetime
@@ -30,8 +32,17 @@ ROUNDS = 6
 IMPLS = ("flashcore", "flashcore:padded", "sdpa-default", "sdpa-cudnn", "sdpa-efficient")
 
 
-def make_fn(name, q, k, v, causal, fc):
-    """fn() running impl `name` on (q, k, v), or raises where the impl refuses the call."""
+def make_fn(name, q, k, v, causal, fc, bwd=False):
+    """fn() running impl `name` on (q, k, v), or raises where the impl refuses the call. bwd: the
+    forward, then the gradients of q, k and v for a fixed dout (its result: the three concatenated)."""
+    if bwd:
+        fwd = make_fn(name, q, k, v, causal, fc)
+        dout = torch.randn(*q.shape[:3], v.shape[3], device=q.device, dtype=q.dtype)
+
+        def fn():
+            grads = torch.autograd.grad(fwd(), (q, k, v), dout)
+            return torch.cat([g.flatten() for g in grads])
+        return fn
     if name == "flashcore":
         return lambda: fc.attention(q, k, v, is_causal=causal)
     if name == "flashcore:padded":
@@ -51,6 +62,7 @@ def make_fn(name, q, k, v, causal, fc):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192")
+    ap.add_argument("--fwdbwd-seqlens", default="2048,4096", help="S of the dv-fwdbwd suite ('' for none)")
     ap.add_argument("--dims", default="192:128", help="D:Dv pairs, comma-separated")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -61,26 +73,31 @@ def main():
         d, dv = (int(x) for x in dims.split(":"))
         for s in (int(x) for x in args.seqlens.split(",")):
             for causal in (False, True):
-                shapes.append((TOKENS // s, s, d, dv, causal, "fp16"))
+                shapes.append(("dv", TOKENS // s, s, d, dv, causal, "fp16"))
         if 4096 in [int(x) for x in args.seqlens.split(",")]:
-            shapes.append((TOKENS // 4096, 4096, d, dv, False, "bf16"))
-            shapes.append((TOKENS // 4096, 4096, d, dv, True, "bf16"))
+            shapes.append(("dv", TOKENS // 4096, 4096, d, dv, False, "bf16"))
+            shapes.append(("dv", TOKENS // 4096, 4096, d, dv, True, "bf16"))
+        for s in (int(x) for x in args.fwdbwd_seqlens.split(",") if x):
+            for causal in (False, True):
+                shapes.append(("dv-fwdbwd", TOKENS // s, s, d, dv, causal, "fp16"))
     rows, rng = [], random.Random(20261128)
-    for B, S, d, dv, causal, dt in shapes:
+    for suite, B, S, d, dv, causal, dt in shapes:
+        bwd = suite == "dv-fwdbwd"
         dtype = torch.float16 if dt == "fp16" else torch.bfloat16
-        q, k = (torch.randn(B, HEADS, S, d, device="cuda", dtype=dtype) for _ in range(2))
-        v = torch.randn(B, HEADS, S, dv, device="cuda", dtype=dtype)
+        q, k = (torch.randn(B, HEADS, S, d, device="cuda", dtype=dtype, requires_grad=bwd) for _ in range(2))
+        v = torch.randn(B, HEADS, S, dv, device="cuda", dtype=dtype, requires_grad=bwd)
         fns, ref = {}, None
         for name in IMPLS:
             try:
-                fn = make_fn(name, q, k, v, causal, fc)
+                fn = make_fn(name, q, k, v, causal, fc, bwd)
                 out = fn()
                 torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001 -- a backend that refuses the call is reported, not timed
                 print(f"  {name}: skipped ({bench.first_line(e)})")
                 continue
             ref = out if ref is None else ref
-            if (out.float() - ref.float()).abs().max().item() > 2e-2:
+            tol = 0.1 * ref.abs().max().item() if bwd else 2e-2  # (gradients: a sanity bound)
+            if (out.float() - ref.float()).abs().max().item() > tol:
                 raise SystemExit(f"{name} disagrees with flashcore at B{B} S{S} D{d}/{dv} causal={causal}")
             fns[name] = fn
         times = {n: [] for n in fns}
@@ -89,14 +106,14 @@ def main():
             rng.shuffle(order)
             for n in order:
                 times[n].append(bench.bench_us(fns[n]))
-        flops = 2.0 * B * HEADS * S * S * (d + dv) * (0.5 if causal else 1.0)
+        flops = 2.0 * B * HEADS * S * S * (d + dv) * (0.5 if causal else 1.0) * (3.5 if bwd else 1.0)
         for n, ts in times.items():
             us = statistics.median(ts)
-            rows.append(dict(suite="dv", impl=n, B=B, Hq=HEADS, Hkv=HEADS, Sq=S, Sk=S, D=d, Dv=dv, causal=causal,
+            rows.append(dict(suite=suite, impl=n, B=B, Hq=HEADS, Hkv=HEADS, Sq=S, Sk=S, D=d, Dv=dv, causal=causal,
                              dtype=dt, us=round(us, 2), tflops=round(flops / us / 1e6, 1), eager_us=None,
                              graph_us=None))
         line = "  ".join(f"{n} {statistics.median(ts):8.1f}" for n, ts in times.items())
-        print(f"B{B} S{S} D{d}/{dv} {dt} causal={int(causal)}: {line} us", flush=True)
+        print(f"{suite} B{B} S{S} D{d}/{dv} {dt} causal={int(causal)}: {line} us", flush=True)
         del q, k, v, fns
     sha, dirty = bench.git_commit()
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cudnn=bench.cudnn_version(), commit=sha,
@@ -108,12 +125,13 @@ def main():
              "|---|---:|---:|---:|---:|---:|---:|"]
     by = {}
     for r in rows:
-        by.setdefault((r["B"], r["Sq"], r["D"], r["Dv"], r["causal"], r["dtype"]), {})[r["impl"]] = r["tflops"]
-    for (B, S, d, dv, causal, dt), t in by.items():
+        by.setdefault((r["suite"], r["B"], r["Sq"], r["D"], r["Dv"], r["causal"], r["dtype"]), {})[r["impl"]] = \
+            r["tflops"]
+    for (suite, B, S, d, dv, causal, dt), t in by.items():
         fc_t, pad, cu, ef = (t.get(n) for n in ("flashcore", "flashcore:padded", "sdpa-cudnn", "sdpa-efficient"))
         ratio = lambda a, b: f"{a / b:.3f}" if a and b else "-"  # noqa: E731
-        table.append(f"| {dt} B{B} S{S} D{d}/{dv}{' causal' if causal else ''} | {fc_t} | {pad} | {cu} | {ef} | "
-                     f"{ratio(fc_t, cu)} | {ratio(fc_t, pad)} |")
+        table.append(f"| {suite} {dt} B{B} S{S} D{d}/{dv}{' causal' if causal else ''} | {fc_t} | {pad} | {cu} | "
+                     f"{ef} | {ratio(fc_t, cu)} | {ratio(fc_t, pad)} |")
     with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
         f.write(f"{meta['gpu']}, torch {meta['torch']}, commit {sha[:8]}, {meta['date']}\n\n" + "\n".join(table) + "\n")
     print("\n".join(table))

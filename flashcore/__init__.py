@@ -43,8 +43,10 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         if r is not NotImplemented:
             return r
     # SDPA's calls that are not one (B, H, S, D) call run as one, rewritten: v's own head dim padded first
-    # (so that a broadcast input is padded once, not per batch entry or head), then the shapes folded.
-    rewrite = _pad_head_dims(query, key, value, scale) or _as_bhsd(query, key, value, scale)
+    # (so that a broadcast input is padded once, not per batch entry or head), then the shapes folded;
+    # unless the kernel runs v's own head dim (an eager call with grad: the op takes it as it is).
+    own_dv = _own_dv_op(query, key, value, is_causal, causal, causal_alignment, kernel, num_splits, window)
+    rewrite = None if own_dv else _pad_head_dims(query, key, value, scale) or _as_bhsd(query, key, value, scale)
     if rewrite is not None:
         q, k, v, scale, back = rewrite
         r = attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal=causal,
@@ -138,6 +140,26 @@ def _pad_head_dims(query, key, value, scale):
             lambda out, lse: (out[..., :dv].contiguous(), lse))
 
 
+def _own_dv_op(query, key, value, is_causal, causal, causal_alignment, kernel, num_splits, window):
+    # Whether an eager call the binding handed back (one that records autograd) runs on the op with v's own
+    # head dim: one (B, H, S, D) call of plain tensors whose kernel takes Dv != D as it is (_C.native_dv:
+    # the CPU path, the sm90 kernel at D > 128). Never while torch.compile traces (the fake tensors have no
+    # data to check; the padded call is traced) or for tensors only the dispatcher runs (vmap, subclasses).
+    # Arguments the call refuses give False here, and the padded call raises for them.
+    ts = (query, key, value)
+    if torch.compiler.is_compiling() or not all(type(t) is torch.Tensor for t in ts) or not _strided(ts):
+        return False
+    if not all(t.dim() == 4 for t in ts) or value.shape[3] == query.shape[3] or \
+            not _one_call(query, key, value, any_dv=True):
+        return False
+    try:
+        mode, win = _C.causal_window(is_causal if causal is None else causal, causal_alignment, window)
+        q, k, v = _autocast(query, key, value)
+        return bool(_C.native_dv(q, k, v, mode, KERNELS[kernel], num_splits or 0, None if win is None else list(win)))
+    except (TypeError, ValueError, KeyError, RuntimeError):  # (RuntimeError: a wrapper's data, under vmap)
+        return False
+
+
 def _strided(ts):
     # Tensors the rewrites of SDPA's other calls apply to (others go on to the call, which refuses them).
     return all(isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested for t in ts)
@@ -155,8 +177,9 @@ def _refuse_hidden_views(ts, neg):
             raise ValueError(f"{name}: is a negated view; call {name}.resolve_neg()")
 
 
-def _one_call(query, key, value):
-    # binding.cpp's bhsd_call for strided tensors: already one (B, H, S, D) call.
+def _one_call(query, key, value, any_dv=False):
+    # binding.cpp's bhsd_call for strided tensors: already one (B, H, S, D) call
+    # (any_dv: v's head dim not compared, a call _own_dv_op may run as it is).
     # While torch.compile or torch.export traces, a 4-D call counts as one
     # unless its sizes are known to differ without a guard (a guard on sizes
     # that are unbacked, or exported as independent, would fail the trace):
@@ -166,7 +189,7 @@ def _one_call(query, key, value):
     (bq, hq), (bk, hk), (bv, hv) = (t.shape[:2] for t in (query, key, value))
     known = statically_known_true if torch.compiler.is_compiling() else bool
     return not (known(bk != bq) or known(bv != bq) or known(hk != hv) or (known(hq == 1) and known(hk != 1)) or
-                known(value.shape[3] != query.shape[3]))
+                (not any_dv and known(value.shape[3] != query.shape[3])))
 
 
 def _needs_grad(query, key, value, kernel):
@@ -292,13 +315,17 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     # handler ran the op with torch functions off); its data is a plain tensor's.
     query, key, value = (t.as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t
                          for t in (query, key, value))
-    if not _one_call(query, key, value):
+    if not _one_call(query, key, value, any_dv=True):
         raise ValueError(f"q, k, v: the op takes one (B, H, S, D) call, got shapes {tuple(query.shape)}, "
                          f"{tuple(key.shape)}, {tuple(value.shape)}; call flashcore.attention, which takes "
                          f"SDPA's other shapes")
     with torch.no_grad():  # (the autograd formula below records the call, not the binding)
         r = _C.attention(query, key, value, attn_mask, dropout_p, is_causal, scale, False, causal,
                          causal_alignment, return_lse, kernel, num_splits, window)
+    if r is NotImplemented and value.shape[3] != query.shape[3]:
+        raise ValueError(f"v: head dim {value.shape[3]} differs from q's {query.shape[3]}, which the op runs only "
+                         f"where the kernel takes v's own head dim (a multiple of 8 below D, on the CPU or on the "
+                         f"sm90 kernel at D > 128); call flashcore.attention, which pads v for the others")
     if r is NotImplemented:
         raise RuntimeError("flashcore: internal error: the custom op's implementation got tensors without storage")
     if return_lse:
@@ -311,7 +338,7 @@ def _attention_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, c
                     return_lse, kernel, num_splits, window=None):
     # The shapes the binding allocates: out like q (contiguous), lse (B, Hq, Sq)
     # fp32. Bad arguments raise when the op runs, with the eager messages.
-    out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    out = query.new_empty((*query.shape[:3], value.shape[3]))  # (B, Hq, Sq, Dv)
     lse = query.new_empty(tuple(query.shape[:3]) if return_lse else (0,), dtype=torch.float32)
     return out, lse
 
@@ -389,9 +416,15 @@ def _attention_backward(ctx, grad_out, grad_lse):
         out, lse = _attention_op(query, key, value, *ctx.forward_args)
     dlse = grad_lse if grad_lse is not None and grad_lse.dim() == 3 else None
     det = torch.are_deterministic_algorithms_enabled()  # on: dQ summed in a fixed order
+    # v's own head dim Dv < D (_own_dv_op's forward): the backward runs at D with v, out and grad_out padded
+    # by zero columns, which is exact (their products with the pads are 0; dv's pad columns are cut off).
+    dv_cols = value.shape[3]
+    if dv_cols != query.shape[3]:
+        pad = lambda t: torch.nn.functional.pad(t, (0, query.shape[3] - dv_cols))  # noqa: E731
+        value, out, grad_out = pad(value), pad(out), pad(grad_out)
     dq, dk, dv = _attention_backward_op(grad_out, query, key, value, out, lse, dlse, ctx.scale, ctx.causal_mode,
                                         ctx.kernel, det, None if ctx.window is None else list(ctx.window))
-    return (dq, dk, dv) + (None,) * 10
+    return (dq, dk, dv[..., :dv_cols]) + (None,) * 10
 
 
 @torch.library.custom_op("flashcore::attention_backward", mutates_args=())

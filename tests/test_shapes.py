@@ -302,6 +302,35 @@ def test_v_head_dim_native(dev, kernel, dims, alignment):
             assert flashcore._C.native_dv(q, k, v, mode, kid, 0, (17, 0)) == native
 
 
+@pytest.mark.parametrize("dims", [(192, 128), (160, 64), (64, 32)], ids=lambda d: f"D{d[0]}-Dv{d[1]}")
+@pytest.mark.parametrize("dev,kernel", DEVICES)
+def test_v_head_dim_native_grad(dev, kernel, dims, monkeypatch):
+    """With grad, an eager call whose kernel takes v's own head dim runs the op on it as it is (v is not
+    padded: _pad_head_dims must not run) and its backward pads v, out and dout for the backward kernel:
+    out, lse and the gradients bit for bit those of the call with v padded to D by hand."""
+    d, dv = dims
+    dtype = DTYPE[dev]
+    native = dev == "cpu" or (kernel == "sm90" and d > 128)
+    if native:
+        def no_pad(*a):
+            raise AssertionError("v was padded where the kernel takes its own head dim")
+        monkeypatch.setattr(flashcore, "_pad_head_dims", no_pad)
+    torch.manual_seed(d + dv)
+    q, k, v = (torch.randn(2, h, n, e, device=dev).to(dtype).requires_grad_()
+               for h, n, e in ((4, SQ, d), (2, SK, d), (2, SK, dv)))
+    out, lse = flashcore.attention(q, k, v, is_causal=True, return_lse=True, kernel=kernel)
+    assert out.shape == (2, 4, SQ, dv)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad((out * g).sum() + lse.sum(), (q, k, v))
+    monkeypatch.undo()
+    vp = F.pad(v, (0, d - dv))
+    want_out, want_lse = flashcore.attention(q, k, vp, is_causal=True, return_lse=True, kernel=kernel)
+    want = torch.autograd.grad((want_out[..., :dv] * g).sum() + want_lse.sum(), (q, k, v))
+    assert torch.equal(out, want_out[..., :dv]) and torch.equal(lse, want_lse)
+    for a, b, name in zip(got, want, "qkv"):
+        assert a.shape == b.shape and torch.equal(a, b), name
+
+
 @requires_gpu
 @pytest.mark.parametrize("case", [(2, 16, 1000, 1000, "top_left", None), (1, 8, 2000, 1500, None, None),
                                   (2, 8, 1100, 1300, "bottom_right", (300, 0)), (3, 12, 700, 700, None, None)],
@@ -345,9 +374,11 @@ def test_v_head_dim_refusals():
         flashcore.attention(torch.randn(2, 4, 5, 60), torch.randn(2, 4, 7, 60), torch.randn(2, 4, 7, 128))
     with pytest.raises(ValueError, match=r"v: the last dim must be contiguous"):
         flashcore.attention(q, torch.randn(2, 4, 7, 64), torch.randn(2, 4, 7, 256)[..., ::2])
-    with pytest.raises(ValueError, match=r"the op takes one \(B, H, S, D\) call"):
+    with pytest.raises(ValueError, match=r"v: head dim 128 differs from q's 64, which the op runs only where"):
         torch.ops.flashcore.attention(q, q, torch.randn(2, 4, 5, 128), None, 0.0, False, None, None, "top_left",
                                       False, "auto", None)
+    with pytest.raises(ValueError, match=r"the op takes one \(B, H, S, D\) call"):
+        torch.ops.flashcore.attention(q, q[:1], q[:1], None, 0.0, False, None, None, "top_left", False, "auto", None)
 
 
 @pytest.mark.parametrize("dev,kernel", DEVICES)
