@@ -32,12 +32,11 @@ ROUNDS = 6
 IMPLS = ("flashcore", "flashcore:padded", "sdpa-default", "sdpa-cudnn", "sdpa-efficient")
 
 
-def make_fn(name, q, k, v, causal, fc, bwd=False):
-    """fn() running impl `name` on (q, k, v), or raises where the impl refuses the call. bwd: the
-    forward, then the gradients of q, k and v for a fixed dout (its result: the three concatenated)."""
-    if bwd:
+def make_fn(name, q, k, v, causal, fc, dout=None):
+    """fn() running impl `name` on (q, k, v), or raises where the impl refuses the call. dout: the
+    forward, then the gradients of q, k and v for this dout (its result: the three concatenated)."""
+    if dout is not None:
         fwd = make_fn(name, q, k, v, causal, fc)
-        dout = torch.randn(*q.shape[:3], v.shape[3], device=q.device, dtype=q.dtype)
 
         def fn():
             grads = torch.autograd.grad(fwd(), (q, k, v), dout)
@@ -86,10 +85,11 @@ def main():
         dtype = torch.float16 if dt == "fp16" else torch.bfloat16
         q, k = (torch.randn(B, HEADS, S, d, device="cuda", dtype=dtype, requires_grad=bwd) for _ in range(2))
         v = torch.randn(B, HEADS, S, dv, device="cuda", dtype=dtype, requires_grad=bwd)
+        dout = torch.randn(B, HEADS, S, dv, device="cuda", dtype=dtype) if bwd else None  # (one for every impl)
         fns, ref = {}, None
         for name in IMPLS:
             try:
-                fn = make_fn(name, q, k, v, causal, fc, bwd)
+                fn = make_fn(name, q, k, v, causal, fc, dout)
                 out = fn()
                 torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001 -- a backend that refuses the call is reported, not timed
