@@ -26,9 +26,10 @@ Args:
     query: (B, Hq, Sq, D) tensor.
     key: (B, Hkv, Sk, D) tensor; Hkv must divide Hq (grouped-query
         attention reads each KV head in place, with no copy).
-    value: (B, Hkv, Sk, Dv) tensor; Dv may differ from D, as in SDPA (the
-        call runs at the wider of the two, zero-padded, and out has Dv
-        columns).
+    value: (B, Hkv, Sk, Dv) tensor; Dv may differ from D, as in SDPA (out
+        has Dv columns): a multiple of 8 below D runs as it is on the CPU
+        and on the Hopper kernel at D > 128 (MLA's 192 / 128), other pairs
+        at the wider of the two, zero-padded.
         B, H and S may be 0, as with SDPA: the output is then empty, or
         all zeros (LSE -inf) when Sk = 0.
     attn_mask, dropout_p: accepted for SDPA compatibility; only ``None``

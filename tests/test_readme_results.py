@@ -130,3 +130,21 @@ def test_decode_sentence():
     seq = lambda impl: " / ".join(f"{us[(Sk, B, impl)]:.1f}" for Sk, B in ((4096, 8), (32768, 8), (131072, 1)))  # noqa
     text = README.replace("\n  ", " ")
     assert f"the split-KV kernel {seq('flashcore')} us against SDPA default's {seq('sdpa-default')}" in text
+
+
+def test_dv_sentence():
+    """The API section's D = 192, Dv = 128 ranges, from dv-h100.json (benchmarks/bench_dv.py)."""
+    by = {}
+    for r in load("dv-h100.json")["rows"]:
+        by.setdefault((r["suite"], r["Sq"], r["causal"], r["dtype"]), {})[r["impl"]] = r["tflops"]
+
+    def span(suite, impl, causal=None):
+        x = [t["flashcore"] / t[impl] for k, t in by.items() if k[0] == suite and causal in (None, k[2])]
+        return f"{min(x):.2f}-{max(x):.2f}x"
+    text = " ".join(README.split())
+    for want in (f"forward {span('dv', 'sdpa-cudnn')} SDPA's cuDNN backend",
+                 f"({span('dv', 'sdpa-default')} its default)", f"and {span('dv', 'flashcore:padded')} the padded call",
+                 f"forward + backward {span('dv-fwdbwd', 'sdpa-cudnn')} cuDNN",
+                 f"(causal {span('dv-fwdbwd', 'sdpa-cudnn', True)};",
+                 f"and {span('dv-fwdbwd', 'sdpa-efficient')} SDPA's efficient backend"):
+        assert want in text, want
