@@ -56,9 +56,10 @@
 // and the rows past Sq or Sk (and, with LEAD_TILE, the K/V rows before key 0), and those
 // rows/keys are masked or never stored. v's head dim Dv (fc_attn_params) is D's, or below D
 // at D > 128: DP = 192 (MLA's q and k of 129..192 columns in three slabs, v and O of Dv <= 128
-// in two, Sm90Tile::DV) or DP = 256 (the extra columns of v zero, of O not stored). Any Sq, Sk >= 1; both causal alignments; sliding
-// windows (WIN, below); strided inputs whose strides are multiples of 8 elements (a TMA rule,
-// checked by dispatch); GQA reads KV head h / (Hq / Hkv) in place. Rows that see no key give
+// in two, Sm90Tile::DV) or DP = 256 (the extra columns of v zero, of O not stored). Any Sq,
+// Sk >= 1; both causal alignments; sliding windows (WIN, below); strided inputs whose strides
+// are multiples of 8 elements (a TMA rule, checked by dispatch); GQA reads KV head
+// h / (Hq / Hkv) in place. Rows that see no key give
 // O = 0 and LSE = -inf. Needs sm_90a (H100, H200); the body is empty in other passes.
 #pragma once
 

@@ -61,7 +61,8 @@ __host__ __device__ constexpr bool sm90_window_cap(bool dyn, int cons) { return 
 // softmax pinned ahead of the P V wait (PIN_SOFTMAX), at D = 64 (three
 // consumers) 192-key K/V tiles (WIDE_KV; which calls: sm90_wide_kv).
 // DP = 192 is MLA's tile: q and k of D in 129..192 (three slabs), v and O of
-// Dv <= 128 (DV; flashcore.h's Dv), otherwise D = 256's (SM90_D192 below).
+// Dv <= 128 (DV; flashcore.h's Dv), otherwise D = 256's (dispatch: kernels.h's
+// fc_sm90_d192).
 template <int DP, int CONS = 2, bool LONG = false>
 struct Sm90Tile {
     static_assert(CONS == 2 || (CONS == 3 && DP <= 128), "three consumers fit their registers only at D <= 128");
