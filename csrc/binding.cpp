@@ -28,8 +28,9 @@ Args:
         attention reads each KV head in place, with no copy).
     value: (B, Hkv, Sk, Dv) tensor; Dv may differ from D, as in SDPA (out
         has Dv columns): a multiple of 8 below D runs as it is on the CPU
-        and on the Hopper kernel at D > 128 (MLA's 192 / 128), other pairs
-        at the wider of the two, zero-padded.
+        and on the Hopper kernel at D > 128 (MLA's 192 / 128; not a
+        split-KV decode call), other pairs at the wider of the two,
+        zero-padded.
         B, H and S may be 0, as with SDPA: the output is then empty, or
         all zeros (LSE -inf) when Sk = 0.
     attn_mask, dropout_p: accepted for SDPA compatibility; only ``None``
@@ -753,23 +754,32 @@ bool bhsd_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bo
            k.size(1) == v.size(1) && !(q.size(1) == 1 && k.size(1) != 1);
 }
 
+// Whether v's head dim Dv is one a kernel may take as it is: a multiple of 8
+// below D (fc_attn_params' Dv), D itself supported.
+bool dv_candidate(const at::Tensor& q, const at::Tensor& v) {
+    const int64_t d = q.size(3), dv = v.size(3);
+    return dv >= 8 && dv < d && dv % 8 == 0 && d <= FC_MAX_HEAD_DIM && d % 8 == 0;
+}
+
 // Whether a (B, H, S, D) call whose v has a head dim of its own runs as it is:
 // the kernel it picks takes v's Dv (fc_attn_params: a multiple of 8 below D, on
 // the CPU kernel or the sm90 one at D > 128, not split-KV; fc_attn_fwd_check_args
-// says). Otherwise flashcore.attention pads v to D, and a call the checks
-// refuse for another reason raises there, from the padded call's checks.
-bool native_dv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, int causal,
-               int kernel, int64_t num_splits, const Window& w) {
-    const int64_t d = q.size(3), dv = v.size(3);
-    if (dv < 8 || dv >= d || dv % 8 != 0 || d > FC_MAX_HEAD_DIM) return false;
+// says, for a valid scale: the caller's is checked on its own). Otherwise
+// flashcore.attention pads v to D, and a call the checks refuse for another
+// reason raises there, from the padded call's checks.
+bool native_dv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int causal, int kernel,
+               int64_t num_splits, const Window& w) {
+    const int64_t d = q.size(3);
+    if (!dv_candidate(q, v)) return false;
     if (!(q.is_cpu() || q.is_cuda()) || k.device() != q.device() || v.device() != q.device() ||
         k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type() || k.size(3) != d ||
-        v.size(2) != k.size(2) || num_splits < 0 || num_splits > INT32_MAX || !scale_ok(scale))
+        v.size(2) != k.size(2) || num_splits < 0 || num_splits > INT32_MAX)
         return false;
     for (const at::Tensor* t : {&q, &k, &v})
         if (t->size(0) > INT32_MAX || t->size(1) > INT32_MAX || t->size(2) > FC_MAX_SEQ_LEN) return false;
     c10::OptionalDeviceGuard guard(q.device());
-    fc_attn_params p = fill_params(q, k, v, scale, causal, kernel, num_splits, w);
+    fc_attn_params p = fill_params(q, k, v, 1.0, causal, kernel, num_splits, w);
+    const int64_t dv = v.size(3);
     p.o_row_stride = dv;  // (run_fwd's out: contiguous (B, Hq, Sq, Dv))
     p.o_head_stride = q.size(2) * dv;
     p.o_batch_stride = q.size(1) * p.o_head_stride;
@@ -823,8 +833,16 @@ pybind11::object attention(const pybind11::handle& query, const pybind11::handle
                                   return_lse, kernel, num_splits, window);
     const double d = q.dim() > 0 ? (double)q.size(-1) : 0.0;
     const double scale_v = a.has_scale ? a.scale : (d > 0 ? 1.0 / std::sqrt(d) : 1.0);
-    if (own_dv && !native_dv(q, k, v, scale_v, a.causal_mode, a.kernel, a.splits, a.window))
-        return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);  // (padded by flashcore.attention)
+    if (own_dv) {
+        // v's own head dim: a call that may run as it is gets run_fwd's argument errors here (its
+        // padded copy would get the same ones, where a refusal below would show as a refused Dv).
+        if (!dv_candidate(q, v)) return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
+        check_inputs(q, k, v, true);
+        check_num_splits(a.splits);
+        check_scale(scale_v);
+        if (!native_dv(q, k, v, a.causal_mode, a.kernel, a.splits, a.window))
+            return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);  // (padded by flashcore.attention)
+    }
     auto r = run_fwd(q, k, v, scale_v, a.causal_mode, a.kernel, a.return_lse, a.splits, a.window);
     if (a.return_lse) return pybind11::make_tuple(r.first, r.second);
     return pybind11::cast(r.first);
@@ -871,13 +889,16 @@ std::string bwd_device_check(int D, int kernel, int device) {
 #ifdef FC_HAVE_SM90
 // The sm90 instantiation a call of this shape runs on num_sms SMs (kernels.h's
 // fc_sm90_route_d*; host logic, no GPU needed). For tests.
+// Dv: v's head dim (0: D); MLA's tile (fc_sm90_d192) names its route "d192:" + the kind.
 std::string sm90_route(int B, int Hq, int Hkv, int Sq, int Sk, int D, int causal, int num_sms,
-                       const pybind11::object& window) {
+                       const pybind11::object& window, int Dv) {
     fc_attn_params p = {};
-    p.B = B; p.Hq = Hq; p.Hkv = Hkv; p.Sq = Sq; p.Sk = Sk; p.D = D;
+    p.B = B; p.Hq = Hq; p.Hkv = Hkv; p.Sq = Sq; p.Sk = Sk; p.D = D; p.Dv = Dv;
     p.causal = (fc_causal)causal;
     set_window(p, raw_window(window));
-    if (D < 1 || D > FC_MAX_HEAD_DIM || num_sms < 1) value_error("sm90_route: D in 1..256 and num_sms >= 1");
+    if (D < 1 || D > FC_MAX_HEAD_DIM || num_sms < 1 || Dv < 0 || Dv > D)
+        value_error("sm90_route: D in 1..256, Dv in 0..D and num_sms >= 1");
+    if (fc_sm90_d192(&p)) return std::string("d192:") + fc_sm90_route_d192(&p, num_sms);
     return D <= 64 ? fc_sm90_route_d64(&p, num_sms) : D <= 128 ? fc_sm90_route_d128(&p, num_sms)
                                                                : fc_sm90_route_d256(&p, num_sms);
 }
@@ -915,10 +936,10 @@ PYBIND11_MODULE(_C, m) {
     m.def("native_dv", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int causal, int kernel,
                           int64_t num_splits, const pybind11::object& window) {
         return q.dim() == 4 && k.dim() == 4 && v.dim() == 4 &&
-               native_dv(q, k, v, q.size(3) > 0 ? 1.0 / std::sqrt((double)q.size(3)) : 1.0, causal, kernel,
-                         num_splits, raw_window(window));
-    }, "whether flashcore.attention runs (q, k, v) without grad on the kernel as it is, v's head dim its own "
-       "(causal mode id, kernel id, num_splits, the C API's window or None); false: v is padded to D",
+               native_dv(q, k, v, causal, kernel, num_splits, raw_window(window));
+    }, "whether flashcore.attention runs (q, k, v), tensors as given (no autocast), on the kernel as it is, v's "
+       "head dim its own (causal mode id, kernel id, num_splits, the C API's window or None); false: v is "
+       "padded to D",
        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal"), py::arg("kernel"), py::arg("num_splits"),
        py::arg("window") = pybind11::none());
     m.attr("BWD_MAX_GPU_HEAD_DIM") = FC_BWD_MAX_GPU_HEAD_DIM;
@@ -931,9 +952,9 @@ PYBIND11_MODULE(_C, m) {
           py::arg("causal"), py::arg("kernel"), py::arg("num_splits"), py::arg("window") = pybind11::none());
 #ifdef FC_HAVE_SM90
     m.def("sm90_route", &sm90_route, "the sm90 instantiation (B, Hq, Hkv, Sq, Sk, D, causal_mode, num_sms, "
-          "window=None: the C API's (window_left, window_right)) runs",
+          "window=None: the C API's (window_left, window_right), Dv=0: v's head dim) runs",
           py::arg("B"), py::arg("Hq"), py::arg("Hkv"), py::arg("Sq"), py::arg("Sk"), py::arg("D"),
-          py::arg("causal"), py::arg("num_sms"), py::arg("window") = pybind11::none());
+          py::arg("causal"), py::arg("num_sms"), py::arg("window") = pybind11::none(), py::arg("Dv") = 0);
 #endif
     m.def("set_poison_outputs", [](bool on) { poison_outputs = on; },
           "tests: fill out and lse with NaN (scratch with 0xff) before every launch");

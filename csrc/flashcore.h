@@ -107,7 +107,8 @@ typedef struct {
     int window_right; /* window = 1: keys after the diagonal a query sees, >= 0 (0: causal); -1: all */
     int Dv;           /* v's and o's head dim: 0 = D (the default). Another value (a multiple of 8 below D)
                          runs on the CPU kernel, and on the sm90 kernel where D > 128 (not split-KV); the
-                         others refuse it (pad v to D, and cut o's extra columns) */
+                         others refuse it (pad v to D, and cut o's extra columns). A caller that fills
+                         the struct field by field sets it too (zero-initialize the struct) */
 } fc_attn_params;
 
 /* Short English name of a status code. Never NULL. */

@@ -264,10 +264,14 @@ def test_v_head_dim_differs(dev, kernel, dims, causal):
 NATIVE_DV = [(192, 128), (256, 128), (136, 8), (256, 248), (160, 96), (184, 136), (64, 32)]
 
 
+def _no_pad(*args):
+    raise AssertionError("v was padded where the kernel takes its own head dim")
+
+
 @pytest.mark.parametrize("alignment", [None, "top_left", "bottom_right"], ids=["nocausal", "tl", "br"])
 @pytest.mark.parametrize("dims", NATIVE_DV, ids=lambda d: f"D{d[0]}-Dv{d[1]}")
 @pytest.mark.parametrize("dev,kernel", DEVICES)
-def test_v_head_dim_native(dev, kernel, dims, alignment):
+def test_v_head_dim_native(dev, kernel, dims, alignment, monkeypatch):
     """A call without grad whose v has a head dim of its own runs on the kernel as it is where that kernel
     takes it (_C.native_dv says where, and must say so for the CPU path and for sm90 at D > 128), else
     padded: out against the fp64 reference by the suite's rule (fp16 also allclose to SDPA), bit for bit
@@ -283,7 +287,10 @@ def test_v_head_dim_native(dev, kernel, dims, alignment):
         native = flashcore._C.native_dv(q, k, v, mode, kid, 0, None)
         assert native == (dev == "cpu" or (kernel == "sm90" and d > 128)), (dev, kernel, dims)
         kw = dict(causal=alignment is not None, causal_alignment=alignment or "top_left", kernel=kernel)
-        out, lse = flashcore.attention(q, k, v, return_lse=True, **kw)
+        with monkeypatch.context() as m:
+            if native:  # (the call runs as it is: flashcore.attention's padding must not run)
+                m.setattr(flashcore, "_pad_head_dims", _no_pad)
+            out, lse = flashcore.attention(q, k, v, return_lse=True, **kw)
         assert out.shape == (2, 4, sq, dv) and out.dtype == dtype and out.is_contiguous()
         padded, plse = flashcore.attention(q, k, F.pad(v, (0, d - dv)), return_lse=True, **kw)
         assert torch.equal(out, padded[..., :dv]) and torch.equal(lse, plse)
@@ -299,7 +306,10 @@ def test_v_head_dim_native(dev, kernel, dims, alignment):
             torch.testing.assert_close(out[..., rows, :], low[..., rows, :], atol=1e-3, rtol=1e-3)
         if alignment is not None:  # a window (its own sm90 instantiation), against the padded call
             w = dict(kw, window=(17, 0))
-            got = flashcore.attention(q, k, v, **w)
+            with monkeypatch.context() as m:
+                if native:
+                    m.setattr(flashcore, "_pad_head_dims", _no_pad)
+                got = flashcore.attention(q, k, v, **w)
             assert torch.equal(got, flashcore.attention(q, k, F.pad(v, (0, d - dv)), **w)[..., :dv])
             assert flashcore._C.native_dv(q, k, v, mode, kid, 0, (17, 0)) == native
 
@@ -314,9 +324,7 @@ def test_v_head_dim_native_grad(dev, kernel, dims, monkeypatch):
     dtype = DTYPE[dev]
     native = dev == "cpu" or (kernel == "sm90" and d > 128)
     if native:
-        def no_pad(*a):
-            raise AssertionError("v was padded where the kernel takes its own head dim")
-        monkeypatch.setattr(flashcore, "_pad_head_dims", no_pad)
+        monkeypatch.setattr(flashcore, "_pad_head_dims", _no_pad)
     torch.manual_seed(d + dv)
     q, k, v = (torch.randn(2, h, n, e, device=dev).to(dtype).requires_grad_()
                for h, n, e in ((4, SQ, d), (2, SK, d), (2, SK, dv)))
@@ -368,6 +376,28 @@ def test_v_head_dim_native_orders(case, dtype):
     assert torch.all(os[..., ~rows, :] == 0)
 
 
+@requires_gpu
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"], ids=["tl", "br"])
+def test_v_head_dim_pairs(alignment):
+    """v narrower than D = 256 on the CTA pairs (rows of 2048 keys or more, test_sm90_route.test_mla_routes),
+    whose multicast V loads then include slabs wholly past v's columns; and no keys at all with MLA's pair:
+    bit for bit the calls with v padded to D."""
+    if "sm90" not in GPU_KERNELS:
+        pytest.skip("the sm90 kernel runs v's own head dim (no sm90 device here)")
+    torch.manual_seed(4096)
+    q = torch.randn(2, 8, 256, 256, device="cuda", dtype=torch.float16)
+    k = torch.randn(2, 8, 4096, 256, device="cuda", dtype=torch.float16)
+    v = torch.randn(2, 8, 4096, 64, device="cuda", dtype=torch.float16)
+    kw = dict(causal=True, causal_alignment=alignment)
+    assert flashcore._C.native_dv(q, k, v, {"top_left": 1, "bottom_right": 2}[alignment], 0, 0, None)
+    out, lse = flashcore.attention(q, k, v, return_lse=True, **kw)
+    want, wlse = flashcore.attention(q, k, F.pad(v, (0, 192)), return_lse=True, **kw)
+    assert torch.equal(out, want[..., :64]) and torch.equal(lse, wlse)
+    q, k, v = (torch.randn(2, 4, n, e, device="cuda", dtype=torch.float16) for n, e in ((5, 192), (0, 192), (0, 128)))
+    out, lse = flashcore.attention(q, k, v, return_lse=True, kernel="sm90")
+    assert out.shape == (2, 4, 5, 128) and torch.all(out == 0) and torch.all(lse == float("-inf"))
+
+
 def test_v_head_dim_refusals():
     q = torch.randn(2, 4, 5, 64)
     with pytest.raises(ValueError, match=r"k: head dim 32 differs from q's 64; q and k need the same D \(v's may"):
@@ -381,6 +411,19 @@ def test_v_head_dim_refusals():
                                       False, "auto", None)
     with pytest.raises(ValueError, match=r"the op takes one \(B, H, S, D\) call"):
         torch.ops.flashcore.attention(q, q[:1], q[:1], None, 0.0, False, None, None, "top_left", False, "auto", None)
+    # a call that may run with v's own head dim (24 below 64) gets the argument errors of any call
+    k, v = torch.randn(2, 4, 7, 64), torch.randn(2, 4, 7, 24)
+    for grad in (False, True):
+        qg = q.clone().requires_grad_(grad)
+        for bad in (0.0, -1.0, float("nan")):
+            with pytest.raises(ValueError, match=r"scale: got"):
+                flashcore.attention(qg, k, v, scale=bad)
+    op = lambda q, k, v: torch.ops.flashcore.attention(q, k, v, None, 0.0, False, None, None,  # noqa: E731
+                                                       "top_left", False, "auto", None)
+    with pytest.raises(ValueError, match=r"v: sequence length 9 differs from k's 7"):
+        op(q, k, torch.randn(2, 4, 9, 24))
+    with pytest.raises(TypeError, match=r"v: dtype Double is not supported"):
+        op(q, k, v.double())
 
 
 @pytest.mark.parametrize("dev,kernel", DEVICES)

@@ -144,3 +144,20 @@ def test_window3_route():
     assert seen == {"window", "window3"}
     assert _C.sm90_route(4, 16, 4, 1537, 1601, 64, 2, SMS, (700, 100)) == "window3"
     assert _C.sm90_route(4, 16, 4, 2000, 1900, 64, 1, SMS, (-1, 64)) == "window3"
+
+
+def test_mla_routes():
+    """v's own head dim: 128 < D <= 192 with Dv <= 128 runs MLA's tile (fc_sm90_d192), in the kinds
+    test_shapes' MLA cases name (test_v_head_dim_native_orders); a wider v, or D = 256, runs D = 256's
+    kernels, the CTA pairs among them (test_v_head_dim_pairs)."""
+    assert _C.sm90_route(2, 16, 16, 1000, 1000, 192, 1, SMS, None, 128) == "d192:dyn_cons2"
+    assert _C.sm90_route(1, 8, 8, 2000, 1500, 192, 0, SMS, None, 128) == "d192:cons2"
+    assert _C.sm90_route(2, 8, 8, 1100, 1300, 192, 2, SMS, (300, 0), 128) == "d192:window"
+    assert _C.sm90_route(3, 12, 12, 700, 700, 192, 0, SMS, None, 128) == "d192:cons2"
+    assert _C.sm90_route(3, 12, 12, 700, 700, 136, 0, SMS, None, 8) == "d192:cons2"
+    for D, Dv in ((192, 136), (192, 0), (256, 128), (128, 64)):  # (D <= 128 never takes its own Dv)
+        r = _C.sm90_route(2, 8, 8, 256, 4096, D, 1, SMS, None, Dv)
+        assert r == route(2, 8, 256, 4096, D, "top_left") and not r.startswith("d192"), (D, Dv, r)
+    assert _C.sm90_route(2, 8, 8, 256, 4096, 256, 1, SMS, None, 64) == "pairs"
+    with pytest.raises(ValueError, match="Dv in 0..D"):
+        _C.sm90_route(2, 8, 8, 256, 4096, 128, 1, SMS, None, 136)

@@ -52,7 +52,7 @@
 // the unused upper halves of the Q buffers and consumer 1 merges them by their maxima and
 // writes the tile.
 //
-// Limits. D is any multiple of 8 up to DP (64, 128 or 256): TMA zero-fills the columns past D
+// Limits. D is any multiple of 8 up to DP (64, 128, 192 or 256): TMA zero-fills the columns past D
 // and the rows past Sq or Sk (and, with LEAD_TILE, the K/V rows before key 0), and those
 // rows/keys are masked or never stored. v's head dim Dv (fc_attn_params) is D's, or below D
 // at D > 128: DP = 192 (MLA's q and k of 129..192 columns in three slabs, v and O of Dv <= 128
