@@ -140,8 +140,14 @@ void check_no_tangent(const at::Tensor& t, const char* name) {
 
 // Every check that can be phrased in terms of the user's arguments lives
 // here, so the message names the argument; fc_attn_fwd_check is the backstop.
-// own_dv: the forward, where v's head dim may be its own (fc_attn_params' Dv: a
-// multiple of 8 below D; the C checks say which kernels run it).
+// Whether v's head dim Dv is one a kernel may take as it is: a multiple of 8
+// below q's D (fc_attn_params' Dv; the C checks say which kernels run it).
+bool dv_candidate(const at::Tensor& q, const at::Tensor& v) {
+    const int64_t d = q.size(3), dv = v.size(3);
+    return dv >= 8 && dv < d && dv % 8 == 0;
+}
+
+// own_dv: the forward, where v's head dim may be its own (dv_candidate).
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool own_dv = false) {
     const at::Tensor* ts[3] = {&q, &k, &v};
     const char* names[3] = {"q", "k", "v"};
@@ -198,7 +204,7 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                         " differs from q's " + std::to_string(q.size(0)) + "; q, k and v need the same B");
         // (flashcore.attention pads a v of its own head dim where the kernel does not take it)
         const int64_t dv = ts[i]->size(3);
-        if (dv != q.size(3) && (i == 1 || !own_dv || dv < 8 || dv > q.size(3) || dv % 8 != 0))
+        if (dv != q.size(3) && (i == 1 || !own_dv || !dv_candidate(q, v)))
             value_error(std::string(names[i]) + ": head dim " + std::to_string(dv) + " differs from q's " +
                         std::to_string(q.size(3)) +
                         (i == 1 ? "; q and k need the same D (v's may differ)"
@@ -754,29 +760,15 @@ bool bhsd_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bo
            k.size(1) == v.size(1) && !(q.size(1) == 1 && k.size(1) != 1);
 }
 
-// Whether v's head dim Dv is one a kernel may take as it is: a multiple of 8
-// below D (fc_attn_params' Dv), D itself supported.
-bool dv_candidate(const at::Tensor& q, const at::Tensor& v) {
-    const int64_t d = q.size(3), dv = v.size(3);
-    return dv >= 8 && dv < d && dv % 8 == 0 && d <= FC_MAX_HEAD_DIM && d % 8 == 0;
-}
-
 // Whether a (B, H, S, D) call whose v has a head dim of its own runs as it is:
 // the kernel it picks takes v's Dv (fc_attn_params: a multiple of 8 below D, on
 // the CPU kernel or the sm90 one at D > 128, not split-KV; fc_attn_fwd_check_args
 // says, for a valid scale: the caller's is checked on its own). Otherwise
-// flashcore.attention pads v to D, and a call the checks refuse for another
-// reason raises there, from the padded call's checks.
+// flashcore.attention pads v to D. The inputs and num_splits have passed
+// check_inputs(q, k, v, true) and check_num_splits.
 bool native_dv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int causal, int kernel,
                int64_t num_splits, const Window& w) {
-    const int64_t d = q.size(3);
     if (!dv_candidate(q, v)) return false;
-    if (!(q.is_cpu() || q.is_cuda()) || k.device() != q.device() || v.device() != q.device() ||
-        k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type() || k.size(3) != d ||
-        v.size(2) != k.size(2) || num_splits < 0 || num_splits > INT32_MAX)
-        return false;
-    for (const at::Tensor* t : {&q, &k, &v})
-        if (t->size(0) > INT32_MAX || t->size(1) > INT32_MAX || t->size(2) > FC_MAX_SEQ_LEN) return false;
     c10::OptionalDeviceGuard guard(q.device());
     fc_attn_params p = fill_params(q, k, v, 1.0, causal, kernel, num_splits, w);
     const int64_t dv = v.size(3);
@@ -817,8 +809,8 @@ pybind11::object attention(const pybind11::handle& query, const pybind11::handle
     at::Tensor q = tensor_arg(query, "q");
     at::Tensor k = tensor_arg(key, "k");
     at::Tensor v = tensor_arg(value, "v");
-    const bool own_dv = !bhsd_call(q, k, v) && bhsd_call(q, k, v, true);  // v's head dim its own (native_dv)
-    if (!bhsd_call(q, k, v) && !own_dv) return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
+    if (!bhsd_call(q, k, v, true)) return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
+    const bool own_dv = !bhsd_call(q, k, v);  // v's head dim its own (native_dv)
     // Inputs that require grad while autograd records take the custom op, whose
     // autograd formula runs the backward (flashcore/__init__.py); a forward-mode
     // tangent is refused first, as check_inputs refuses it.
@@ -935,8 +927,15 @@ PYBIND11_MODULE(_C, m) {
           py::arg("deterministic") = false, py::arg("window") = pybind11::none());
     m.def("native_dv", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int causal, int kernel,
                           int64_t num_splits, const pybind11::object& window) {
-        return q.dim() == 4 && k.dim() == 4 && v.dim() == 4 &&
-               native_dv(q, k, v, causal, kernel, num_splits, raw_window(window));
+        // (inputs the call refuses: false, and the padded call raises; requiring grad is the op's to handle)
+        try {
+            at::NoGradGuard no_grad;
+            check_inputs(q, k, v, true);
+            check_num_splits(num_splits);
+        } catch (const std::exception&) {
+            return false;
+        }
+        return native_dv(q, k, v, causal, kernel, num_splits, raw_window(window));
     }, "whether flashcore.attention runs (q, k, v), tensors as given (no autocast), on the kernel as it is, v's "
        "head dim its own (causal mode id, kernel id, num_splits, the C API's window or None); false: v is "
        "padded to D",

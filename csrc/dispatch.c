@@ -415,18 +415,20 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
     return r.first;
 }
 
-fc_status fc_attn_fwd_check(const fc_attn_params* p, char* why, size_t why_len) {
+/* check_impl with every reason written to why (the public check functions). */
+static fc_status check_why(const fc_attn_params* p, char* why, size_t why_len, int check_workspace) {
     fc_reasons r = {FC_OK, why, why_len, 0};
     if (why && why_len) why[0] = '\0';
     fc_choice c;
-    return check_impl(p, &r, 1, &c);
+    return check_impl(p, &r, check_workspace, &c);
+}
+
+fc_status fc_attn_fwd_check(const fc_attn_params* p, char* why, size_t why_len) {
+    return check_why(p, why, why_len, 1);
 }
 
 fc_status fc_attn_fwd_check_args(const fc_attn_params* p, char* why, size_t why_len) {
-    fc_reasons r = {FC_OK, why, why_len, 0};
-    if (why && why_len) why[0] = '\0';
-    fc_choice c;
-    return check_impl(p, &r, 0, &c);
+    return check_why(p, why, why_len, 0);
 }
 
 int fc_attn_fwd_num_splits(const fc_attn_params* p) {
