@@ -475,55 +475,13 @@ at::Tensor rows_usable(const at::Tensor& t) {
     return ok ? t : t.contiguous();
 }
 
-// bwd(dout, q, k, v, out, lse, dlse | None, scale, causal_mode, kernel=0, deterministic=False,
-// window=None) -> (dq, dk, dv):
-// the backward of a forward call with these q, k, v, scale, causal mode and window that
-// gave out and lse (flashcore/__init__.py's autograd formula), on the kernel
-// family of id `kernel` (auto: sm90 on H100/H200, else sm80). dq, dk, dv are
-// contiguous, in q's dtype.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
-                                                   const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                                                   const c10::optional<at::Tensor>& dlse, double scale, int causal,
-                                                   int kernel, bool deterministic, const pybind11::object& window) {
-    at::NoGradGuard no_grad;  // (a create_graph backward: the op itself has no derivative)
-    check_inputs(q, k, v);
-    check_kernel_id(q, kernel);
-    if (!scale_ok(scale))
-        value_error("scale: got " + std::to_string(scale) + "; the backward needs the forward's scale, > 0 in fp32 "
-                    "and at most 2.3e38");
-    if (causal < FC_CAUSAL_NONE || causal > FC_CAUSAL_BOTTOM_RIGHT)
-        value_error("causal: unknown mode " + std::to_string(causal) + "; pass 0 (none), 1 (top-left) or 2 "
-                    "(bottom-right)");
-    const std::vector<int64_t> rows = {q.size(0), q.size(1), q.size(2)};
-    const std::pair<const at::Tensor*, const char*> like_q[2] = {{&dout, "dout"}, {&out, "out"}};
-    for (const auto& t : like_q) {
-        if (t.first->scalar_type() != q.scalar_type())
-            type_error(std::string(t.second) + ": dtype " + std::string(c10::toString(t.first->scalar_type())) +
-                       " differs from q's " + std::string(c10::toString(q.scalar_type())) + "; cast " + t.second +
-                       " to q's dtype");
-        if (t.first->sizes() != q.sizes() || t.first->device() != q.device())
-            value_error(std::string(t.second) + ": expected q's shape " + shape_str(q) + " on " + q.device().str() +
-                        ", got " + shape_str(*t.first) + " on " + t.first->device().str());
-    }
-    const std::pair<const at::Tensor*, const char*> like_lse[2] = {{&lse, "lse"}, {dlse ? &*dlse : nullptr, "dlse"}};
-    for (const auto& t : like_lse) {
-        if (t.first && (t.first->sizes() != rows || t.first->scalar_type() != at::kFloat ||
-                        t.first->device() != q.device()))
-            value_error(std::string(t.second) + ": expected a float32 (B, Hq, Sq) = (" + std::to_string(rows[0]) +
-                        ", " + std::to_string(rows[1]) + ", " + std::to_string(rows[2]) + ") tensor on " +
-                        q.device().str() + ", got " + shape_str(*t.first) + " " +
-                        std::string(c10::toString(t.first->scalar_type())) + " on " + t.first->device().str());
-    }
-    c10::OptionalDeviceGuard guard(q.device());
-    const at::Tensor g = rows_usable(dout), o = rows_usable(out), l = lse.contiguous();
-    const at::Tensor dl = dlse ? dlse->contiguous() : at::Tensor();
-    at::Tensor dq = at::empty(q.sizes(), q.options());
-    at::Tensor dk = at::empty(k.sizes(), k.options());
-    at::Tensor dv = at::empty(v.sizes(), v.options());
-
+// The backward's params for these tensors (g: dout, o: out; dq, dk, dv written), but lse and dlse.
+fc_attn_bwd_params bwd_params(const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& o, const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv,
+                              double scale, int causal, int kernel, bool deterministic,
+                              const pybind11::object& window) {
     fc_attn_bwd_params p = {};
     p.q = q.data_ptr(); p.k = k.data_ptr(); p.v = v.data_ptr(); p.o = o.data_ptr(); p.dout = g.data_ptr();
-    p.lse = l.data_ptr<float>(); p.dlse = dl.defined() ? dl.data_ptr<float>() : nullptr;
     p.dq = dq.data_ptr(); p.dk = dk.data_ptr(); p.dv = dv.data_ptr();
     auto strides = [](const at::Tensor& t, int64_t& batch, int64_t& head, int64_t& row) {
         batch = t.stride(0); head = t.stride(1); row = t.stride(2);
@@ -542,8 +500,64 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
     p.scale = (float)scale;
     p.causal = (fc_causal)causal;
     set_window(p, raw_window(window));
+    if (v.size(3) != q.size(3)) p.Dv = (int)v.size(3);
     p.kernel = q.is_cpu() ? FC_KERNEL_CPU : (fc_kernel)kernel;
     p.deterministic = deterministic;
+    return p;
+}
+
+// bwd(dout, q, k, v, out, lse, dlse | None, scale, causal_mode, kernel=0, deterministic=False,
+// window=None) -> (dq, dk, dv):
+// the backward of a forward call with these q, k, v, scale, causal mode and window that
+// gave out and lse (flashcore/__init__.py's autograd formula), on the kernel
+// family of id `kernel` (auto: sm90 on H100/H200, else sm80). dq, dk, dv are
+// contiguous, in q's dtype.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                                   const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                                   const c10::optional<at::Tensor>& dlse, double scale, int causal,
+                                                   int kernel, bool deterministic, const pybind11::object& window) {
+    at::NoGradGuard no_grad;  // (a create_graph backward: the op itself has no derivative)
+    check_inputs(q, k, v, true);  // (v's own head dim Dv: dout and out have Dv columns too)
+    check_kernel_id(q, kernel);
+    if (!scale_ok(scale))
+        value_error("scale: got " + std::to_string(scale) + "; the backward needs the forward's scale, > 0 in fp32 "
+                    "and at most 2.3e38");
+    if (causal < FC_CAUSAL_NONE || causal > FC_CAUSAL_BOTTOM_RIGHT)
+        value_error("causal: unknown mode " + std::to_string(causal) + "; pass 0 (none), 1 (top-left) or 2 "
+                    "(bottom-right)");
+    const std::vector<int64_t> rows = {q.size(0), q.size(1), q.size(2)};
+    const std::vector<int64_t> out_shape = {q.size(0), q.size(1), q.size(2), v.size(3)};
+    const std::pair<const at::Tensor*, const char*> like_q[2] = {{&dout, "dout"}, {&out, "out"}};
+    for (const auto& t : like_q) {
+        if (t.first->scalar_type() != q.scalar_type())
+            type_error(std::string(t.second) + ": dtype " + std::string(c10::toString(t.first->scalar_type())) +
+                       " differs from q's " + std::string(c10::toString(q.scalar_type())) + "; cast " + t.second +
+                       " to q's dtype");
+        if (t.first->sizes() != out_shape || t.first->device() != q.device())
+            value_error(std::string(t.second) + ": expected the forward output's shape (B, Hq, Sq, Dv) = (" +
+                        std::to_string(out_shape[0]) + ", " + std::to_string(out_shape[1]) + ", " +
+                        std::to_string(out_shape[2]) + ", " + std::to_string(out_shape[3]) + ") on " +
+                        q.device().str() + ", got " + shape_str(*t.first) + " on " + t.first->device().str());
+    }
+    const std::pair<const at::Tensor*, const char*> like_lse[2] = {{&lse, "lse"}, {dlse ? &*dlse : nullptr, "dlse"}};
+    for (const auto& t : like_lse) {
+        if (t.first && (t.first->sizes() != rows || t.first->scalar_type() != at::kFloat ||
+                        t.first->device() != q.device()))
+            value_error(std::string(t.second) + ": expected a float32 (B, Hq, Sq) = (" + std::to_string(rows[0]) +
+                        ", " + std::to_string(rows[1]) + ", " + std::to_string(rows[2]) + ") tensor on " +
+                        q.device().str() + ", got " + shape_str(*t.first) + " " +
+                        std::string(c10::toString(t.first->scalar_type())) + " on " + t.first->device().str());
+    }
+    c10::OptionalDeviceGuard guard(q.device());
+    const at::Tensor g = rows_usable(dout), o = rows_usable(out), l = lse.contiguous();
+    const at::Tensor dl = dlse ? dlse->contiguous() : at::Tensor();
+    at::Tensor dq = at::empty(q.sizes(), q.options());
+    at::Tensor dk = at::empty(k.sizes(), k.options());
+    at::Tensor dv = at::empty(v.sizes(), v.options());
+
+    fc_attn_bwd_params p = bwd_params(g, q, k, v, o, dq, dk, dv, scale, causal, kernel, deterministic, window);
+    p.lse = l.data_ptr<float>();
+    p.dlse = dl.defined() ? dl.data_ptr<float>() : nullptr;
 
     fc_stream_t stream = q.is_cuda() ? (fc_stream_t)c10::cuda::getCurrentCUDAStream().stream() : nullptr;
     at::Tensor workspace;
@@ -565,6 +579,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
         raise_failure(st, fc_attn_bwd_check(&p, why, sizeof(why)), why, "backward kernel launch failed");
     }
     return {dq, dk, dv};
+}
+
+// Whether bwd runs (q, k, v) on the kernel as it is with v's head dim its own (fc_attn_bwd_check_args);
+// false (also for inputs bwd refuses, which it then raises for): flashcore/__init__.py's autograd
+// formula pads v, out and dout to D. The check reads the other tensors' pointers and strides for their
+// alignment only: q stands in for out, dout, dq and lse, k for dk and v for dv (bwd's out and dout pass
+// rows_usable and its gradients are new contiguous tensors, aligned wherever q, k and v are).
+bool native_dv_bwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int causal, int kernel,
+                   bool deterministic, const pybind11::object& window) {
+    try {
+        at::NoGradGuard no_grad;
+        check_inputs(q, k, v, true);
+        check_kernel_id(q, kernel);
+        if (!dv_candidate(q, v)) return false;
+        c10::OptionalDeviceGuard guard(q.device());
+        fc_attn_bwd_params p = bwd_params(q, q, k, v, q, q, k, v, 1.0, causal, kernel, deterministic, window);
+        p.lse = static_cast<const float*>(q.data_ptr());
+        return fc_attn_bwd_check_args(&p, nullptr, 0) == FC_OK;
+    } catch (const std::exception&) {
+        return false;
+    }
 }
 
 // Name -> id tables (fc_kernel, fc_causal); flashcore.KERNELS and
@@ -941,6 +976,10 @@ PYBIND11_MODULE(_C, m) {
        "padded to D",
        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal"), py::arg("kernel"), py::arg("num_splits"),
        py::arg("window") = pybind11::none());
+    m.def("native_dv_bwd", &native_dv_bwd, "whether the backward of a call of (q, k, v), v's head dim its own, "
+          "runs on the kernel as it is (causal mode id, kernel id, deterministic, the C API's window or None); "
+          "false: v, out and dout are padded to D", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal"),
+          py::arg("kernel"), py::arg("deterministic") = false, py::arg("window") = pybind11::none());
     m.attr("BWD_MAX_GPU_HEAD_DIM") = FC_BWD_MAX_GPU_HEAD_DIM;
     m.attr("MAX_HEAD_DIM") = FC_MAX_HEAD_DIM;
     m.def("picked_kernel", &picked_kernel, "kernel that kernel='auto' runs for (q, k)");

@@ -268,6 +268,13 @@ static int no_output_rows(const fc_attn_params* p) {
     return p->B == 0 || p->Hq == 0 || p->Sq == 0;
 }
 
+/* Dv (fc_attn_params, fc_attn_bwd_params): 0 or a multiple of 8 from 8 to D. */
+static void check_dv(fc_reasons* rp, int Dv, int D) {
+    if (Dv != 0 && (Dv < 8 || Dv > D || Dv % 8 != 0))
+        fail(rp, FC_ERR_UNSUPPORTED_HEAD_DIM, "Dv: v's head dim %d is not supported with D=%d; use 0 (the same "
+             "as D) or a multiple of 8 from 8 to D (pad v, or q and k, to one head dim)", Dv, D);
+}
+
 /* Every check; the workspace is checked only when check_workspace is set
  * (the size queries run before the caller has one). On FC_OK, *c says which
  * kernel runs and how. */
@@ -295,9 +302,7 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
     if (p->D < 8 || p->D > FC_MAX_HEAD_DIM || p->D % 8 != 0)
         fail(&r, FC_ERR_UNSUPPORTED_HEAD_DIM, "D: head dim %d is not supported; use a multiple of 8 from 8 to %d",
              p->D, FC_MAX_HEAD_DIM);
-    if (p->Dv != 0 && (p->Dv < 8 || p->Dv > p->D || p->Dv % 8 != 0))
-        fail(&r, FC_ERR_UNSUPPORTED_HEAD_DIM, "Dv: v's head dim %d is not supported with D=%d; use 0 (the same "
-             "as D) or a multiple of 8 from 8 to D (pad v, or q and k, to one head dim)", p->Dv, p->D);
+    check_dv(&r, p->Dv, p->D);
     if (!(p->scale > 0.f && p->scale <= FC_MAX_SCALE))  /* (false for NaN) */
         fail(&r, FC_ERR_INVALID_SCALE, "scale: %g must be > 0 and at most FC_MAX_SCALE (2.3e38)", (double)p->scale);
     if (p->causal != FC_CAUSAL_NONE && p->causal != FC_CAUSAL_TOP_LEFT && p->causal != FC_CAUSAL_BOTTOM_RIGHT)
@@ -586,9 +591,10 @@ static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int
         fail(rp, FC_ERR_INVALID_ARGUMENT, "kernel: unknown value %d", (int)p->kernel);
         return rp->first;
     }
-    const fc_attn_params f = bwd_forward_view(p);
+    const fc_attn_params f = bwd_forward_view(p);  /* (at D: Dv is checked below) */
     fc_choice c;
     check_impl(&f, rp, 0, &c);
+    check_dv(rp, p->Dv, p->D);
     const int no_rows = no_output_rows(&f);
     if (!no_rows && (!p->dout || !p->dq || !p->lse))
         fail(rp, FC_ERR_NULL_POINTER, "dout, dq, lse: must be non-NULL (they may be NULL when B, Hq or Sq is 0)");
@@ -603,6 +609,10 @@ static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int
     const fc_kernel k = bwd_pick(p, c.dev);
     if (kernel) *kernel = k;
     if (dev) *dev = c.dev;
+    if (FC_DV(*p) != p->D && !(k == FC_KERNEL_SM90 && p->D > 128))
+        fail(rp, FC_ERR_UNSUPPORTED_HEAD_DIM, "Dv: v's head dim %d differs from D=%d, which the %s backward does "
+             "not run (the CPU kernel does, and the sm90 kernel at D > 128); pad v, o and dout to D and cut dv's "
+             "extra columns", p->Dv, p->D, k == FC_KERNEL_SM90 ? "sm90 (at D <= 128)" : "sm80");
     bwd_device_reasons(rp, k, p->D, c.dev);
     if ((int64_t)p->B * p->Hkv * ((p->Sk + FC_BWD_KEYS_PER_CTA - 1) / FC_BWD_KEYS_PER_CTA) > FC_GRID_X_MAX)
         fail(rp, FC_ERR_INVALID_SHAPE, "shape: B=%d x Hkv=%d x Sk=%d needs more than 2^31-1 thread blocks; "
@@ -622,10 +632,19 @@ static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int
     return rp->first;
 }
 
-fc_status fc_attn_bwd_check(const fc_attn_bwd_params* p, char* why, size_t why_len) {
+/* bwd_check_impl with every reason written to why (the public check functions). */
+static fc_status bwd_check_why(const fc_attn_bwd_params* p, char* why, size_t why_len, int check_workspace) {
     fc_reasons r = {FC_OK, why, why_len, 0};
     if (why && why_len) why[0] = '\0';
-    return bwd_check_impl(p, &r, 1, NULL, NULL);
+    return bwd_check_impl(p, &r, check_workspace, NULL, NULL);
+}
+
+fc_status fc_attn_bwd_check(const fc_attn_bwd_params* p, char* why, size_t why_len) {
+    return bwd_check_why(p, why, why_len, 1);
+}
+
+fc_status fc_attn_bwd_check_args(const fc_attn_bwd_params* p, char* why, size_t why_len) {
+    return bwd_check_why(p, why, why_len, 0);
 }
 
 fc_status fc_attn_bwd_device_check(int D, fc_kernel kernel, char* why, size_t why_len) {
@@ -708,8 +727,8 @@ fc_status fc_attn_bwd(const fc_attn_bwd_params* p, fc_stream_t stream) {
         s = zero_rows(p->dk, p->dk_batch_stride, p->dk_head_stride, p->dk_row_stride, p->B, p->Hkv, p->Sk, p->D,
                       p->dtype, stream);
         if (s != FC_OK) return s;
-        return zero_rows(p->dv, p->dv_batch_stride, p->dv_head_stride, p->dv_row_stride, p->B, p->Hkv, p->Sk, p->D,
-                         p->dtype, stream);
+        return zero_rows(p->dv, p->dv_batch_stride, p->dv_head_stride, p->dv_row_stride, p->B, p->Hkv, p->Sk,
+                         FC_DV(*p), p->dtype, stream);
     }
 #ifdef FC_HAVE_SM90
     if (k == FC_KERNEL_SM90)  /* dev: the check's device, set once it passed */

@@ -199,15 +199,15 @@ size_t fc_attn_fwd_workspace_size(const fc_attn_params* p);
 typedef struct {
     const void* q;    /* (B, Hq, Sq, D) the forward's queries */
     const void* k;    /* (B, Hkv, Sk, D) keys */
-    const void* v;    /* (B, Hkv, Sk, D) values */
-    const void* o;    /* (B, Hq, Sq, D) the forward's output */
-    const void* dout; /* (B, Hq, Sq, D) gradient of the loss with respect to o */
+    const void* v;    /* (B, Hkv, Sk, Dv) values */
+    const void* o;    /* (B, Hq, Sq, Dv) the forward's output */
+    const void* dout; /* (B, Hq, Sq, Dv) gradient of the loss with respect to o */
     const float* lse; /* (B, Hq, Sq) contiguous fp32, the forward's LSE (natural log) */
     const float* dlse; /* (B, Hq, Sq) contiguous fp32 gradient of the loss with respect to lse, or NULL
                           (none): it adds P_ij * dlse_i to dS_ij */
     void* dq;         /* (B, Hq, Sq, D) gradient for q, written */
     void* dk;         /* (B, Hkv, Sk, D) gradient for k, written */
-    void* dv;         /* (B, Hkv, Sk, D) gradient for v, written */
+    void* dv;         /* (B, Hkv, Sk, Dv) gradient for v, written */
 
     int64_t q_batch_stride, q_head_stride, q_row_stride;    /* in elements */
     int64_t k_batch_stride, k_head_stride, k_row_stride;    /* in elements */
@@ -233,10 +233,16 @@ typedef struct {
                           and the CPU path are reproducible either way. Zero-initialize the struct:
                           0 is the default */
     int window, window_left, window_right; /* the forward's sliding window (fc_attn_params); every kernel */
+    int Dv;           /* v's, o's, dout's and dv's head dim: 0 = D (the default), else as in fc_attn_params
+                         (a multiple of 8 below D): the CPU path and the sm90 kernel at D > 128 take it;
+                         elsewhere pad v, o and dout to D with zero columns and cut dv's */
 } fc_attn_bwd_params;
 
 /* Says whether fc_attn_bwd would accept p; reasons as in fc_attn_fwd_check. */
 fc_status fc_attn_bwd_check(const fc_attn_bwd_params* p, char* why, size_t why_len);
+
+/* fc_attn_bwd_check without the workspace's checks (as fc_attn_fwd_check_args). */
+fc_status fc_attn_bwd_check_args(const fc_attn_bwd_params* p, char* why, size_t why_len);
 
 /* Says whether the GPU backward (kernel AUTO, SM80 or SM90) can run at head
  * dim D on the current CUDA device wherever the forward can: FC_OK, or the

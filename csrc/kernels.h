@@ -58,7 +58,7 @@ FC_BAND_FN int fc_band_key_end(fc_band band, int Sk, int r0, int rows) {
     const long long last = (long long)r0 + rows - 1 + band.hi + 1;
     return last < 0 ? 0 : (last < Sk ? (int)last : Sk);
 }
-/* v's (and o's) head dim of forward params p (by value): Dv, or D where Dv is 0. */
+/* v's (and o's) head dim of params p (fc_attn_params or fc_attn_bwd_params, by value): Dv, or D where Dv is 0. */
 #define FC_DV(p) ((p).Dv > 0 ? (p).Dv : (p).D)
 /* The band of params p (fc_attn_params or fc_attn_bwd_params, by value). */
 #define FC_BAND(p) fc_band_make((p).causal, (p).window, (p).window_left, (p).window_right, (p).Sq, (p).Sk)

@@ -416,15 +416,29 @@ def _attention_backward(ctx, grad_out, grad_lse):
         out, lse = _attention_op(query, key, value, *ctx.forward_args)
     dlse = grad_lse if grad_lse is not None and grad_lse.dim() == 3 else None
     det = torch.are_deterministic_algorithms_enabled()  # on: dQ summed in a fixed order
-    # v's own head dim Dv < D (_own_dv_op's forward): the backward runs at D with v, out and grad_out padded
-    # by zero columns, which is exact (their products with the pads are 0; dv's pad columns are cut off).
+    window = None if ctx.window is None else list(ctx.window)
+    # v's own head dim Dv < D (_own_dv_op's forward): the backward takes it as it is where its kernel does
+    # (_C.native_dv_bwd: the CPU path, the sm90 kernel at D > 128), else runs at D with v, out and grad_out
+    # padded by zero columns, which is exact (their products with the pads are 0; dv's pad columns are cut off).
     dv_cols = value.shape[3]
-    if dv_cols != query.shape[3]:
-        pad = lambda t: torch.nn.functional.pad(t, (0, query.shape[3] - dv_cols))  # noqa: E731
-        value, out, grad_out = pad(value), pad(out), pad(grad_out)
+    if dv_cols != query.shape[3] and not _native_dv_bwd(query, key, value, ctx, det, window):
+        value, out, grad_out = (_pad_cols(t, query.shape[3]) for t in (value, out, grad_out))
     dq, dk, dv = _attention_backward_op(grad_out, query, key, value, out, lse, dlse, ctx.scale, ctx.causal_mode,
-                                        ctx.kernel, det, None if ctx.window is None else list(ctx.window))
+                                        ctx.kernel, det, window)
     return (dq, dk, dv[..., :dv_cols]) + (None,) * 10
+
+
+def _pad_cols(t, d):
+    # t with zero columns appended up to d (the backward's padded v, out and grad_out).
+    return torch.nn.functional.pad(t, (0, d - t.shape[-1]))
+
+
+def _native_dv_bwd(query, key, value, ctx, det, window):
+    # Whether the backward runs with v's own head dim (_C.native_dv_bwd); never while torch.compile traces
+    # (fake tensors have no data to check; the padded backward is traced) nor for wrapper tensors.
+    if torch.compiler.is_compiling() or not all(type(t) is torch.Tensor for t in (query, key, value)):
+        return False
+    return bool(_C.native_dv_bwd(query, key, value, ctx.causal_mode, KERNELS[ctx.kernel], det, window))
 
 
 @torch.library.custom_op("flashcore::attention_backward", mutates_args=())

@@ -396,7 +396,8 @@ def test_backward_entry_point_checks():
     go = torch.randn_like(out)
     with pytest.raises(TypeError, match=r"^dout: dtype .*cast dout to q's dtype"):
         _C.bwd(go.half(), q, k, v, out, lse, None, 0.125, 0)
-    with pytest.raises(ValueError, match=r"^out: expected q's shape"):
+    with pytest.raises(ValueError, match=r"^out: expected the forward output's shape \(B, Hq, Sq, Dv\) = "
+                                         r"\(1, 2, 9, 64\)"):
         _C.bwd(go, q, k, v, out[:, :, :5], lse, None, 0.125, 0)
     with pytest.raises(ValueError, match=r"^lse: expected a float32 \(B, Hq, Sq\) = \(1, 2, 9\)"):
         _C.bwd(go, q, k, v, out, lse[..., :4], None, 0.125, 0)

@@ -314,31 +314,109 @@ def test_v_head_dim_native(dev, kernel, dims, alignment, monkeypatch):
             assert flashcore._C.native_dv(q, k, v, mode, kid, 0, (17, 0)) == native
 
 
-@pytest.mark.parametrize("dims", [(192, 128), (160, 64), (64, 32)], ids=lambda d: f"D{d[0]}-Dv{d[1]}")
+@pytest.mark.parametrize("dims", [(192, 128), (160, 64), (256, 8), (64, 32)], ids=lambda d: f"D{d[0]}-Dv{d[1]}")
 @pytest.mark.parametrize("dev,kernel", DEVICES)
 def test_v_head_dim_native_grad(dev, kernel, dims, monkeypatch):
     """With grad, an eager call whose kernel takes v's own head dim runs the op on it as it is (v is not
-    padded: _pad_head_dims must not run) and its backward pads v, out and dout for the backward kernel:
-    out, lse and the gradients bit for bit those of the call with v padded to D by hand."""
+    padded: _pad_head_dims must not run), and so does its backward where the backward kernel takes it
+    (_C.native_dv_bwd: the CPU path and sm90 at D > 128; _pad_cols must not run), else it pads v, out and
+    dout: out, lse and the gradients bit for bit those of the call with v padded to D by hand."""
     d, dv = dims
     dtype = DTYPE[dev]
     native = dev == "cpu" or (kernel == "sm90" and d > 128)
-    if native:
-        monkeypatch.setattr(flashcore, "_pad_head_dims", _no_pad)
     torch.manual_seed(d + dv)
     q, k, v = (torch.randn(2, h, n, e, device=dev).to(dtype).requires_grad_()
                for h, n, e in ((4, SQ, d), (2, SK, d), (2, SK, dv)))
-    out, lse = flashcore.attention(q, k, v, is_causal=True, return_lse=True, kernel=kernel)
-    assert out.shape == (2, 4, SQ, dv)
-    g = torch.randn_like(out)
-    got = torch.autograd.grad((out * g).sum() + lse.sum(), (q, k, v))
-    monkeypatch.undo()
+    kid = flashcore.KERNELS[kernel]
+    assert flashcore._C.native_dv_bwd(q, k, v, 1, kid, False, None) == native, (dev, kernel, dims)
+    with monkeypatch.context() as m:
+        if native:
+            m.setattr(flashcore, "_pad_head_dims", _no_pad)
+            m.setattr(flashcore, "_pad_cols", _no_pad)
+        out, lse = flashcore.attention(q, k, v, is_causal=True, return_lse=True, kernel=kernel)
+        assert out.shape == (2, 4, SQ, dv)
+        g = torch.randn_like(out)
+        got = torch.autograd.grad((out * g).sum() + lse.sum(), (q, k, v))
     vp = F.pad(v, (0, d - dv))
     want_out, want_lse = flashcore.attention(q, k, vp, is_causal=True, return_lse=True, kernel=kernel)
     want = torch.autograd.grad((want_out[..., :dv] * g).sum() + want_lse.sum(), (q, k, v))
     assert torch.equal(out, want_out[..., :dv]) and torch.equal(lse, want_lse)
     for a, b, name in zip(got, want, "qkv"):
         assert a.shape == b.shape and torch.equal(a, b), name
+    if not native:  # the backward op itself refuses v's own head dim where its kernel does not take it
+        with pytest.raises(ValueError, match=rf"Dv: v's head dim {dv} differs from D={d}, which the"):
+            flashcore._C.bwd(g, *(t.detach() for t in (q, k, v, out, lse)), None, d ** -0.5, 1, kid)
+
+
+@requires_gpu
+@pytest.mark.parametrize("case", [(2, 16, 8, 1000, 1000, "top_left", None), (1, 8, 2, 700, 1500, None, None),
+                                  (2, 8, 4, 1100, 1300, "bottom_right", (300, 0)),
+                                  (3, 4, 4, 333, 129, "bottom_right", None)],
+                         ids=["causal", "gqa-sk>sq", "window", "sq>sk"])
+@pytest.mark.parametrize("dims", [(192, 128), (256, 64), (184, 136)], ids=lambda d: f"D{d[0]}-Dv{d[1]}")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_v_head_dim_native_bwd(case, dims, dtype, monkeypatch):
+    """The Hopper backward with v's own head dim (D > 128; dO, V and dV of Dv columns, the products over
+    columns past D or Dv skipped), over several key blocks per item and items per CTA, GQA, odd Sq != Sk,
+    rows that see no key, a window, gradients through the LSE too: deterministic, each gradient bit for bit
+    the backward of v padded to D by hand, and the same on a rerun; not deterministic, dk and dv bit for bit
+    and dq within the padded call's own rerun spread; and against fp64 gradients (one batch entry, one KV
+    head's query heads) by the suite's rule."""
+    if "sm90" not in GPU_KERNELS:
+        pytest.skip("the sm90 backward runs v's own head dim (no sm90 device here)")
+    B, Hq, Hkv, sq, sk, alignment, window = case
+    d, dv = dims
+    torch.manual_seed(sq + sk + d + dv)
+    q = torch.randn(B, Hq, sq, d, device="cuda").to(dtype).requires_grad_()
+    k = torch.randn(B, Hkv, sk, d, device="cuda").to(dtype).requires_grad_()
+    v = torch.randn(B, Hkv, sk, dv, device="cuda").to(dtype).requires_grad_()
+    mode = {None: 0, "top_left": 1, "bottom_right": 2}[alignment]
+    kw = dict(causal=alignment is not None, causal_alignment=alignment or "top_left", window=window)
+    g = torch.randn(B, Hq, sq, dv, device="cuda").to(dtype)
+
+    def grads(vv, native, with_lse=True):
+        with monkeypatch.context() as m:
+            if native:
+                m.setattr(flashcore, "_pad_cols", _no_pad)
+            out, lse = flashcore.attention(q, k, vv, return_lse=True, **kw)
+            loss = (out[..., :dv] * g).sum() + (lse.clamp_min(-1e4).sum() if with_lse else 0)
+            return torch.autograd.grad(loss, (q, k, v))
+
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        for det in (True, False):
+            torch.use_deterministic_algorithms(det)
+            assert flashcore._C.native_dv_bwd(q, k, v, mode, 0, det, None if window is None else list(window))
+            got, again, want = grads(v, True), grads(v, True), grads(F.pad(v, (0, d - dv)), False)
+            if det:
+                for a, b, c, name in zip(got, again, want, "qkv"):
+                    assert torch.equal(a, b) and torch.equal(a, c), name
+            else:
+                assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+                spread = err(grads(F.pad(v, (0, d - dv)), False)[0], want[0])
+                assert err(got[0], want[0]) <= 2 * spread + 2.0 ** -10 * want[0].abs().max().item()
+        got = grads(v, True, with_lse=False)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    # against fp64: rows that see no key get dq = 0 and add nothing (their g is zeroed for SDPA, whose
+    # fully masked rows are NaN, and their mask opened)
+    G = Hq // Hkv
+    mask = visible_mask(sq, sk, alignment, "cuda")
+    if window is not None:
+        diag = 0 if alignment == "top_left" else sk - sq
+        mask &= torch.arange(sk, device="cuda") >= torch.arange(sq, device="cuda").unsqueeze(1) + diag - window[0]
+    rows = mask.any(-1)
+    mask |= ~rows.unsqueeze(1)
+    qs, gs = q[:1, :G], g[:1, :G] * rows.unsqueeze(1).to(dtype)
+    ks, vs = (t[:1, :1].expand(-1, G, -1, -1) for t in (k, v))
+    r64 = [t.detach().double().requires_grad_() for t in (q[:1, :G], k[:1, :1], v[:1, :1])]
+    ref = torch.autograd.grad(F.scaled_dot_product_attention(r64[0], *(t.expand(-1, G, -1, -1) for t in r64[1:]),
+                                                             attn_mask=mask), r64, gs.double())
+    low = torch.autograd.grad(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask), (q, k, v), gs)
+    low = (low[0][:1, :G], low[1][:1, :1], low[2][:1, :1])
+    mine = (got[0][:1, :G], got[1][:1, :1], got[2][:1, :1])  # (KV head 0's gradients: query heads 0 .. G-1)
+    for name, a, lo, r in zip("qkv", mine, low, ref):
+        assert err(a, r) <= 2 * err(lo, r) + 2.0 ** -11 * max(1.0, r.abs().max().item()), name
 
 
 @requires_gpu

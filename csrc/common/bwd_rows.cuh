@@ -3,7 +3,7 @@
 // (DP / 8 threads per row, each 8 columns, 16 bytes of T), the workspace and
 // its dQ accumulator's layout, and the blocks a main kernel's item walks.
 //
-//  attn_bwd_prep_kernel: Delta_i = sum_d dO_id O_id (fp32) per query row,
+//  attn_bwd_prep_kernel: Delta_i = sum_d dO_id O_id (fp32, over Dv) per query row,
 //    minus dlse_i when the caller passes an LSE gradient, LSE_i * log2(e)
 //    (+inf for rows that see no key; the Hopper kernel reads it), and the fp32
 //    dQ accumulator, the Hopper kernel's item counter and a deterministic
@@ -232,7 +232,7 @@ attn_bwd_prep_kernel(const __grid_constant__ fc_attn_bwd_params p, int sq_pad) {
     float* delta = dq_acc + n_vec * DP;  // (B, Hq, sq_pad)
     float* lse2 = delta + n_vec;         // (B, Hq, sq_pad)
     const int c = threadIdx.x % LANES;
-    const bool col_ok = c * 8 < p.D;
+    const bool col_ok = c * 8 < FC_DV(p);  // o's and dO's columns
     for (int64_t base = (int64_t)blockIdx.x * ROWS; base < n_vec; base += (int64_t)gridDim.x * ROWS) {
         const int64_t vrow = base + threadIdx.x / LANES;  // row of the per-row vectors
         const int64_t bh = vrow / sq_pad;

@@ -256,7 +256,7 @@ fc_status fc_cpu_fwd(const fc_attn_params* p) {
 #define BWD_ROWS_SCRATCH_PER_D ((2 * QB + 2 * KC) * sizeof(float) + 2 * QB * sizeof(double))
 
 static void bwd_rows_block(const fc_attn_bwd_params* p, int b, int h, int r0, double* delta, void* scratch) {
-    const int D = p->D, hk = h / (p->Hq / p->Hkv);
+    const int D = p->D, Dv = FC_DV(*p), hk = h / (p->Hq / p->Hkv);  /* (Dv <= D: rows keep D's stride) */
     const int rows = p->Sq - r0 < QB ? p->Sq - r0 : QB;
     const fc_band band = FC_BAND(*p);
     const int64_t qo = (int64_t)b * p->q_batch_stride + (int64_t)h * p->q_head_stride;
@@ -269,13 +269,13 @@ static void bwd_rows_block(const fc_attn_bwd_params* p, int b, int h, int r0, do
     double* pdk = (double*)scratch; /* (QB, D): sum_j P_ij dP_ij k_j */
     double* pk = pdk + QB * D;      /* (QB, D): sum_j P_ij k_j */
     float* q = (float*)(pk + QB * D);
-    float* g = q + QB * D;          /* dO rows */
+    float* g = q + QB * D;          /* dO rows (Dv columns) */
     float* kc = g + QB * D;
     float* vc = kc + KC * D;
     double lse[QB], dsum[QB];
     for (int r = 0; r < rows; ++r) {
         load_row(q + r * D, p->q, qo + (int64_t)(r0 + r) * p->q_row_stride, D, p->dtype);
-        load_row(g + r * D, p->dout, go + (int64_t)(r0 + r) * p->do_row_stride, D, p->dtype);
+        load_row(g + r * D, p->dout, go + (int64_t)(r0 + r) * p->do_row_stride, Dv, p->dtype);
         memset(pdk + r * D, 0, (size_t)D * sizeof(double));
         memset(pk + r * D, 0, (size_t)D * sizeof(double));
         lse[r] = p->lse[row0 + r];
@@ -284,7 +284,7 @@ static void bwd_rows_block(const fc_attn_bwd_params* p, int b, int h, int r0, do
     const int key_end = fc_band_key_end(band, p->Sk, r0, rows);
     for (int c0 = key_begin_of(band, p->Sk, r0); c0 < key_end; c0 += KC) {
         const int nk = key_end - c0 < KC ? key_end - c0 : KC;
-        load_kv_chunk(kc, vc, p->k, ko, p->k_row_stride, p->v, vo, p->v_row_stride, c0, nk, D, D, p->dtype);
+        load_kv_chunk(kc, vc, p->k, ko, p->k_row_stride, p->v, vo, p->v_row_stride, c0, nk, D, Dv, p->dtype);
         for (int r = 0; r < rows; ++r) {
             if (lse[r] == -INFINITY) continue; /* the row sees no key */
             for (int j = 0; j < nk; ++j) {
@@ -292,7 +292,7 @@ static void bwd_rows_block(const fc_attn_bwd_params* p, int b, int h, int r0, do
                 const float* kj = kc + j * D;
                 const double s = fp32_range(fp32_range(dot_d(q + r * D, kj, D)) * p->scale);
                 const double pij = exp(s - lse[r]);
-                const double pdp = pij * dot_d(g + r * D, vc + j * D, D);
+                const double pdp = pij * dot_d(g + r * D, vc + j * D, Dv);
                 dsum[r] += pdp;
                 for (int d = 0; d < D; ++d) {
                     pdk[r * D + d] += pdp * kj[d];
@@ -314,7 +314,7 @@ static void bwd_rows_block(const fc_attn_bwd_params* p, int b, int h, int r0, do
 #define BWD_KEYS_SCRATCH_PER_D ((2 * KC + 2) * sizeof(float) + 2 * KC * sizeof(double))
 
 static void bwd_keys_block(const fc_attn_bwd_params* p, int b, int hk, int c0, const double* delta, void* scratch) {
-    const int D = p->D, G = p->Hq / p->Hkv;
+    const int D = p->D, Dv = FC_DV(*p), G = p->Hq / p->Hkv;  /* (v, dO and dV rows: Dv columns at D's stride) */
     const int nk = p->Sk - c0 < KC ? p->Sk - c0 : KC;
     const fc_band band = FC_BAND(*p);
     const int64_t ko = (int64_t)b * p->k_batch_stride + (int64_t)hk * p->k_head_stride;
@@ -326,7 +326,7 @@ static void bwd_keys_block(const fc_attn_bwd_params* p, int b, int hk, int c0, c
     float* vc = kc + KC * D;
     float* q = vc + KC * D; /* one query row */
     float* g = q + D;       /* its dO row */
-    load_kv_chunk(kc, vc, p->k, ko, p->k_row_stride, p->v, vo, p->v_row_stride, c0, nk, D, D, p->dtype);
+    load_kv_chunk(kc, vc, p->k, ko, p->k_row_stride, p->v, vo, p->v_row_stride, c0, nk, D, Dv, p->dtype);
     memset(dk, 0, (size_t)2 * KC * D * sizeof(double));
     /* rows that see key c0 or later (i + hi >= c0), up to the last that sees key c0 + nk - 1 or
      * earlier (i + lo <= c0 + nk - 1) */
@@ -341,16 +341,14 @@ static void bwd_keys_block(const fc_attn_bwd_params* p, int b, int hk, int c0, c
             const double lse = p->lse[row0 + i];
             if (lse == -INFINITY) continue;
             load_row(q, p->q, qo + i * p->q_row_stride, D, p->dtype);
-            load_row(g, p->dout, go + i * p->do_row_stride, D, p->dtype);
+            load_row(g, p->dout, go + i * p->do_row_stride, Dv, p->dtype);
             for (int j = 0; j < nk; ++j) {
                 if (!visible(band, (int)i, c0 + j)) continue;
                 const double s = fp32_range(fp32_range(dot_d(q, kc + j * D, D)) * p->scale);
                 const double pij = exp(s - lse);
-                const double ds = pij * (dot_d(g, vc + j * D, D) - delta[row0 + i]); /* delta: Delta - dlse */
-                for (int d = 0; d < D; ++d) {
-                    dv[j * D + d] += pij * g[d];
-                    dk[j * D + d] += ds * q[d];
-                }
+                const double ds = pij * (dot_d(g, vc + j * D, Dv) - delta[row0 + i]); /* delta: Delta - dlse */
+                for (int d = 0; d < Dv; ++d) dv[j * D + d] += pij * g[d];
+                for (int d = 0; d < D; ++d) dk[j * D + d] += ds * q[d];
             }
         }
     }
@@ -360,8 +358,8 @@ static void bwd_keys_block(const fc_attn_bwd_params* p, int b, int hk, int c0, c
         float* row = kc + j * D; /* (the key's row is no longer needed) */
         for (int d = 0; d < D; ++d) row[d] = (float)(p->scale * dk[j * D + d]);
         store_row(p->dk, dko + (int64_t)(c0 + j) * p->dk_row_stride, row, D, p->dtype);
-        for (int d = 0; d < D; ++d) row[d] = (float)dv[j * D + d];
-        store_row(p->dv, dvo + (int64_t)(c0 + j) * p->dv_row_stride, row, D, p->dtype);
+        for (int d = 0; d < Dv; ++d) row[d] = (float)dv[j * D + d];
+        store_row(p->dv, dvo + (int64_t)(c0 + j) * p->dv_row_stride, row, Dv, p->dtype);
     }
 }
 

@@ -202,6 +202,12 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     const uint32_t v_rows = sV + wg_key * ROWB;
     const int dh_slab = SPLIT_D ? wg * (DH / FC_SLAB_COLS) : 0;  // first slab of this warpgroup's dK, dV columns
     const int q_off = SPLIT_D ? wg * QW : 0;  // first query row (of a block) of this warpgroup's S^T columns
+    // SPLIT_D: v's own head dim Dv <= D (dO, V and dV have Dv columns; TMA loads those past it as zeros). The
+    // slabs of S^T's (warpgroup 0: D's) or dP^T's (warpgroup 1: Dv's) products that hold any column; this
+    // warpgroup's dV columns hold none where its first is past Dv, its dQ piece's where its first is past D.
+    const int dv_cols = FC_DV(p);
+    const int k_slabs = ((wg ? dv_cols : p.D) + FC_SLAB_COLS - 1) / FC_SLAB_COLS;
+    const bool dv_live = !SPLIT_D || dh_slab * FC_SLAB_COLS < dv_cols;
     // A 16-bit tile held as a (64 key rows x QW columns) accumulator's A fragments f into a (BC, BR) buffer at
     // buf, columns from q_off: key row r, query column c at slab c / 64, chunk (c % 64) / 8 ^ r % 8.
     // f[kk][2 * half + hr] holds row lane/4 + 8*hr, columns 16 kk + 8 half + (lane % 4) * 2 + 0/1.
@@ -224,6 +230,8 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     // dQ piece c of this warpgroup: dS^T's column slab (query rows) and K's column slab (head-dim columns).
     const int dq_row_slab = BR == 128 ? wg : 0;
     auto dq_col_slab = [&](int c) { return SPLIT_D ? wg * Tile::DQ_PIECES + c : DP == 128 ? wg : 0; };
+    // (c = 0 always: at DP = 256 D > 128, so each warpgroup's first piece holds columns of D)
+    auto dq_live = [&](int c) { return !SPLIT_D || c == 0 || dq_col_slab(c) * FC_SLAB_COLS < p.D; };
 
     unsigned n0 = 0;        // the CTA's blocks before this item's
     unsigned busy = 0;      // the CTA's items before this one that walk any block (K buffer and k_bar parity)
@@ -246,7 +254,8 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
             bulk_wait<0>();              // the reductions have read their staging and added their sums;
             fence_proxy_async_global();  // their adds (async proxy) before the counts
 #pragma unroll
-            for (int c = 0; c < Tile::DQ_PIECES; ++c) bwd_count_turn(piece_turn(j, c));
+            for (int c = 0; c < Tile::DQ_PIECES; ++c)
+                if (dq_live(c)) bwd_count_turn(piece_turn(j, c));
         };
 
         float dk[DH / 2], dv[DH / 2];  // this warpgroup's 64 keys x DH columns (dK unscaled)
@@ -287,7 +296,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                 // it; perf notes, session 67), then each passes the other its columns of the other's rows
                 // (warpgroup 0 S^T's from QW, warpgroup 1 dP^T's below QW), so each holds both at its QW rows.
                 float x[BR / 2];
-                bwd_issue_kmajor<DP, BC, BR, QDO_SLAB_STEP, T>(x, wg ? v_rows : k_rows, wg ? do_s : q_s);
+                bwd_issue_kmajor_slabs<DP, BC, BR, QDO_SLAB_STEP, T>(x, wg ? v_rows : k_rows, wg ? do_s : q_s, k_slabs);
                 wgmma_wait<0>();
                 fence_regs(x);
                 bwd_exchange_cols<BR>(x, s, dp, sX, wg, t);  // (its barrier: BWD_BAR_XCHG, see the helper)
@@ -392,13 +401,15 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
             __syncwarp();  // warp 0 reconverged before the warpgroup-wide wgmma instructions below
             ahead = false;
             if constexpr (SPLIT_D) {
-                bwd_issue_acc_ss<BR, BC, QDO_SLAB_STEP, T>(dv, pt_buf, do_s + dh_slab * QDO_SLAB_STEP);  // dV += P^T dO
+                if (dv_live)  // dV += P^T dO
+                    bwd_issue_acc_ss<BR, BC, QDO_SLAB_STEP, T>(dv, pt_buf, do_s + dh_slab * QDO_SLAB_STEP);
                 bwd_issue_acc_ss<BR, BC, QDO_SLAB_STEP, T>(dk, ds_buf, q_s + dh_slab * QDO_SLAB_STEP);   // dK += dS^T Q
             }
 
             // dQ pieces (64 x 64) = dS[rows of the slab, all BC keys] K[all keys, columns of the slab].
 #pragma unroll
             for (int c = 0; c < Tile::DQ_PIECES; ++c) {
+                if (!dq_live(c)) break;  // (its columns are past D: the accumulator's zeros stand)
                 if (SPLIT_D && c > 0) __syncwarp();  // thread 0's reduction below reconverged before the next wgmma
                 float dq[Tile::DQ_COLS / 2];
                 {
@@ -509,9 +520,9 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         if (t == 0 && key_w0 < p.Sk) {
 #pragma unroll
             for (int sl = 0; sl < DH / FC_SLAB_COLS; ++sl) {
-                const int col = (dh_slab + sl) * FC_SLAB_COLS;
-                tma_store_4d(&args.dk_map, ek + sl * Tile::EPI_SLAB, col, key_w0, hk, b);
-                tma_store_4d(&args.dv_map, ev + sl * Tile::EPI_SLAB, col, key_w0, hk, b);
+                const int col = (dh_slab + sl) * FC_SLAB_COLS;  // (SPLIT_D: slabs past D or Dv are left out)
+                if (!SPLIT_D || col < p.D) tma_store_4d(&args.dk_map, ek + sl * Tile::EPI_SLAB, col, key_w0, hk, b);
+                if (!SPLIT_D || col < dv_cols) tma_store_4d(&args.dv_map, ev + sl * Tile::EPI_SLAB, col, key_w0, hk, b);
             }
             bulk_commit();
         }

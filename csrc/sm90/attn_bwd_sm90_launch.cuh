@@ -27,19 +27,19 @@ static fc_status attn_bwd_sm90_launch(const fc_attn_bwd_params* p, int num_sms, 
     fc_status s = fc_sm90_tensor_map(&a.q_map, p->dtype, p->q, p->D, p->Sq, p->Hq, p->B, p->q_row_stride,
                                      p->q_head_stride, p->q_batch_stride, Tile::BR);
     if (s == FC_OK)
-        s = fc_sm90_tensor_map(&a.do_map, p->dtype, p->dout, p->D, p->Sq, p->Hq, p->B, p->do_row_stride,
+        s = fc_sm90_tensor_map(&a.do_map, p->dtype, p->dout, FC_DV(*p), p->Sq, p->Hq, p->B, p->do_row_stride,
                                p->do_head_stride, p->do_batch_stride, Tile::BR);
     if (s == FC_OK)
         s = fc_sm90_tensor_map(&a.k_map, p->dtype, p->k, p->D, p->Sk, p->Hkv, p->B, p->k_row_stride,
                                p->k_head_stride, p->k_batch_stride, Tile::BC);
     if (s == FC_OK)
-        s = fc_sm90_tensor_map(&a.v_map, p->dtype, p->v, p->D, p->Sk, p->Hkv, p->B, p->v_row_stride,
+        s = fc_sm90_tensor_map(&a.v_map, p->dtype, p->v, FC_DV(*p), p->Sk, p->Hkv, p->B, p->v_row_stride,
                                p->v_head_stride, p->v_batch_stride, Tile::BC);
     if (s == FC_OK)
         s = fc_sm90_tensor_map(&a.dk_map, p->dtype, p->dk, p->D, p->Sk, p->Hkv, p->B, p->dk_row_stride,
                                p->dk_head_stride, p->dk_batch_stride, Tile::WG_KEYS);
     if (s == FC_OK)
-        s = fc_sm90_tensor_map(&a.dv_map, p->dtype, p->dv, p->D, p->Sk, p->Hkv, p->B, p->dv_row_stride,
+        s = fc_sm90_tensor_map(&a.dv_map, p->dtype, p->dv, FC_DV(*p), p->Sk, p->Hkv, p->B, p->dv_row_stride,
                                p->dv_head_stride, p->dv_batch_stride, Tile::WG_KEYS);
     if (s != FC_OK) return s;
     // dispatch keeps the portable kernel's key blocks x B x Hkv (at least the items) <= 2^31 - 1;

@@ -27,6 +27,26 @@ FC_DEVICE void bwd_issue_kmajor(float (&acc)[N / 2], uint32_t a_rows, uint32_t b
     wgmma_commit();
 }
 
+// bwd_issue_kmajor over the first `slabs` (>= 1) of DP's 64-column slabs, where the tiles' columns past
+// them are zeros (TMA's fill past D or Dv), whose products add nothing: slab 0, then each further slab
+// as a wgmma group of its own under its own branch (a branch between wgmmas of one group makes ptxas
+// serialize the group, C7519). acc is complete after wgmma_wait<0>.
+template <int DP, int A_ROWS, int N, uint32_t B_SLAB, typename T>
+FC_DEVICE void bwd_issue_kmajor_slabs(float (&acc)[N / 2], uint32_t a_rows, uint32_t b_rows, int slabs) {
+    static_assert(N == 64, "DP = 256's S^T and dP^T: 64 query rows");
+    const uint64_t ad = wgmma_desc(a_rows, 16, FC_SWZ_GROUP_BYTES), bd = wgmma_desc(b_rows, 16, FC_SWZ_GROUP_BYTES);
+#pragma unroll
+    for (int sl = 0; sl < DP / FC_SLAB_COLS; ++sl) {
+        if (sl > 0 && sl >= slabs) break;
+        wgmma_fence();  // orders earlier register use of acc before the async writes
+#pragma unroll
+        for (int kk = 0; kk < FC_SLAB_COLS / 16; ++kk)
+            wgmma_ss_n64<T>(acc, wgmma_desc_add(ad, sl * A_ROWS * FC_SWZ_ROW_BYTES + kk * 32),
+                            wgmma_desc_add(bd, sl * B_SLAB + kk * 32), sl > 0 || kk > 0);
+        wgmma_commit();
+    }
+}
+
 // Issues acc (64 x DP) += A B as one wgmma group: A = 64 x BR in registers
 // (BR / 16 k16 fragments), B = BR rows x DP columns at b_tile, N-major (BR
 // rows per slab, slabs B_SLAB bytes apart; a k16 step moves 16 rows).

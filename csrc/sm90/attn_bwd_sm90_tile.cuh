@@ -105,11 +105,11 @@ static constexpr int BWD_BAR_WG0 = 2;  // + wg: one warpgroup's dQ staging
 
 struct BwdSm90Args {
     CUtensorMap q_map;   // Q as (D, Sq, Hq, B), box (64, BR)
-    CUtensorMap do_map;  // dO as (D, Sq, Hq, B), box (64, BR)
+    CUtensorMap do_map;  // dO as (Dv, Sq, Hq, B), box (64, BR): columns past Dv load as zeros
     CUtensorMap k_map;   // K as (D, Sk, Hkv, B), box (64, BC)
-    CUtensorMap v_map;   // V as (D, Sk, Hkv, B), box (64, BC)
+    CUtensorMap v_map;   // V as (Dv, Sk, Hkv, B), box (64, BC): columns past Dv load as zeros
     CUtensorMap dk_map;  // dK as (D, Sk, Hkv, B), box (64, WG_KEYS): the epilogue's stores
-    CUtensorMap dv_map;  // dV as (D, Sk, Hkv, B), box (64, WG_KEYS)
+    CUtensorMap dv_map;  // dV as (Dv, Sk, Hkv, B), box (64, WG_KEYS)
     fc_attn_bwd_params p;  // the call's params (dispatch checked them)
     int sq_pad;          // rows per head of the padded LSE and Delta (Sq rounded up to FC_BWD_ROW_PAD)
 };
