@@ -82,17 +82,12 @@ FC_DEVICE void bwd_issue_acc_ss(float (&acc)[N / 2], uint32_t a_tile, uint32_t b
 }
 
 // bwd_issue_acc_ss over the first `slabs` (0, 1 or 2) 64-column slabs of a 128-column accumulator
-// (its others stay as they are: zeros, for columns past D or Dv): one N = 64 group per slab, on the
-// accumulator's halves (the fragment layout of N = 128's), each under a branch of its own (one N =
-// 128 group on one path and N = 64 on another, writing the same registers, made ptxas serialize the
-// kernel's wgmmas: C7518).
+// (its others stay as they are: zeros, for columns past D or Dv): one group of N = 128 or 64.
 template <int BR, int A_ROWS, uint32_t B_SLAB, typename T>
 FC_DEVICE void bwd_issue_acc_ss_slabs(float (&acc)[64], uint32_t a_tile, uint32_t b_tile, int slabs) {
-    if (slabs >= 1)
+    if (slabs == 2) bwd_issue_acc_ss<128, BR, A_ROWS, B_SLAB, T>(acc, a_tile, b_tile);
+    else if (slabs == 1)
         bwd_issue_acc_ss<64, BR, A_ROWS, B_SLAB, T>(*reinterpret_cast<float(*)[32]>(&acc[0]), a_tile, b_tile);
-    if (slabs >= 2)
-        bwd_issue_acc_ss<64, BR, A_ROWS, B_SLAB, T>(*reinterpret_cast<float(*)[32]>(&acc[32]), a_tile,
-                                                    b_tile + B_SLAB);
 }
 
 // Named barrier of the exchange below (the kernel's: 1, 2 and 3).
