@@ -4,6 +4,8 @@ call with v padded to D by hand (what flashcore ran before) and SDPA's backends,
 same inputs.
 
     python benchmarks/bench_dv.py --out benchmarks/results/dv-h100.json
+    python benchmarks/bench_dv.py --seqlens 4096 --fwdbwd-seqlens 1024,2048,4096,8192 \
+        --out benchmarks/results/dv-bwd-h100.json      # forward + backward, the backward with Dv its own
 
 Shapes: B * S = 16384 tokens, H = 16 query and KV heads, S in --seqlens, causal both, fp16, plus
 bf16 at S = 4096. FLOPs = 2 * B * H * Sq * Sk * (D + Dv), halved for causal (Sq = Sk). Each impl

@@ -19,7 +19,7 @@ TYPES = [("__half", "f16"), ("__nv_bfloat16", "bf16")]
 SS_N = (32, 64, 128, 192)  # S = Q K^T: keys per K tile (32: smem_rate's N = 32 rate, which the D = 256 backward left)
 RS_N = (64, 128, 136)  # O += P V: head-dim columns per wgmma (136: loop_sched's P V with 8 columns of ones)
 SS_TT_N = (64,)  # dQ = dS K: 64 head-dim columns per warpgroup
-SS_TB_N = (64, 128)  # the D = 256 backward's dV, dK: 64 or 128 head-dim columns per warpgroup
+SS_TB_N = (128,)  # the D = 256 backward's dV, dK: 128 head-dim columns per warpgroup
 # shared-memory wrapper kind (wgmma_<kind>_nN): the transpose flags after scale-a and scale-b
 TRANSPOSE = {"ss": "0, 0", "ss_tt": "1, 1", "ss_tb": "0, 1"}
 # every wrapper kind (rs: A from registers) and its N, in the order the header lists them per N

@@ -58,11 +58,7 @@
 //     retired by then, and by both warpgroups' S^T and dP^T, retired before
 //     the CTA barrier. The ring then needs the reductions' reads done before a
 //     slot is refilled, which the staging of DP <= 128 needs before its own
-//     reuse: the same wait. v's own head dim Dv (dO, V, dV of Dv columns, TMA
-//     zero-filling the rest): S^T and dP^T skip the slabs past D and Dv, and
-//     each warpgroup its dK, dV columns and dQ pieces past them; with MLA's
-//     D <= 192, Dv <= 128 the warpgroups share the rest anew, warpgroup 1
-//     staging its second piece over slab 3 (the plan at the kernel's start).
+//     reuse: the same wait.
 //  3. attn_bwd_post_kernel (bwd_rows.cuh): dQ = scale * accumulator (pieces), in dtype.
 // dK and dV are bit-reproducible (a fixed order inside one CTA); dQ's
 // reductions across key blocks are too when the call is deterministic: then
@@ -206,25 +202,12 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     const uint32_t v_rows = sV + wg_key * ROWB;
     const int dh_slab = SPLIT_D ? wg * (DH / FC_SLAB_COLS) : 0;  // first slab of this warpgroup's dK, dV columns
     const int q_off = SPLIT_D ? wg * QW : 0;  // first query row (of a block) of this warpgroup's S^T columns
-    // SPLIT_D: v's own head dim Dv <= D (dO, V and dV have Dv columns; TMA loads those past it as zeros).
-    // k_slabs: the slabs of S^T's (warpgroup 0: D's) or dP^T's (warpgroup 1: Dv's) products that hold any
-    // column. The warpgroup's dK columns: k_n slabs from dh_slab (those past D dropped; one slab is a wgmma
-    // N of 64); its dV columns: v_n slabs from v_slab; its dQ pieces: dq_live. By default warpgroup w has
-    // columns 128 w .. 128 w + 127 of each. With MLA's head dims (D <= 192, Dv <= 128) that would leave
-    // warpgroup 1 no dV and one piece (12 of a block's 36 k16 steps of N = 64 after S^T and dP^T, warpgroup
-    // 0 24): there (mla) warpgroup 0 keeps dV's columns 0..63 and dQ's slab 0, and warpgroup 1 takes dV's
-    // 64..127 and dQ's slabs 2 and 1 (16 steps each).
-    // (Functions of p and wg, recomputed where used: held in registers across the loop, they spilled.)
-    auto dv_cols = [&] { return FC_DV(p); };
-    auto k_slabs = [&] { return ((wg ? dv_cols() : p.D) + FC_SLAB_COLS - 1) / FC_SLAB_COLS; };
-    auto mla = [&] { return SPLIT_D && p.D <= 192 && dv_cols() <= 128; };
-    auto slabs_upto = [](int cols, int slab0) {  // slabs from slab0 (two at most) holding any of cols columns
-        const int n = (cols - slab0 * FC_SLAB_COLS + FC_SLAB_COLS - 1) / FC_SLAB_COLS;
-        return n < 0 ? 0 : n > 2 ? 2 : n;
-    };
-    auto k_n = [&] { return slabs_upto(p.D, dh_slab); };
-    auto v_slab = [&] { return mla() ? wg : dh_slab; };
-    auto v_n = [&] { return mla() ? int(wg == 0 || dv_cols() > FC_SLAB_COLS) : slabs_upto(dv_cols(), dh_slab); };
+    // SPLIT_D: v's own head dim Dv <= D (dO, V and dV have Dv columns; TMA loads those past it as zeros). The
+    // slabs of S^T's (warpgroup 0: D's) or dP^T's (warpgroup 1: Dv's) products that hold any column; this
+    // warpgroup's dV columns hold none where its first is past Dv, its dQ piece's where its first is past D.
+    const int dv_cols = FC_DV(p);
+    const int k_slabs = ((wg ? dv_cols : p.D) + FC_SLAB_COLS - 1) / FC_SLAB_COLS;
+    const bool dv_live = !SPLIT_D || dh_slab * FC_SLAB_COLS < dv_cols;
     // A 16-bit tile held as a (64 key rows x QW columns) accumulator's A fragments f into a (BC, BR) buffer at
     // buf, columns from q_off: key row r, query column c at slab c / 64, chunk (c % 64) / 8 ^ r % 8.
     // f[kk][2 * half + hr] holds row lane/4 + 8*hr, columns 16 kk + 8 half + (lane % 4) * 2 + 0/1.
@@ -244,17 +227,11 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                 }
         }
     };
-    // dQ piece c of this warpgroup: dS^T's column slab (query rows) and K's column slab (head-dim columns);
-    // SPLIT_D: staged over the slot's Q and dO slabs dq_stage_slab(c) (mla, warpgroup 1's piece of slab 1:
-    // over slab 3, Q's columns past D and dO's past Dv, as warpgroup 0 reads its slab 1 of Q and 1 of dO).
+    // dQ piece c of this warpgroup: dS^T's column slab (query rows) and K's column slab (head-dim columns).
     const int dq_row_slab = BR == 128 ? wg : 0;
-    auto dq_col_slab = [&](int c) {
-        return SPLIT_D ? (mla() && wg ? 2 - c : wg * Tile::DQ_PIECES + c) : DP == 128 ? wg : 0;
-    };
-    auto dq_stage_slab = [&](int c) { return mla() && wg ? 2 + c : dq_col_slab(c); };
-    // (piece 0 always, which the compiler must see: its wgmma wait retires the block's dK and dV, and at
-    // DP = 256 D > 128 leaves each warpgroup one piece or more)
-    auto dq_live = [&](int c) { return c == 0 || c < (!SPLIT_D ? Tile::DQ_PIECES : mla() ? 1 + wg : k_n()); };
+    auto dq_col_slab = [&](int c) { return SPLIT_D ? wg * Tile::DQ_PIECES + c : DP == 128 ? wg : 0; };
+    // (c = 0 always: at DP = 256 D > 128, so each warpgroup's first piece holds columns of D)
+    auto dq_live = [&](int c) { return !SPLIT_D || c == 0 || dq_col_slab(c) * FC_SLAB_COLS < p.D; };
 
     unsigned n0 = 0;        // the CTA's blocks before this item's
     unsigned busy = 0;      // the CTA's items before this one that walk any block (K buffer and k_bar parity)
@@ -319,8 +296,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                 // it; perf notes, session 67), then each passes the other its columns of the other's rows
                 // (warpgroup 0 S^T's from QW, warpgroup 1 dP^T's below QW), so each holds both at its QW rows.
                 float x[BR / 2];
-                bwd_issue_kmajor_slabs<DP, BC, BR, QDO_SLAB_STEP, T>(x, wg ? v_rows : k_rows, wg ? do_s : q_s,
-                                                                     k_slabs());
+                bwd_issue_kmajor_slabs<DP, BC, BR, QDO_SLAB_STEP, T>(x, wg ? v_rows : k_rows, wg ? do_s : q_s, k_slabs);
                 wgmma_wait<0>();
                 fence_regs(x);
                 bwd_exchange_cols<BR>(x, s, dp, sX, wg, t);  // (its barrier: BWD_BAR_XCHG, see the helper)
@@ -425,10 +401,9 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
             __syncwarp();  // warp 0 reconverged before the warpgroup-wide wgmma instructions below
             ahead = false;
             if constexpr (SPLIT_D) {
-                bwd_issue_acc_ss_slabs<BR, BC, QDO_SLAB_STEP, T>(dv, pt_buf, do_s + v_slab() * QDO_SLAB_STEP,
-                                                                  v_n());  // dV += P^T dO
-                bwd_issue_acc_ss_slabs<BR, BC, QDO_SLAB_STEP, T>(dk, ds_buf, q_s + dh_slab * QDO_SLAB_STEP,
-                                                                  k_n());  // dK += dS^T Q
+                if (dv_live)  // dV += P^T dO
+                    bwd_issue_acc_ss<BR, BC, QDO_SLAB_STEP, T>(dv, pt_buf, do_s + dh_slab * QDO_SLAB_STEP);
+                bwd_issue_acc_ss<BR, BC, QDO_SLAB_STEP, T>(dk, ds_buf, q_s + dh_slab * QDO_SLAB_STEP);   // dK += dS^T Q
             }
 
             // dQ pieces (64 x 64) = dS[rows of the slab, all BC keys] K[all keys, columns of the slab].
@@ -453,7 +428,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                 fence_regs(dv);
                 // dq[2 j + e] (j = 2 nt + hr) at float 2 (128 j + t) + e of the piece (bwd_piece_offset).
                 // SPLIT_D: in the slot, over Q's slab of the piece's columns and the dO slab after it.
-                const uint32_t stage = SPLIT_D ? q_s + dq_stage_slab(c) * QDO_SLAB_STEP : sDQ + wg * Tile::DQ_STAGE;
+                const uint32_t stage = SPLIT_D ? q_s + dq_col_slab(c) * QDO_SLAB_STEP : sDQ + wg * Tile::DQ_STAGE;
 #pragma unroll
                 for (int j = 0; j < Tile::DQ_COLS / 4; ++j)
                     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(stage + (j * FC_WG_THREADS + t) * 8),
@@ -545,9 +520,9 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         if (t == 0 && key_w0 < p.Sk) {
 #pragma unroll
             for (int sl = 0; sl < DH / FC_SLAB_COLS; ++sl) {
-                const int col = (dh_slab + sl) * FC_SLAB_COLS, v_col = (v_slab() + sl) * FC_SLAB_COLS;
-                if (!SPLIT_D || sl < k_n()) tma_store_4d(&args.dk_map, ek + sl * Tile::EPI_SLAB, col, key_w0, hk, b);
-                if (!SPLIT_D || sl < v_n()) tma_store_4d(&args.dv_map, ev + sl * Tile::EPI_SLAB, v_col, key_w0, hk, b);
+                const int col = (dh_slab + sl) * FC_SLAB_COLS;  // (SPLIT_D: slabs past D or Dv are left out)
+                if (!SPLIT_D || col < p.D) tma_store_4d(&args.dk_map, ek + sl * Tile::EPI_SLAB, col, key_w0, hk, b);
+                if (!SPLIT_D || col < dv_cols) tma_store_4d(&args.dv_map, ev + sl * Tile::EPI_SLAB, col, key_w0, hk, b);
             }
             bulk_commit();
         }

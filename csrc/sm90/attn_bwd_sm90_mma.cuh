@@ -63,31 +63,19 @@ FC_DEVICE void bwd_issue_acc(float (&acc)[DP / 2], const uint32_t (&a)[BR / 16][
     wgmma_commit();
 }
 
-// Issues acc (64 x N, N = 64 or 128) += A B as one wgmma group, both in shared memory: A = 64
-// rows x BR columns at a_tile, K-major (a 16-bit tile of A_ROWS rows per slab: P^T or dS^T as
-// stored), B = BR rows x N columns at b_tile, N-major (BR rows per slab, slabs B_SLAB bytes apart).
-template <int N, int BR, int A_ROWS, uint32_t B_SLAB, typename T>
-FC_DEVICE void bwd_issue_acc_ss(float (&acc)[N / 2], uint32_t a_tile, uint32_t b_tile) {
-    static_assert(N == 64 || N == 128, "a warpgroup's dK or dV columns: one or two slabs");
+// Issues acc (64 x 128) += A B as one wgmma group, both in shared memory: A = 64
+// rows x BR columns at a_tile, K-major (a 16-bit tile of A_ROWS rows per slab:
+// P^T or dS^T as stored), B = BR rows x 128 columns at b_tile, N-major (BR rows
+// per slab, slabs B_SLAB bytes apart).
+template <int BR, int A_ROWS, uint32_t B_SLAB, typename T>
+FC_DEVICE void bwd_issue_acc_ss(float (&acc)[64], uint32_t a_tile, uint32_t b_tile) {
     wgmma_fence();  // orders earlier register use of acc before the async writes
     const uint64_t ad = wgmma_desc(a_tile, 16, FC_SWZ_GROUP_BYTES), bd = wgmma_desc(b_tile, B_SLAB, FC_SWZ_GROUP_BYTES);
 #pragma unroll
-    for (int kk = 0; kk < BR / 16; ++kk) {
-        const uint64_t a = wgmma_desc_add(ad, (kk / 4) * A_ROWS * FC_SWZ_ROW_BYTES + (kk % 4) * 32);
-        const uint64_t b = wgmma_desc_add(bd, kk * 16 * FC_SWZ_ROW_BYTES);
-        if constexpr (N == 64) wgmma_ss_tb_n64<T>(acc, a, b, 1);
-        else wgmma_ss_tb_n128<T>(acc, a, b, 1);
-    }
+    for (int kk = 0; kk < BR / 16; ++kk)
+        wgmma_ss_tb_n128<T>(acc, wgmma_desc_add(ad, (kk / 4) * A_ROWS * FC_SWZ_ROW_BYTES + (kk % 4) * 32),
+                            wgmma_desc_add(bd, kk * 16 * FC_SWZ_ROW_BYTES), 1);
     wgmma_commit();
-}
-
-// bwd_issue_acc_ss over the first `slabs` (0, 1 or 2) 64-column slabs of a 128-column accumulator
-// (its others stay as they are: zeros, for columns past D or Dv): one group of N = 128 or 64.
-template <int BR, int A_ROWS, uint32_t B_SLAB, typename T>
-FC_DEVICE void bwd_issue_acc_ss_slabs(float (&acc)[64], uint32_t a_tile, uint32_t b_tile, int slabs) {
-    if (slabs == 2) bwd_issue_acc_ss<128, BR, A_ROWS, B_SLAB, T>(acc, a_tile, b_tile);
-    else if (slabs == 1)
-        bwd_issue_acc_ss<64, BR, A_ROWS, B_SLAB, T>(*reinterpret_cast<float(*)[32]>(&acc[0]), a_tile, b_tile);
 }
 
 // Named barrier of the exchange below (the kernel's: 1, 2 and 3).
