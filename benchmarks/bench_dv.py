@@ -1,7 +1,7 @@
-"""Forward benchmark of calls whose v has a head dim of its own (Dv != D; MLA's D = 192, Dv = 128):
-flashcore as it runs them (v's own head dim on the sm90 kernel, flashcore.h's Dv) against the same
-call with v padded to D by hand (what flashcore ran before) and SDPA's backends, in one run on the
-same inputs.
+"""Benchmark of calls whose v has a head dim of its own (Dv != D; MLA's D = 192, Dv = 128), forward
+and forward + backward: flashcore as it runs them (v's own head dim on the sm90 kernels, flashcore.h's
+Dv) against the same call with v padded to D by hand (flashcore:padded: forward and backward at D, what
+flashcore ran before v's own head dim) and SDPA's backends, in one run on the same inputs.
 
     python benchmarks/bench_dv.py --out benchmarks/results/dv-h100.json
     python benchmarks/bench_dv.py --seqlens 4096 --fwdbwd-seqlens 1024,2048,4096,8192 \

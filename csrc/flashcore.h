@@ -234,8 +234,8 @@ typedef struct {
                           0 is the default */
     int window, window_left, window_right; /* the forward's sliding window (fc_attn_params); every kernel */
     int Dv;           /* v's, o's, dout's and dv's head dim: 0 = D (the default), else as in fc_attn_params
-                         (a multiple of 8 below D): the CPU path and the sm90 kernel at D > 128 take it;
-                         elsewhere pad v, o and dout to D with zero columns and cut dv's */
+                         (a multiple of 8 up to D): a Dv below D runs on the CPU path and the sm90 kernel
+                         at D > 128; elsewhere pad v, o and dout to D with zero columns and cut dv's */
 } fc_attn_bwd_params;
 
 /* Says whether fc_attn_bwd would accept p; reasons as in fc_attn_fwd_check. */

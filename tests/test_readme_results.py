@@ -134,7 +134,8 @@ def test_decode_sentence():
 
 def test_dv_sentence():
     """The API section's D = 192, Dv = 128 ranges: the forward's from dv-h100.json, forward + backward's
-    from dv-bwd-h100.json (benchmarks/bench_dv.py; the backward with v's own head dim)."""
+    from dv-bwd-h100.json (benchmarks/bench_dv.py; the backward with v's own head dim) and, with the
+    backward padded, from dv-h100.json."""
     def spans(name):
         by = {}
         for r in load(name)["rows"]:
@@ -149,7 +150,8 @@ def test_dv_sentence():
     for want in (f"{fwd('dv', 'sdpa-cudnn')} SDPA's cuDNN backend",
                  f"({fwd('dv', 'sdpa-default')} its default)", f"and {fwd('dv', 'flashcore:padded')} the padded call",
                  f"{both('dv-fwdbwd', 'sdpa-cudnn')} cuDNN", f"(causal {both('dv-fwdbwd', 'sdpa-cudnn', True)},",
-                 f"non-causal {both('dv-fwdbwd', 'sdpa-cudnn', False)})",
-                 f"{both('dv-fwdbwd', 'flashcore:padded')} the padded path",
+                 f"non-causal {both('dv-fwdbwd', 'sdpa-cudnn', False)};",
+                 f"{both('dv-fwdbwd', 'flashcore:padded')} the call with v padded by hand",
+                 f"{fwd('dv-fwdbwd', 'sdpa-cudnn')} with the backward padded",  # (session 77's run)
                  f"and {both('dv-fwdbwd', 'sdpa-efficient')} SDPA's efficient backend"):
         assert want in text, want

@@ -348,12 +348,47 @@ def test_v_head_dim_native_grad(dev, kernel, dims, monkeypatch):
             flashcore._C.bwd(g, *(t.detach() for t in (q, k, v, out, lse)), None, d ** -0.5, 1, kid)
 
 
+@pytest.mark.parametrize("mode", ["br-sq>sk", "window", "dout-view"])
+@pytest.mark.parametrize("dev,kernel", DEVICES)
+def test_v_head_dim_native_grad_modes(dev, kernel, mode, monkeypatch):
+    """v's own head dim (D = 192, Dv = 128; D = 136, Dv = 8) through the backward with bottom-right causal
+    and Sq > Sk (rows that see no key: dq 0), a window, and a grad_out that is a strided view (the
+    binding's rows_usable): gradients bit for bit those of v padded to D by hand, not padded where the
+    kernel takes Dv (the CPU path, sm90)."""
+    dtype = DTYPE[dev]
+    for d, dv in ((192, 128), (136, 8)):
+        native = dev == "cpu" or kernel == "sm90"
+        sq, sk = (71, 40) if mode == "br-sq>sk" else (SQ, SK)
+        torch.manual_seed(d + dv + sq)
+        q, k, v = (torch.randn(1, h, n, e, device=dev).to(dtype).requires_grad_()
+                   for h, n, e in ((4, sq, d), (2, sk, d), (2, sk, dv)))
+        kw = dict(causal=True, causal_alignment="bottom_right" if mode == "br-sq>sk" else "top_left",
+                  window=(9, 0) if mode == "window" else None, kernel=kernel)
+        g = torch.randn(1, sq, 4, dv, device=dev).to(dtype).transpose(1, 2)  # (a (B, S, H, Dv) view)
+        if mode != "dout-view":
+            g = g.contiguous()
+
+        def grads(vv, no_pad):
+            with monkeypatch.context() as m:
+                if no_pad:
+                    m.setattr(flashcore, "_pad_head_dims", _no_pad)
+                    m.setattr(flashcore, "_pad_cols", _no_pad)
+                out = flashcore.attention(q, k, vv, **kw)
+                return torch.autograd.grad((out[..., :dv] * g).sum(), (q, k, v))
+        got, want = grads(v, native), grads(F.pad(v, (0, d - dv)), False)
+        for a, b, name in zip(got, want, "qkv"):
+            assert torch.equal(a, b), (d, dv, name)
+        if mode == "br-sq>sk":
+            assert torch.all(got[0][:, :, :sq - sk] == 0)  # (rows before the diagonal's start see no key)
+
+
 @requires_gpu
 @pytest.mark.parametrize("case", [(2, 16, 8, 1000, 1000, "top_left", None), (1, 8, 2, 700, 1500, None, None),
                                   (2, 8, 4, 1100, 1300, "bottom_right", (300, 0)),
                                   (3, 4, 4, 333, 129, "bottom_right", None)],
                          ids=["causal", "gqa-sk>sq", "window", "sq>sk"])
-@pytest.mark.parametrize("dims", [(192, 128), (256, 64), (184, 136)], ids=lambda d: f"D{d[0]}-Dv{d[1]}")
+@pytest.mark.parametrize("dims", [(192, 128), (256, 64), (184, 136), (256, 248), (136, 8)],
+                         ids=lambda d: f"D{d[0]}-Dv{d[1]}")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_v_head_dim_native_bwd(case, dims, dtype, monkeypatch):
     """The Hopper backward with v's own head dim (D > 128; dO, V and dV of Dv columns, the products over
@@ -374,9 +409,12 @@ def test_v_head_dim_native_bwd(case, dims, dtype, monkeypatch):
     kw = dict(causal=alignment is not None, causal_alignment=alignment or "top_left", window=window)
     g = torch.randn(B, Hq, sq, dv, device="cuda").to(dtype)
 
+    assert flashcore._C.native_dv(q, k, v, mode, 0, 0, None if window is None else list(window))
+
     def grads(vv, native, with_lse=True):
         with monkeypatch.context() as m:
-            if native:
+            if native:  # (neither the forward nor the backward pads)
+                m.setattr(flashcore, "_pad_head_dims", _no_pad)
                 m.setattr(flashcore, "_pad_cols", _no_pad)
             out, lse = flashcore.attention(q, k, vv, return_lse=True, **kw)
             loss = (out[..., :dv] * g).sum() + (lse.clamp_min(-1e4).sum() if with_lse else 0)

@@ -68,7 +68,10 @@
 // block's CTA barrier (or after the loop), once the reduction has completed.
 //
 // Limits. sm_90a only. D any multiple of 8 up to DP (64, 128 or 256): TMA
-// zero-fills the padding columns, which are never stored. Any Sq, Sk >= 1:
+// zero-fills the padding columns, which are never stored. At DP = 256, v's own
+// head dim Dv (a multiple of 8 up to D; dispatch passes it nowhere else): the
+// maps of dO, V and dV are Dv wide, so their columns past Dv load as zeros and
+// are never stored, and Delta is summed over Dv. Any Sq, Sk >= 1:
 // TMA zero-fills tail rows and keys; tail keys are masked and tail rows have
 // LSE +inf. Rows with LSE = -inf get P = 0. Tensor strides as the forward's
 // Hopper kernel (TMA: 16-byte aligned). Workspace (kernels.h): the dQ
@@ -491,7 +494,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         n0 += n_iter;
 
         // Epilogue: dK * scale and dV (16-bit) into shared memory, then TMA stores, which write keys < Sk
-        // and columns < D only. A warpgroup's areas (slabs of its 64 keys x 64 columns, swizzled as TMA
+        // and columns < D (dV: < Dv) only. A warpgroup's areas (slabs of its 64 keys x 64 columns, swizzled as TMA
         // loads them): in the last block's slot (the next item's first block loads into the other), its
         // Q (warpgroup 0) or dO tile, or (SPLIT_D) its half, where its dQ was staged; at DP = 128 dK in
         // its dQ staging. Its next stores to either follow a bulk_wait_read (the next block's, or here).
