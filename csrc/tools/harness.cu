@@ -62,6 +62,8 @@ struct Case {
     bool dlse = false;  // backward only: pass a random LSE gradient too
     bool win = false;   // a sliding window (fc_attn_params' window; causal names its diagonal)
     int wl = 0, wr = 0; // window_left, window_right
+    int Dv = 0;         // backward cases: v's own head dim (0: D); v, o, dout and dv keep rows of D
+                        // elements, of which the first Dv are read and written
 };
 
 // FC_WINDOW="left,right" gives the cases of shape, host and bench-bwd a window (ab.sh passes it on).
@@ -100,6 +102,7 @@ static void fill_params(fc_attn_params* p, const Case& c, const void* q, const v
     p->B = c.B; p->Hq = c.Hq; p->Hkv = c.Hkv; p->Sq = c.Sq; p->Sk = c.Sk; p->D = c.D;
     p->dtype = dt; p->scale = 1.f / sqrtf((float)c.D); p->causal = c.causal; p->kernel = kernel;
     p->window = c.win; p->window_left = c.win ? c.wl : 0; p->window_right = c.win ? c.wr : 0;
+    p->Dv = c.Dv;
 }
 
 // Runs one case on the GPU, twice, and compares with the CPU path on the same values in fp32.
@@ -298,6 +301,7 @@ static void fill_bwd_params(fc_attn_bwd_params* p, const Case& c, const void* q,
     p->dtype = dt; p->scale = 1.f / sqrtf((float)c.D); p->causal = c.causal; p->kernel = kernel;
     p->window = c.win; p->window_left = c.win ? c.wl : 0; p->window_right = c.win ? c.wr : 0;
     p->deterministic = bwd_deterministic();
+    p->Dv = c.Dv;
 }
 
 // Absolute floor of the backward's error bound (times the dtype tolerance),
@@ -306,14 +310,17 @@ static void fill_bwd_params(fc_attn_bwd_params* p, const Case& c, const void* q,
 // its own max of about 1e-5.
 static const double BWD_ATOL_SCALE = 1e-2;
 
-// max |gpu - cpu| of one gradient, max |cpu| and the non-finite GPU values.
+// max |gpu - cpu| of one gradient (rows of D elements, the first cols of each), max |cpu| and the
+// non-finite GPU values.
 struct GradErr {
     double max_err = 0, max_ref = 0;
     size_t nan = 0;
 };
-static GradErr grad_err(const std::vector<uint16_t>& g, const std::vector<float>& ref, fc_dtype dt) {
+static GradErr grad_err(const std::vector<uint16_t>& g, const std::vector<float>& ref, fc_dtype dt, int D,
+                        int cols) {
     GradErr e;
     for (size_t i = 0; i < g.size(); ++i) {
+        if ((int)(i % D) >= cols) continue;
         const float x = from_bits(g[i], dt);
         e.max_ref = std::max(e.max_ref, (double)fabsf(ref[i]));
         if (!std::isfinite(x)) { ++e.nan; continue; }
@@ -398,14 +405,14 @@ static bool check_bwd_case(const Case& c, fc_kernel kernel, std::mt19937& rng) {
 
     // Bound: max|gpu - cpu| <= tol * (max|cpu| + BWD_ATOL_SCALE), per gradient.
     const double tol = c.dtype == FC_DTYPE_FP16 ? 2e-2 : 4e-2;
-    const GradErr eq = grad_err(oq[0], rq, c.dtype), ek = grad_err(ok_[0], rk, c.dtype),
-                  ev = grad_err(ov[0], rv, c.dtype);
+    const GradErr eq = grad_err(oq[0], rq, c.dtype, c.D, c.D), ek = grad_err(ok_[0], rk, c.dtype, c.D, c.D),
+                  ev = grad_err(ov[0], rv, c.dtype, c.D, c.Dv ? c.Dv : c.D);
     auto within = [&](const GradErr& e) { return e.nan == 0 && e.max_err <= tol * (e.max_ref + BWD_ATOL_SCALE); };
     const bool kv_same = ok_[0] == ok_[1] && ov[0] == ov[1], q_same = oq[0] == oq[1];
     const bool pass = within(eq) && within(ek) && within(ev) && kv_same && (q_same || !bp.deterministic);
-    printf("%s B=%d Hq=%d Hkv=%d Sq=%d Sk=%d D=%d causal=%d %s%s%s  err/max dq %.1e (max %.2e) dk %.1e (max %.2e) "
+    printf("%s B=%d Hq=%d Hkv=%d Sq=%d Sk=%d D=%d Dv=%d causal=%d %s%s%s  err/max dq %.1e (max %.2e) dk %.1e (max %.2e) "
            "dv %.1e (max %.2e) nan=%zu/%zu/%zu rerun dk,dv=%s dq=%s\n",
-           pass ? "PASS" : "FAIL", c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, (int)c.causal,
+           pass ? "PASS" : "FAIL", c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, c.Dv ? c.Dv : c.D, (int)c.causal,
            c.dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", c.bshd ? " bshd" : "", c.dlse ? " dlse" : "",
            eq.max_err / std::max(eq.max_ref, 1e-30), eq.max_ref, ek.max_err / std::max(ek.max_ref, 1e-30), ek.max_ref,
            ev.max_err / std::max(ev.max_ref, 1e-30), ev.max_ref, eq.nan, ek.nan, ev.nan, kv_same ? "same" : "DIFFER",
@@ -442,6 +449,16 @@ static int run_check_bwd(fc_kernel kernel, bool small) {
         // one query block per head: items that walk one block or none, back to back (the Hopper
         // kernel takes the next item at an item's start and loads it from its only block)
         cases.push_back({2, 8, 8, 100, 2100, 64, m, FC_DTYPE_BF16, false});
+        // v's own head dim (the sm90 kernel at D > 128; others refuse it): MLA's 192 / 128, and 256 / 64
+        // with dlse on (B, S, H, D) views, and several items per CTA
+        const Case own[3] = {{2, 4, 2, 190, 150, 192, m, FC_DTYPE_FP16, false},
+                             {1, 4, 1, 100, 333, 256, m, FC_DTYPE_BF16, true, true},
+                             {2, 8, 8, 700, 2100, 192, m, FC_DTYPE_BF16, false}};
+        for (int i = 0; i < 3; ++i)
+            if (kernel == FC_KERNEL_SM90) {
+                cases.push_back(own[i]);
+                cases.back().Dv = i == 1 ? 64 : 128;
+            }
     }
     for (int D : {64, 128, 256})  // sliding windows (WINDOW_CASES), GQA 4:1
         for (const auto& w : WINDOW_CASES) {
