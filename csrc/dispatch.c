@@ -275,6 +275,15 @@ static void check_dv(fc_reasons* rp, int Dv, int D) {
              "as D) or a multiple of 8 from 8 to D (pad v, or q and k, to one head dim)", Dv, D);
 }
 
+/* A Dv other than D on GPU kernel k: only the sm90 kernels at D > 128 take it (forward and backward);
+ * `what` names the refused kernel's pass ("kernel", "backward"), `fix` the padding that replaces it. */
+static void check_dv_kernel(fc_reasons* rp, int Dv, int D, fc_kernel k, const char* what, const char* fix) {
+    if (Dv != 0 && Dv != D && !(k == FC_KERNEL_SM90 && D > 128))
+        fail(rp, FC_ERR_UNSUPPORTED_HEAD_DIM, "Dv: v's head dim %d differs from D=%d, which the %s %s does not "
+             "run (the CPU kernel does, and the sm90 kernel at D > 128); %s", Dv, D,
+             k == FC_KERNEL_SM90 ? "sm90 (at D <= 128)" : "sm80", what, fix);
+}
+
 /* Every check; the workspace is checked only when check_workspace is set
  * (the size queries run before the caller has one). On FC_OK, *c says which
  * kernel runs and how. */
@@ -339,10 +348,7 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
 
     /* GPU kernels */
     const int own_dv = FC_DV(*p) != p->D;  /* v's head dim is not D: the sm90 tile kernel at D > 128 only */
-    if (own_dv && !(k == FC_KERNEL_SM90 && p->D > 128))
-        fail(&r, FC_ERR_UNSUPPORTED_HEAD_DIM, "Dv: v's head dim %d differs from D=%d, which the %s kernel does not "
-             "run (the CPU kernel does, and the sm90 kernel at D > 128); pad v to D and cut o's extra columns",
-             p->Dv, p->D, k == FC_KERNEL_SM90 ? "sm90 (at D <= 128)" : "sm80");
+    check_dv_kernel(&r, p->Dv, p->D, k, "kernel", "pad v to D and cut o's extra columns");
     if (p->dtype == FC_DTYPE_FP32)
         fail(&r, FC_ERR_UNSUPPORTED_DTYPE, "dtype: fp32 runs only on the CPU; use fp16 or bf16 on the GPU");
     if (((int64_t)p->Sq + 63) / 64 * p->B * p->Hq > FC_GRID_X_MAX)  /* 64: the smallest BR */
@@ -609,10 +615,7 @@ static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int
     const fc_kernel k = bwd_pick(p, c.dev);
     if (kernel) *kernel = k;
     if (dev) *dev = c.dev;
-    if (FC_DV(*p) != p->D && !(k == FC_KERNEL_SM90 && p->D > 128))
-        fail(rp, FC_ERR_UNSUPPORTED_HEAD_DIM, "Dv: v's head dim %d differs from D=%d, which the %s backward does "
-             "not run (the CPU kernel does, and the sm90 kernel at D > 128); pad v, o and dout to D and cut dv's "
-             "extra columns", p->Dv, p->D, k == FC_KERNEL_SM90 ? "sm90 (at D <= 128)" : "sm80");
+    check_dv_kernel(rp, p->Dv, p->D, k, "backward", "pad v, o and dout to D and cut dv's extra columns");
     bwd_device_reasons(rp, k, p->D, c.dev);
     if ((int64_t)p->B * p->Hkv * ((p->Sk + FC_BWD_KEYS_PER_CTA - 1) / FC_BWD_KEYS_PER_CTA) > FC_GRID_X_MAX)
         fail(rp, FC_ERR_INVALID_SHAPE, "shape: B=%d x Hkv=%d x Sk=%d needs more than 2^31-1 thread blocks; "

@@ -147,7 +147,7 @@ def _own_dv_op(query, key, value, is_causal, causal, causal_alignment, kernel, n
     # data to check; the padded call is traced) or for tensors only the dispatcher runs (vmap, subclasses).
     # Arguments the call refuses give False here, and the padded call raises for them.
     ts = (query, key, value)
-    if torch.compiler.is_compiling() or not all(type(t) is torch.Tensor for t in ts) or not _strided(ts):
+    if not _plain_eager(ts) or not _strided(ts):
         return False
     if not all(t.dim() == 4 for t in ts) or value.shape[3] == query.shape[3] or \
             not _one_call(query, key, value, any_dv=True):
@@ -158,6 +158,11 @@ def _own_dv_op(query, key, value, is_causal, causal, causal_alignment, kernel, n
         return bool(_C.native_dv(q, k, v, mode, KERNELS[kernel], num_splits or 0, None if win is None else list(win)))
     except (TypeError, ValueError, KeyError, RuntimeError):  # (RuntimeError: a wrapper's data, under vmap)
         return False
+
+
+def _plain_eager(ts):
+    # Plain tensors outside a torch.compile trace: data the binding's native_dv checks can read.
+    return not torch.compiler.is_compiling() and all(type(t) is torch.Tensor for t in ts)
 
 
 def _strided(ts):
@@ -436,7 +441,7 @@ def _pad_cols(t, d):
 def _native_dv_bwd(query, key, value, ctx, det, window):
     # Whether the backward runs with v's own head dim (_C.native_dv_bwd); never while torch.compile traces
     # (fake tensors have no data to check; the padded backward is traced) nor for wrapper tensors.
-    if torch.compiler.is_compiling() or not all(type(t) is torch.Tensor for t in (query, key, value)):
+    if not _plain_eager((query, key, value)):
         return False
     return bool(_C.native_dv_bwd(query, key, value, ctx.causal_mode, KERNELS[ctx.kernel], det, window))
 
