@@ -412,7 +412,13 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
             // dQ pieces (64 x 64) = dS[rows of the slab, all BC keys] K[all keys, columns of the slab].
 #pragma unroll
             for (int c = 0; c < Tile::DQ_PIECES; ++c) {
-                if (!dq_live(c)) break;  // (its columns are past D: the accumulator's zeros stand)
+                if (!dq_live(c)) {  // (its columns are past D: the accumulator's zeros stand)
+                    // No work; the barrier keeps the two warpgroups' counts of their own barriers per block equal:
+                    // with them unequal compute-sanitizer's racecheck reported hazards across the exchange's and
+                    // the CTA's barriers (perf notes, session 79). It orders nothing.
+                    named_barrier_sync(BWD_BAR_WG0 + wg, FC_WG_THREADS);
+                    continue;
+                }
                 if (SPLIT_D && c > 0) __syncwarp();  // thread 0's reduction below reconverged before the next wgmma
                 float dq[Tile::DQ_COLS / 2];
                 {

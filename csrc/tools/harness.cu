@@ -10,7 +10,8 @@
 //                                     FC_DETERMINISTIC=1 makes the calls deterministic (dq must rerun
 //                                     bit-identical; bench-bwd times them so too)
 //   build/harness bench-bwd [kernel] [B Hq Hkv Sq Sk D causal reps]
-//                                     backward TFLOP/s (2.5x the forward's FLOPs), fp16, CUDA events
+//                                     backward TFLOP/s (2.5x the forward's FLOPs), fp16, CUDA events;
+//                                     FC_DV=128 gives the case of args v's own head dim
 //   build/harness shape kernel B Hq Hkv Sq Sk D causal reps [flush]
 //                                     (shape, host and bench-bwd: FC_WINDOW=left,right adds a window)
 //                                     times one fp16 case (for ncu or a quick A/B); flush before
@@ -640,7 +641,8 @@ static int run_host(const Case& c, fc_kernel kernel) {
 // calls with Sq = Sk and no window; otherwise 4 B Hq D times the (query, key)
 // pairs the mask leaves visible (kernels.h's fc_band: the causal mode, and the window).
 static double case_flops(const Case& c) {
-    const double full = 4.0 * c.B * c.Hq * (double)c.Sq * c.Sk * c.D;
+    const double dd = c.D + (c.Dv ? c.Dv : c.D);  // two matmuls: QK^T over D, PV over Dv
+    const double full = 2.0 * c.B * c.Hq * (double)c.Sq * c.Sk * dd;
     if (!c.win && c.causal == FC_CAUSAL_NONE) return full;
     if (!c.win && c.Sq == c.Sk) return full / 2;
     const fc_band b = fc_band_make(c.causal, c.win, c.wl, c.wr, c.Sq, c.Sk);
@@ -650,7 +652,7 @@ static double case_flops(const Case& c) {
         const long long hi = b.has_hi ? std::min((long long)c.Sk - 1, i + b.hi) : c.Sk - 1;
         seen += hi >= lo ? (double)(hi - lo + 1) : 0;
     }
-    return 4.0 * c.B * c.Hq * c.D * seen;
+    return 2.0 * c.B * c.Hq * dd * seen;
 }
 
 static void print_time(const Case& c, double us) {
@@ -768,7 +770,8 @@ static void print_bwd_time(const Case& c, double us) {
 static int run_bench_bwd(fc_kernel kernel, int argc, char** argv) {
     print_header();
     if (argc == 11) {
-        const Case c = case_from_args(argv + 3);
+        Case c = case_from_args(argv + 3);
+        if (const char* e = getenv("FC_DV")) c.Dv = atoi(e);  // v's own head dim (0: D)
         const double us = time_bwd_case(c, kernel, atoi(argv[10]));
         print_bwd_time(c, us);
         return us < 0;
