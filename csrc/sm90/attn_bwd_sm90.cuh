@@ -58,7 +58,9 @@
 //     retired by then, and by both warpgroups' S^T and dP^T, retired before
 //     the CTA barrier. The ring then needs the reductions' reads done before a
 //     slot is refilled, which the staging of DP <= 128 needs before its own
-//     reuse: the same wait.
+//     reuse: the same wait. Where warpgroup 1 has no dV and one piece of its
+//     own (D <= 192, Dv <= 128: MLA), it takes warpgroup 0's second piece and
+//     stages it over slab 3, which only its own dK wgmma reads.
 //  3. attn_bwd_post_kernel (bwd_rows.cuh): dQ = scale * accumulator (pieces), in dtype.
 // dK and dV are bit-reproducible (a fixed order inside one CTA); dQ's
 // reductions across key blocks are too when the call is deterministic: then
@@ -231,10 +233,20 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
         }
     };
     // dQ piece c of this warpgroup: dS^T's column slab (query rows) and K's column slab (head-dim columns).
+    // SPLIT_D with D <= 192 and Dv <= 128 (MLA's 192 / 128): warpgroup 1 has no dV and one live piece of its
+    // own, so it takes warpgroup 0's second (columns 64-127) and stages it over slab 3, whose Q and dO
+    // only its own dK wgmma reads (retired by its first piece's wait): per block and 64 keys the
+    // warpgroups issue dV 2 + dK 2 + dQ 1 and dK 2 + dQ 2 slabs of wgmma, where they issued 6 and 3.
+    const bool dq_moved = SPLIT_D && p.D <= 3 * FC_SLAB_COLS && dv_cols <= 2 * FC_SLAB_COLS;
     const int dq_row_slab = BR == 128 ? wg : 0;
-    auto dq_col_slab = [&](int c) { return SPLIT_D ? wg * Tile::DQ_PIECES + c : DP == 128 ? wg : 0; };
+    auto dq_col_slab = [&](int c) {
+        return SPLIT_D ? (dq_moved && wg == 1 && c == 1 ? 1 : wg * Tile::DQ_PIECES + c) : DP == 128 ? wg : 0;
+    };
+    auto dq_stage_slab = [&](int c) { return dq_moved && wg == 1 && c == 1 ? 3 : dq_col_slab(c); };
     // (c = 0 always: at DP = 256 D > 128, so each warpgroup's first piece holds columns of D)
-    auto dq_live = [&](int c) { return !SPLIT_D || c == 0 || dq_col_slab(c) * FC_SLAB_COLS < p.D; };
+    auto dq_live = [&](int c) {
+        return !SPLIT_D || c == 0 || (dq_moved ? wg == 1 : dq_col_slab(c) * FC_SLAB_COLS < p.D);
+    };
 
     unsigned n0 = 0;        // the CTA's blocks before this item's
     unsigned busy = 0;      // the CTA's items before this one that walk any block (K buffer and k_bar parity)
@@ -412,7 +424,7 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
             // dQ pieces (64 x 64) = dS[rows of the slab, all BC keys] K[all keys, columns of the slab].
 #pragma unroll
             for (int c = 0; c < Tile::DQ_PIECES; ++c) {
-                if (!dq_live(c)) {  // (its columns are past D: the accumulator's zeros stand)
+                if (!dq_live(c)) {  // (its columns are past D, or warpgroup 1 took it: dq_moved)
                     // No work; the barrier keeps the two warpgroups' counts of their own barriers per block equal:
                     // with them unequal compute-sanitizer's racecheck reported hazards across the exchange's and
                     // the CTA's barriers (perf notes, session 79). It orders nothing.
@@ -436,8 +448,8 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                 fence_regs(dk);
                 fence_regs(dv);
                 // dq[2 j + e] (j = 2 nt + hr) at float 2 (128 j + t) + e of the piece (bwd_piece_offset).
-                // SPLIT_D: in the slot, over Q's slab of the piece's columns and the dO slab after it.
-                const uint32_t stage = SPLIT_D ? q_s + dq_col_slab(c) * QDO_SLAB_STEP : sDQ + wg * Tile::DQ_STAGE;
+                // SPLIT_D: in the slot, over Q's slab of the piece's columns (dq_stage_slab) and the dO slab after it.
+                const uint32_t stage = SPLIT_D ? q_s + dq_stage_slab(c) * QDO_SLAB_STEP : sDQ + wg * Tile::DQ_STAGE;
 #pragma unroll
                 for (int j = 0; j < Tile::DQ_COLS / 4; ++j)
                     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(stage + (j * FC_WG_THREADS + t) * 8),
