@@ -52,7 +52,7 @@
 //     stores the P^T and dS^T of its 32 rows (16-bit) into shared memory; after the
 //     CTA barrier dV += P^T dO and dK += dS^T Q read both operands from shared
 //     memory (its 128 columns of dO and Q), and its dQ is two 64 x 64 pieces
-//     (its 128 columns), staged in the block's own Q / dO slot: there Q's and
+//     (its 128 columns; see MLA's below), staged in the block's own Q / dO slot: there Q's and
 //     dO's 64-column slabs alternate, and the slabs a piece overwrites (one of
 //     Q, one of dO: 16 KB) are read only by this warpgroup's dK, dV wgmmas,
 //     retired by then, and by both warpgroups' S^T and dP^T, retired before
@@ -60,7 +60,7 @@
 //     slot is refilled, which the staging of DP <= 128 needs before its own
 //     reuse: the same wait. Where warpgroup 1 has no dV and one piece of its
 //     own (D <= 192, Dv <= 128: MLA), it takes warpgroup 0's second piece and
-//     stages it over slab 3, which only its own dK wgmma reads.
+//     stages it over slab 3 (Q's slab 3 only its own dK wgmma reads; dO's none).
 //  3. attn_bwd_post_kernel (bwd_rows.cuh): dQ = scale * accumulator (pieces), in dtype.
 // dK and dV are bit-reproducible (a fixed order inside one CTA); dQ's
 // reductions across key blocks are too when the call is deterministic: then
@@ -209,7 +209,8 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     const int q_off = SPLIT_D ? wg * QW : 0;  // first query row (of a block) of this warpgroup's S^T columns
     // SPLIT_D: v's own head dim Dv <= D (dO, V and dV have Dv columns; TMA loads those past it as zeros). The
     // slabs of S^T's (warpgroup 0: D's) or dP^T's (warpgroup 1: Dv's) products that hold any column; this
-    // warpgroup's dV columns hold none where its first is past Dv, its dQ piece's where its first is past D.
+    // warpgroup's dV columns hold none where its first is past Dv, its dQ piece's where its first is past D
+    // (or, dq_moved below, where the other warpgroup computes it).
     const int dv_cols = FC_DV(p);
     const int k_slabs = ((wg ? dv_cols : p.D) + FC_SLAB_COLS - 1) / FC_SLAB_COLS;
     const bool dv_live = !SPLIT_D || dh_slab * FC_SLAB_COLS < dv_cols;
@@ -234,9 +235,10 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     };
     // dQ piece c of this warpgroup: dS^T's column slab (query rows) and K's column slab (head-dim columns).
     // SPLIT_D with D <= 192 and Dv <= 128 (MLA's 192 / 128): warpgroup 1 has no dV and one live piece of its
-    // own, so it takes warpgroup 0's second (columns 64-127) and stages it over slab 3, whose Q and dO
-    // only its own dK wgmma reads (retired by its first piece's wait): per block and 64 keys the
-    // warpgroups issue dV 2 + dK 2 + dQ 1 and dK 2 + dQ 2 slabs of wgmma, where they issued 6 and 3.
+    // own, so it takes warpgroup 0's second (columns 64-127) and stages it over slab 3, whose Q only its
+    // own dK wgmma reads (retired by its first piece's wait) and whose dO nothing: after the CTA barrier,
+    // per block and 64 keys, the warpgroups issue dV 2 + dK 2 + dQ 1 and dK 2 + dQ 2 slabs of wgmma,
+    // where they issued 6 and 3 (before it, S^T's 3 and dP^T's 2 stay).
     const bool dq_moved = SPLIT_D && p.D <= 3 * FC_SLAB_COLS && dv_cols <= 2 * FC_SLAB_COLS;
     const int dq_row_slab = BR == 128 ? wg : 0;
     auto dq_col_slab = [&](int c) {
@@ -443,12 +445,14 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
                                            kk > 0);
                     wgmma_commit();
                 }
-                wgmma_wait<0>();  // dQ, and this block's dV and dK (their A registers and the slot are free)
+                wgmma_wait<0>();  // dQ, and this block's dV and dK (their operands' registers or shared memory
+                                  // and the slot are free)
                 fence_regs(dq);
                 fence_regs(dk);
                 fence_regs(dv);
                 // dq[2 j + e] (j = 2 nt + hr) at float 2 (128 j + t) + e of the piece (bwd_piece_offset).
-                // SPLIT_D: in the slot, over Q's slab of the piece's columns (dq_stage_slab) and the dO slab after it.
+                // SPLIT_D: in the slot, over Q's slab dq_stage_slab (the piece's columns' own, but slab 3 for
+                // warpgroup 1's moved piece) and the dO slab after it.
                 const uint32_t stage = SPLIT_D ? q_s + dq_stage_slab(c) * QDO_SLAB_STEP : sDQ + wg * Tile::DQ_STAGE;
 #pragma unroll
                 for (int j = 0; j < Tile::DQ_COLS / 4; ++j)
