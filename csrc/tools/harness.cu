@@ -1,12 +1,12 @@
 // harness.cu -- standalone check and timing of the flashcore kernels, no torch.
 //
 //   build/harness check [kernel] [small]  correctness grid vs the C CPU path (fp32 inputs, fp64 sums);
-//                                     `small` keeps the cases small enough for compute-sanitizer
+//                                     `small` keeps the cases small enough for compute-sanitizer;
+//                                     FC_CHECK_D=192 keeps the cases of one head dim (check, check-bwd)
 //   build/harness bench [kernel]      TFLOP/s on the standard grid (CUDA events, median of runs)
 //   build/harness check-bwd [kernel] [small]
 //                                     backward: GPU forward for O and LSE, then fc_attn_bwd on the
 //                                     kernel against the CPU path (same values in fp32), twice;
-//                                     FC_CHECK_D=256 keeps the cases of one head dim (compute-sanitizer);
 //                                     FC_DETERMINISTIC=1 makes the calls deterministic (dq must rerun
 //                                     bit-identical; bench-bwd times them so too)
 //   build/harness bench-bwd [kernel] [B Hq Hkv Sq Sk D causal reps]
@@ -63,8 +63,8 @@ struct Case {
     bool dlse = false;  // backward only: pass a random LSE gradient too
     bool win = false;   // a sliding window (fc_attn_params' window; causal names its diagonal)
     int wl = 0, wr = 0; // window_left, window_right
-    int Dv = 0;         // backward cases: v's own head dim (0: D); v, o, dout and dv keep rows of D
-                        // elements, of which the first Dv are read and written
+    int Dv = 0;         // v's own head dim (0: D); v, o, dout and dv keep rows of D elements, of
+                        // which the first Dv are read and written
 };
 
 // FC_WINDOW="left,right" gives the cases of shape, host and bench-bwd a window (ab.sh passes it on).
@@ -168,9 +168,14 @@ static bool check_case(const Case& c, fc_kernel kernel, std::mt19937& rng) {
     if (!ok) return false;
 
     const float tol = c.dtype == FC_DTYPE_FP16 ? 4e-3f : 3e-2f;  // abs, on O(1) outputs; P is rounded to dtype
+    const int dv_cols = c.Dv ? c.Dv : c.D;
     double max_err = 0, max_lse_err = 0;
     size_t bad = 0, nan = 0, lse_bad = 0;
     for (size_t i = 0; i < nq; ++i) {
+        if ((int)(i % c.D) >= dv_cols) {  // o's columns past Dv: never written (the poison stands)
+            if (out[0][i] != 0xffff) ++bad;
+            continue;
+        }
         const float g = from_bits(out[0][i], c.dtype);
         if (!std::isfinite(g)) { ++nan; continue; }
         const double e = fabs((double)g - ref[i]);
@@ -188,9 +193,9 @@ static bool check_case(const Case& c, fc_kernel kernel, std::mt19937& rng) {
     }
     const bool same = out[0] == out[1] && memcmp(lse[0].data(), lse[1].data(), nlse * 4) == 0;
     const bool pass = bad == 0 && nan == 0 && lse_bad == 0 && same;
-    printf("%s B=%d Hq=%d Hkv=%d Sq=%d Sk=%d D=%d causal=%d %s%s%s  max_err=%.2e lse_err=%.2e bad=%zu nan=%zu "
+    printf("%s B=%d Hq=%d Hkv=%d Sq=%d Sk=%d D=%d Dv=%d causal=%d %s%s%s  max_err=%.2e lse_err=%.2e bad=%zu nan=%zu "
            "lse_bad=%zu rerun=%s\n",
-           pass ? "PASS" : "FAIL", c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, (int)c.causal,
+           pass ? "PASS" : "FAIL", c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, dv_cols, (int)c.causal,
            c.dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", c.bshd ? " bshd" : "",
            c.win ? (" window=" + std::to_string(c.wl) + "," + std::to_string(c.wr)).c_str() : "", max_err,
            max_lse_err, bad, nan, lse_bad, same ? "same" : "DIFFERS");
@@ -204,6 +209,17 @@ static const int WINDOW_CASES[][4] = {{1000, 1000, 255, 0}, {113, 203, 40, 17}, 
 
 // small: only cases with Sq * Sk <= SMALL_CASE (for compute-sanitizer runs).
 static constexpr long SMALL_CASE = 120000;
+
+// FC_CHECK_D=192 keeps the cases of that head dim D (compute-sanitizer runs of one kernel); false
+// (after a message) if it is not a number > 0.
+static bool keep_head_dim(std::vector<Case>& cases) {
+    const char* only_d = getenv("FC_CHECK_D");
+    if (!only_d) return true;
+    const int d = atoi(only_d);
+    if (d <= 0) { printf("FC_CHECK_D=%s: not a head dim\n", only_d); return false; }
+    cases.erase(std::remove_if(cases.begin(), cases.end(), [d](const Case& c) { return c.D != d; }), cases.end());
+    return true;
+}
 
 static int run_check(fc_kernel kernel, bool small) {
     std::mt19937 rng(1234);
@@ -259,10 +275,31 @@ static int run_check(fc_kernel kernel, bool small) {
                 c.win = true; c.wl = w[2]; c.wr = w[3];
                 cases.push_back(c);
             }
+    // v's own head dim (the sm90 kernels at D > 128; others refuse it): MLA's 192 / 128 on its own tile
+    // (GQA, a (B, S, H, D) view, several tiles per head, a window), 256 / 64 and 184 / 136 on D = 256's
+    if (kernel == FC_KERNEL_SM90)
+        for (fc_causal m : modes) {
+            const Case own[5] = {{2, 8, 2, 200, 333, 192, m, FC_DTYPE_FP16, false},
+                                 {1, 8, 2, 129, 70, 192, m, FC_DTYPE_BF16, true},
+                                 {2, 16, 4, 1024, 1100, 192, m, FC_DTYPE_FP16, false},
+                                 {1, 4, 1, 150, 170, 256, m, FC_DTYPE_BF16, false},
+                                 {2, 4, 2, 190, 150, 184, m, FC_DTYPE_FP16, false}};
+            const int dvs[5] = {128, 128, 128, 64, 136};
+            for (int i = 0; i < 5; ++i) {
+                cases.push_back(own[i]);
+                cases.back().Dv = dvs[i];
+            }
+            if (m != FC_CAUSAL_NONE) {
+                Case c = {2, 8, 2, 300, 400, 192, m, FC_DTYPE_FP16, false};
+                c.Dv = 128; c.win = true; c.wl = 33; c.wr = 0;
+                cases.push_back(c);
+            }
+        }
     if (small)
         cases.erase(std::remove_if(cases.begin(), cases.end(),
                                    [](const Case& c) { return (long)c.Sq * c.Sk > SMALL_CASE; }),
                     cases.end());
+    if (!keep_head_dim(cases)) return 2;
     int fails = 0;
     for (const Case& c : cases) fails += !check_case(c, kernel, rng);
     printf("check: %zu cases, %d failed\n", cases.size(), fails);
@@ -472,11 +509,7 @@ static int run_check_bwd(fc_kernel kernel, bool small) {
         cases.erase(std::remove_if(cases.begin(), cases.end(),
                                    [](const Case& c) { return (long)c.Sq * c.Sk > SMALL_CASE; }),
                     cases.end());
-    if (const char* only_d = getenv("FC_CHECK_D")) {
-        const int d = atoi(only_d);
-        if (d <= 0) { printf("FC_CHECK_D=%s: not a head dim\n", only_d); return 2; }
-        cases.erase(std::remove_if(cases.begin(), cases.end(), [d](const Case& c) { return c.D != d; }), cases.end());
-    }
+    if (!keep_head_dim(cases)) return 2;
     int fails = 0;
     for (const Case& c : cases) fails += !check_bwd_case(c, kernel, rng);
     printf("check-bwd: %zu cases, %d failed\n", cases.size(), fails);
