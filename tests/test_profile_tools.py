@@ -1,5 +1,6 @@
-"""CPU checks of benchmarks/clocks.py's shape syntax and benchmarks/ncu_compare.py's
-reading of ncu's CSV (no GPU, no ncu: a saved CSV in ncu's format)."""
+"""CPU checks of benchmarks/clocks.py's shape syntax, benchmarks/ncu_compare.py's
+reading of ncu's CSV (no GPU, no ncu: a saved CSV in ncu's format) and scripts/sanitize.sh's
+verdicts (a stand-in compute-sanitizer)."""
 import importlib.util
 import pathlib
 import sys
@@ -80,3 +81,64 @@ def test_ncu_report_lists_and_sums_the_kernels_of_one_call(capsys):
     assert all(ln.startswith("grid fp16 shape0") for ln in out[1:5])
     assert out[4].split()[4] == "6.0" and "sum of the call's 3 kernels" in out[4]  # 1 + 2 + 3 us
     assert out[5].startswith("grid fp16 shape0") and out[5].split()[-1] == "kernB"
+
+
+# scripts/sanitize.sh's verdicts, with a stand-in compute-sanitizer that prints what the real one and the
+# harness print (no GPU, no toolkit needed).
+FAKE_SANITIZER = """#!/bin/bash
+tool=$2
+sleep "${FAKE_SLEEP:-0}"
+echo "check-bwd: 3 cases, ${FAKE_FAILED:-0} failed"
+if [ "$tool" = racecheck ]; then
+    echo "========= RACECHECK SUMMARY: ${FAKE_HAZARDS:-0} hazards displayed (${FAKE_HAZARDS:-0} errors, 0 warnings)"
+else
+    echo "========= ERROR SUMMARY: ${FAKE_ERRORS:-0} errors"
+fi
+echo "$@ FC_DETERMINISTIC=$FC_DETERMINISTIC" >> "$FAKE_CALLS"
+exit "${FAKE_RC:-0}"
+"""
+
+
+def run_sanitize(tmp_path, **env):
+    import os
+    import subprocess
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "compute-sanitizer"
+    fake.write_text(FAKE_SANITIZER)
+    fake.chmod(0o755)
+    harness = tmp_path / "harness"
+    harness.write_text("")
+    harness.chmod(0o755)
+    calls = tmp_path / "calls"
+    full = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HARNESS": str(harness),
+            "OUT": str(tmp_path / "out"), "FAKE_CALLS": str(calls), **env}
+    script = BENCH.parent / "scripts" / "sanitize.sh"
+    r = subprocess.run(["bash", str(script)], env=full, capture_output=True, text=True, timeout=60)
+    return r, (calls.read_text().splitlines() if calls.exists() else [])
+
+
+def test_sanitize_clean_runs_every_tool_and_run(tmp_path):
+    r, calls = run_sanitize(tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "every run clean" in r.stdout
+    assert len(calls) == 3 * 6  # racecheck, synccheck, memcheck x fwd/bwd, sm90/sm80, bwd deterministic
+    assert sum("check-bwd sm90 small FC_DETERMINISTIC=1" in c for c in calls) == 3
+    assert sum(" check sm80 small FC_DETERMINISTIC=0" in c for c in calls) == 3
+
+
+@pytest.mark.parametrize("env, why", [({"FAKE_HAZARDS": "25"}, "RACECHECK SUMMARY: 25 hazards"),
+                                      ({"FAKE_ERRORS": "2"}, "ERROR SUMMARY: 2 errors"),
+                                      ({"FAKE_FAILED": "1"}, "3 cases, 1 failed"),
+                                      ({"FAKE_RC": "3"}, "(rc 3)"),
+                                      ({"FAKE_SLEEP": "3", "FC_SANITIZE_TIMEOUT": "1"}, "TIMEOUT after 1 s")])
+def test_sanitize_fails_on_any_finding(tmp_path, env, why):
+    tools = "racecheck" if "FAKE_HAZARDS" in env else "memcheck"
+    r, _ = run_sanitize(tmp_path, FC_SANITIZE_TOOLS=tools, FC_SANITIZE_RUNS="bwd-sm90", **env)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"FAILED {tools} bwd-sm90" in r.stdout and why in r.stdout, r.stdout
+
+
+def test_sanitize_needs_a_harness(tmp_path):
+    r, calls = run_sanitize(tmp_path, HARNESS=str(tmp_path / "missing"))
+    assert r.returncode == 2 and "no harness" in r.stderr and not calls
