@@ -32,7 +32,8 @@ keys; S^T (warpgroup 0) and dP^T (1) read the whole slot and retire before the w
 other half of their columns through an exchange buffer, a named barrier between the stores and the
 reads; dV and dK after the CTA barrier read P^T, dS^T (one buffer of each: the exchange's barrier
 follows both warpgroups' last reads of the block before) and the half of the slot that warpgroup's
-columns live in, and its dQ is staged over that half, as are its dK and dV). Both `whole` layouts
+columns live in, and its dQ is staged over that half, as are its dK and dV; under MLA's head dims
+warpgroup 1 also stages warpgroup 0's second dQ piece, over slab 3: its own half). Both `whole` layouts
 stage dK and dV as DP = 128 does: dV in the warpgroup's tile of the last slot, dK in its dQ staging
 (DP = 64 uses the first alone, a subset). Not modelled:
 when thread 0 takes the next item from the counter (the model knows each CTA's item list; that the
