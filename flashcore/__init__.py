@@ -135,8 +135,7 @@ def _pad_head_dims(query, key, value, scale):
         raise ValueError(f"v: head dim {dv} exceeds {_C.MAX_HEAD_DIM}, the widest flashcore takes; split v's columns "
                          f"into calls of at most {_C.MAX_HEAD_DIM}")
     dp = max(d, -(-dv // 8) * 8)
-    pad = lambda t: torch.nn.functional.pad(t, (0, dp - t.shape[-1])) if t.shape[-1] < dp else t  # noqa: E731
-    return (pad(query), pad(key), pad(value), 1.0 / math.sqrt(d) if scale is None else scale,
+    return (*(_pad_cols(t, dp) for t in ts), 1.0 / math.sqrt(d) if scale is None else scale,
             lambda out, lse: (out[..., :dv].contiguous(), lse))
 
 
@@ -434,8 +433,9 @@ def _attention_backward(ctx, grad_out, grad_lse):
 
 
 def _pad_cols(t, d):
-    # t with zero columns appended up to d (the backward's padded v, out and grad_out).
-    return torch.nn.functional.pad(t, (0, d - t.shape[-1]))
+    # t with zero columns appended up to d, or t where it has d (v's own head dim padded: _pad_head_dims'
+    # q, k and v, the backward's v, out and grad_out).
+    return torch.nn.functional.pad(t, (0, d - t.shape[-1])) if t.shape[-1] < d else t
 
 
 def _native_dv_bwd(query, key, value, ctx, det, window):

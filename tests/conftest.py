@@ -156,6 +156,22 @@ def visible_mask(Sq, Sk, mode, device="cpu"):
     raise AssertionError(f"unknown causal mode {mode!r}")
 
 
+def band(Sq, Sk, causal, alignment, left, right, device):
+    """Bool (Sq, Sk): True where query i sees key j under a causal mode and a window (left, right;
+    None: no bound), the diagonal at 0 or (bottom_right) Sk - Sq."""
+    i = torch.arange(Sq, device=device).unsqueeze(1)
+    j = torch.arange(Sk, device=device).unsqueeze(0)
+    d = Sk - Sq if alignment == "bottom_right" else 0
+    vis = torch.ones(Sq, Sk, dtype=torch.bool, device=device)
+    if causal:
+        right = 0 if right is None else right
+    if left is not None:
+        vis &= j >= i + d - left
+    if right is not None:
+        vis &= j <= i + d + right
+    return vis
+
+
 def live_rows(Sq, Sk, mode):
     """range of query rows that see at least one key (a contiguous tail)."""
     if mode == "bottom_right" and Sq > Sk:

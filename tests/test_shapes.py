@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import flashcore
 
-from conftest import GPU_KERNELS, requires_gpu, visible_mask
+from conftest import GPU_KERNELS, band, requires_gpu, visible_mask
 
 D = 64
 SQ, SK = 37, 53  # odd, Sq != Sk
@@ -439,10 +439,7 @@ def test_v_head_dim_native_bwd(case, dims, dtype, monkeypatch):
     # against fp64: rows that see no key get dq = 0 and add nothing (their g is zeroed for SDPA, whose
     # fully masked rows are NaN, and their mask opened)
     G = Hq // Hkv
-    mask = visible_mask(sq, sk, alignment, "cuda")
-    if window is not None:
-        diag = 0 if alignment == "top_left" else sk - sq
-        mask &= torch.arange(sk, device="cuda") >= torch.arange(sq, device="cuda").unsqueeze(1) + diag - window[0]
+    mask = band(sq, sk, alignment is not None, alignment, *(window or (None, None)), "cuda")
     rows = mask.any(-1)
     mask |= ~rows.unsqueeze(1)
     qs, gs = q[:1, :G], g[:1, :G] * rows.unsqueeze(1).to(dtype)
@@ -478,12 +475,7 @@ def test_v_head_dim_native_orders(case, dtype):
     kw = dict(causal=alignment is not None, causal_alignment=alignment or "top_left", window=window)
     out = flashcore.attention(q, k, v, **kw)
     assert torch.equal(out, flashcore.attention(q, k, F.pad(v, (0, 64)), **kw)[..., :128])
-    i = torch.arange(sq, device="cuda").unsqueeze(1)
-    j = torch.arange(sk, device="cuda").unsqueeze(0)
-    diag = {None: 0, "top_left": 0, "bottom_right": sk - sq}[alignment]
-    mask = torch.ones(sq, sk, dtype=torch.bool, device="cuda") if alignment is None else j <= i + diag
-    if window is not None:
-        mask &= j >= i + diag - window[0]
+    mask = band(sq, sk, alignment is not None, alignment, *(window or (None, None)), "cuda")
     rows = mask.any(-1)
     qs, ks, vs, os = (t[:1, :2] for t in (q, k, v, out))  # (one batch entry, two heads)
     want = F.scaled_dot_product_attention(qs.double(), ks.double(), vs.double(), attn_mask=mask)

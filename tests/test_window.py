@@ -21,7 +21,7 @@ import flashcore
 from flashcore import _C
 
 import test_fuzz as fuzz
-from conftest import (EPS, GPU_KERNELS, LSE_ATOL, default_scale, dtype_id, expand_kv, make_qkv, ref_attention,
+from conftest import (EPS, GPU_KERNELS, LSE_ATOL, band, default_scale, dtype_id, expand_kv, make_qkv, ref_attention,
                       ref_dtype, requires_gpu)
 from test_backward import HALF_ULP, SM80_BWD_SMEM_D256, deterministic, maxerr
 
@@ -63,21 +63,6 @@ SMALL = [c for c in CASES if c[3] * c[4] <= 300 * 300]  # the CPU path's share
 def case_id(c):
     B, Hq, Hkv, Sq, Sk, causal, al, left, right = c
     return f"B{B}H{Hq}-{Hkv}q{Sq}k{Sk}-{'causal' if causal else 'full'}-{al}-w{left}_{right}"
-
-
-def band(Sq, Sk, causal, alignment, left, right, device):
-    """Bool (Sq, Sk): True where query i sees key j."""
-    i = torch.arange(Sq, device=device).unsqueeze(1)
-    j = torch.arange(Sk, device=device).unsqueeze(0)
-    d = Sk - Sq if alignment == "bottom_right" else 0
-    vis = torch.ones(Sq, Sk, dtype=torch.bool, device=device)
-    if causal:
-        right = 0 if right is None else right
-    if left is not None:
-        vis &= j >= i + d - left
-    if right is not None:
-        vis &= j <= i + d + right
-    return vis
 
 
 def call(q, k, v, c, kernel="auto", **kw):
