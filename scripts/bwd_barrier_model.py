@@ -13,6 +13,7 @@ DP = 128 dK in the dQ staging) for TMA stores that read them asynchronously. A r
 interleaves the warpgroups; TMA loads land, and bulk reductions finish reading, in any order and
 often late. Each run checks:
   - no deadlock;
+  - (`whole`) thread 0's wait on a slot's empty barrier before it refills the slot passes at once;
   - every read finds the tile it expects, landed (K, V of its item, the slot of its block, the
     dS^T buffer of its block from both warpgroups);
   - no write (TMA load, dS^T, staging or epilogue store) hits a buffer a wgmma, reduction or TMA
@@ -194,6 +195,11 @@ def run(layout, items, seed, bad=None):
     def tma(op):  # one arrival for (resource, tag) pairs that complete together
         _, pairs, bar = op
         for r, tag in pairs:
+            # `whole`: before it loads block n >= 2 into a slot, thread 0 waits on the slot's empty barrier
+            # for block n - 2's release; the kernel counts on that wait passing at once.
+            if layout == "whole" and r[0] == "slot" and len(r) == 2 and tag >= 2 \
+                    and not bars[("empty", r[1])].passes((tag // 2 + 1) & 1):
+                raise Violation(f"the load of block {tag} would wait on block {tag - 2}'s release")
             write(r, tag, "TMA")
             for x in res(r):
                 content[x] = (tag, False)

@@ -168,6 +168,11 @@ attn_bwd_sm90_kernel(const __grid_constant__ BwdSm90Args args) {
     auto load_block = [&](const BwdWalk& v, int j, unsigned n) {
         const int slot = n % STAGES, h = v.hk * v.G + j / v.per_head, row0 = (v.m_first + j % v.per_head) * BR;
         const uint32_t bar = full_bar(slot);
+        // EARLY_REFILL: both warpgroups released the slot's block before (n - STAGES). Every caller knows they
+        // did (the early refill's test, or a CTA barrier after both arrivals), so this returns at once; it
+        // makes each phase of the empty barrier one that a thread waited on before the next arrival, which
+        // compute-sanitizer's synccheck requires ("Missing wait" without it: perf notes, session 80).
+        if (EARLY_REFILL && n >= STAGES) mbar_wait(empty_bar(slot), (n / STAGES + 1) & 1);
         mbar_expect_tx(bar, 2 * Tile::QDO_TILE + 2 * Tile::VEC + (j == 0 ? Tile::KV_TILE : 0));
 #pragma unroll
         for (int s = 0; s < SLABS; ++s) {
