@@ -10,7 +10,11 @@
 # Runs: fwd-sm90, fwd-sm80 (`check KERNEL small`), bwd-sm90, bwd-sm80 (`check-bwd KERNEL small`) and
 # bwd-sm90-det, bwd-sm80-det (the same with FC_DETERMINISTIC=1). The sm90 runs need an sm_90 GPU.
 # Each run is logged to $OUT/sanitize/<tool>-<run>.log (OUT default /tmp/flashcore-out) and cut
-# off after FC_SANITIZE_TIMEOUT seconds (default 300). Why every run: a kernel path that only one
+# off after FC_SANITIZE_TIMEOUT seconds (default 300). FC_SANITIZE_JOBS (default 1) runs that many
+# at once, each verdict printed as its run ends: on an H100 (session 80) six at once took 230 s for
+# racecheck over fwd-sm80 and memcheck over the sm80 runs, racecheck's backward runs needed 230-350 s
+# each with four at once, and the 18 runs together more than one 10-minute device call (split them
+# with FC_SANITIZE_RUNS / FC_SANITIZE_TOOLS). Why every run: a kernel path that only one
 # head dim takes (D = 136..192 on the D = 256 backward tile, MLA's forward tile) can be racy where
 # the others are clean (perf notes, session 79), so the gate covers the harness's whole small grid.
 set -uo pipefail
@@ -20,6 +24,7 @@ HARNESS=${HARNESS:-build/harness}
 TOOLS=${FC_SANITIZE_TOOLS:-racecheck synccheck memcheck}
 RUNS=${FC_SANITIZE_RUNS:-fwd-sm90 fwd-sm80 bwd-sm90 bwd-sm80 bwd-sm90-det bwd-sm80-det}
 LIMIT=${FC_SANITIZE_TIMEOUT:-300}
+JOBS=${FC_SANITIZE_JOBS:-1}
 LOGS=${OUT:-/tmp/flashcore-out}/sanitize
 mkdir -p "$LOGS"
 if [ ! -x "$HARNESS" ]; then
@@ -50,19 +55,37 @@ verdict() {
     fi
 }
 
+# one TOOL RUN: the run under the tool; prints its verdict and leaves it in $LOGS/<tool>-<run>.verdict.
+one() {
+    local tool=$1 run=$2 pass kernel det mode detv log rc line
+    IFS=- read -r pass kernel det <<< "$run"
+    mode=check; [ "$pass" = bwd ] && mode=check-bwd
+    detv=0; [ "$det" = det ] && detv=1
+    log="$LOGS/$tool-$run.log"
+    FC_DETERMINISTIC=$detv timeout "$LIMIT" compute-sanitizer --tool "$tool" --error-exitcode 3 \
+        "$HARNESS" "$mode" "$kernel" small > "$log" 2>&1
+    rc=$?
+    if line=$(verdict "$log" "$tool" "$rc"); then
+        line="clean  $tool $run: $line"
+    else
+        line="FAILED $tool $run: $line (log $log)"
+    fi
+    echo "$line" > "$LOGS/$tool-$run.verdict"
+    echo "$line"
+}
+
+for tool in $TOOLS; do
+    for run in $RUNS; do
+        rm -f "$LOGS/$tool-$run.verdict"
+        while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+        one "$tool" "$run" &
+    done
+done
+wait
 bad=0
 for tool in $TOOLS; do
     for run in $RUNS; do
-        IFS=- read -r pass kernel det <<< "$run"
-        mode=check; [ "$pass" = bwd ] && mode=check-bwd
-        detv=0; [ "$det" = det ] && detv=1
-        log="$LOGS/$tool-$run.log"
-        FC_DETERMINISTIC=$detv timeout "$LIMIT" compute-sanitizer --tool "$tool" --error-exitcode 3 \
-            "$HARNESS" "$mode" "$kernel" small > "$log" 2>&1
-        rc=$?
-        line=$(verdict "$log" "$tool" "$rc")
-        ok=$?
-        if [ "$ok" -eq 0 ]; then echo "clean  $tool $run: $line"; else echo "FAILED $tool $run: $line (log $log)"; bad=1; fi
+        grep -q '^clean ' "$LOGS/$tool-$run.verdict" 2>/dev/null || bad=1
     done
 done
 if [ "$bad" -ne 0 ]; then echo "sanitize.sh: not clean" >&2; exit 1; fi

@@ -127,6 +127,19 @@ def test_sanitize_clean_runs_every_tool_and_run(tmp_path):
     assert sum(" check sm80 small FC_DETERMINISTIC=0" in c for c in calls) == 3
 
 
+def test_sanitize_jobs_run_at_once_and_all_count(tmp_path):
+    import time
+    t0 = time.monotonic()
+    r, calls = run_sanitize(tmp_path, FC_SANITIZE_JOBS="6", FAKE_SLEEP="1")
+    took = time.monotonic() - t0
+    assert r.returncode == 0 and "every run clean" in r.stdout, r.stdout + r.stderr
+    assert len(calls) == 18 and r.stdout.count("clean  ") == 18
+    assert took < 12, took  # three rounds of six one-second runs, not eighteen in a row
+    # one racecheck finding among the parallel runs still fails the gate
+    r, _ = run_sanitize(tmp_path, FC_SANITIZE_JOBS="4", FAKE_HAZARDS="1")
+    assert r.returncode == 1 and r.stdout.count("FAILED racecheck") == 6, r.stdout
+
+
 @pytest.mark.parametrize("env, why", [({"FAKE_HAZARDS": "25"}, "RACECHECK SUMMARY: 25 hazards"),
                                       ({"FAKE_ERRORS": "2"}, "ERROR SUMMARY: 2 errors"),
                                       ({"FAKE_FAILED": "1"}, "3 cases, 1 failed"),
