@@ -9,6 +9,10 @@
 #
 # Runs: fwd-sm90, fwd-sm80 (`check KERNEL small`), bwd-sm90, bwd-sm80 (`check-bwd KERNEL small`) and
 # bwd-sm90-det, bwd-sm80-det (the same with FC_DETERMINISTIC=1). The sm90 runs need an sm_90 GPU.
+# A `-paths` suffix (fwd-sm90-paths, bwd-sm90-paths, bwd-sm90-det-paths) takes the harness's `paths`
+# cases instead: larger ones that reach the schedules the small cases do not (several tiles or items
+# per CTA, CTA pairs, row plans; `harness cases check sm90 paths` lists them). Those are not in the
+# default set: their run time under each tool has not been measured yet.
 # Each run is logged to $OUT/sanitize/<tool>-<run>.log (OUT default /tmp/flashcore-out) and cut
 # off after FC_SANITIZE_TIMEOUT seconds (default 300). FC_SANITIZE_JOBS (default 1) runs that many
 # at once, each verdict printed as its run ends: on an H100 (session 80) six at once took 230 s for
@@ -57,13 +61,14 @@ verdict() {
 
 # one TOOL RUN: the run under the tool; prints its verdict and leaves it in $LOGS/<tool>-<run>.verdict.
 one() {
-    local tool=$1 run=$2 pass kernel det mode detv log rc line
-    IFS=- read -r pass kernel det <<< "$run"
+    local tool=$1 run=$2 pass kernel rest mode detv sel log rc line
+    IFS=- read -r pass kernel rest <<< "$run"
     mode=check; [ "$pass" = bwd ] && mode=check-bwd
-    detv=0; [ "$det" = det ] && detv=1
+    detv=0; [[ "-$rest-" == *-det-* ]] && detv=1
+    sel=small; [[ "-$rest-" == *-paths-* ]] && sel=paths
     log="$LOGS/$tool-$run.log"
     FC_DETERMINISTIC=$detv timeout "$LIMIT" compute-sanitizer --tool "$tool" --error-exitcode 3 \
-        "$HARNESS" "$mode" "$kernel" small > "$log" 2>&1
+        "$HARNESS" "$mode" "$kernel" "$sel" > "$log" 2>&1
     rc=$?
     if line=$(verdict "$log" "$tool" "$rc"); then
         line="clean  $tool $run: $line"

@@ -152,6 +152,15 @@ def test_sanitize_fails_on_any_finding(tmp_path, env, why):
     assert f"FAILED {tools} bwd-sm90" in r.stdout and why in r.stdout, r.stdout
 
 
+def test_sanitize_paths_runs_take_the_paths_cases(tmp_path):
+    r, calls = run_sanitize(tmp_path, FC_SANITIZE_TOOLS="synccheck",
+                            FC_SANITIZE_RUNS="fwd-sm90-paths bwd-sm90-det-paths bwd-sm80")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(c.split(" ", 5)[-1] for c in calls) == [
+        "check sm90 paths FC_DETERMINISTIC=0", "check-bwd sm80 small FC_DETERMINISTIC=0",
+        "check-bwd sm90 paths FC_DETERMINISTIC=1"]
+
+
 def test_sanitize_needs_a_harness(tmp_path):
     r, calls = run_sanitize(tmp_path, HARNESS=str(tmp_path / "missing"))
     assert r.returncode == 2 and "no harness" in r.stderr and not calls

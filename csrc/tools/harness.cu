@@ -1,10 +1,13 @@
 // harness.cu -- standalone check and timing of the flashcore kernels, no torch.
 //
-//   build/harness check [kernel] [small]  correctness grid vs the C CPU path (fp32 inputs, fp64 sums);
+//   build/harness check [kernel] [small|paths]
+//                                     correctness grid vs the C CPU path (fp32 inputs, fp64 sums);
 //                                     `small` keeps the cases small enough for compute-sanitizer;
+//                                     `paths` the larger ones that reach the Hopper kernels' schedules
+//                                     (persistent CTAs, CTA pairs, row plans, windows over many tiles)
 //                                     FC_CHECK_D=192 keeps the cases of one head dim (check, check-bwd)
 //   build/harness bench [kernel]      TFLOP/s on the standard grid (CUDA events, median of runs)
-//   build/harness check-bwd [kernel] [small]
+//   build/harness check-bwd [kernel] [small|paths]
 //                                     backward: GPU forward for O and LSE, then fc_attn_bwd on the
 //                                     kernel against the CPU path (same values in fp32), twice;
 //                                     FC_DETERMINISTIC=1 makes the calls deterministic (dq must rerun
@@ -18,6 +21,8 @@
 //                                     each launch: 0 none (default), 1 zero-fill (as do_bench), 2 read
 //   build/harness host kernel B Hq Hkv Sq Sk D causal
 //                                     host time of one fc_attn_fwd call (loops of back-to-back calls)
+//   build/harness cases check|check-bwd kernel [small|paths]
+//                                     lists the cases check or check-bwd would run (no GPU needed)
 //   build/harness trace sm90 B Hq Hkv Sq Sk D causal FILE
 //                                     (a -DFC_SM90_TRACE build) the Hopper kernel's timeline of one
 //                                     launch after an L2 flush, written to FILE (scripts/sm90_trace.py)
@@ -65,6 +70,7 @@ struct Case {
     int wl = 0, wr = 0; // window_left, window_right
     int Dv = 0;         // v's own head dim (0: D); v, o, dout and dv keep rows of D elements, of
                         // which the first Dv are read and written
+    bool path = false;  // one of the `paths` selection (see select_cases)
 };
 
 // FC_WINDOW="left,right" gives the cases of shape, host and bench-bwd a window (ab.sh passes it on).
@@ -210,6 +216,28 @@ static const int WINDOW_CASES[][4] = {{1000, 1000, 255, 0}, {113, 203, 40, 17}, 
 // small: only cases with Sq * Sk <= SMALL_CASE (for compute-sanitizer runs).
 static constexpr long SMALL_CASE = 120000;
 
+// Which cases of a grid run: all; `small` ones; or `paths`, the larger cases marked `path` (one dtype
+// of each: the schedules do not depend on it) and the windows past SMALL_CASE, which reach the
+// schedules small cases do not (several tiles or items per CTA, CTA pairs, row plans), for
+// compute-sanitizer runs of those.
+enum Select { SELECT_ALL, SELECT_SMALL, SELECT_PATHS };
+
+static Select select_from_arg(int argc, char** argv, int i) {
+    const std::string a = argc > i ? argv[i] : "";
+    return a == "small" ? SELECT_SMALL : a == "paths" ? SELECT_PATHS : SELECT_ALL;
+}
+
+static void select_cases(std::vector<Case>& cases, Select sel) {
+    auto small = [](const Case& c) { return (long)c.Sq * c.Sk <= SMALL_CASE; };
+    if (sel == SELECT_SMALL)
+        cases.erase(std::remove_if(cases.begin(), cases.end(), [&](const Case& c) { return !small(c); }),
+                    cases.end());
+    if (sel == SELECT_PATHS)
+        cases.erase(std::remove_if(cases.begin(), cases.end(),
+                                   [&](const Case& c) { return !(c.path || (c.win && !small(c))); }),
+                    cases.end());
+}
+
 // FC_CHECK_D=192 keeps the cases of that head dim D (compute-sanitizer runs of one kernel); false
 // (after a message) if it is not a number > 0.
 static bool keep_head_dim(std::vector<Case>& cases) {
@@ -221,8 +249,8 @@ static bool keep_head_dim(std::vector<Case>& cases) {
     return true;
 }
 
-static int run_check(fc_kernel kernel, bool small) {
-    std::mt19937 rng(1234);
+// The forward's correctness grid for kernel (v's own head dim on sm90 only).
+static std::vector<Case> check_cases(fc_kernel kernel) {
     std::vector<Case> cases;
     const fc_causal modes[3] = {FC_CAUSAL_NONE, FC_CAUSAL_TOP_LEFT, FC_CAUSAL_BOTTOM_RIGHT};
     const int lens[][2] = {{512, 512}, {1, 1}, {17, 17}, {97, 97}, {1000, 1000}, {1025, 1025},
@@ -238,6 +266,7 @@ static int run_check(fc_kernel kernel, bool small) {
             cases.push_back({2, 4, 4, 257, 300, 128, m, dt, true});     // strided (B, S, H, D) view
             cases.push_back({2, 8, 2, 130, 129, 128, m, dt, false});    // GQA 4:1
             cases.push_back({1, 4, 1, 64, 1100, 256, m, dt, false});    // MQA
+            const size_t first_path = cases.size();  // from here to the decode cases: `paths` (fp16)
             cases.push_back({3, 16, 4, 700, 900, 64, m, dt, false});    // more tiles than SMs (persistent CTAs)
             cases.push_back({2, 16, 8, 640, 700, 128, m, dt, false});   // sm90: 128-row tiles (no key split)
             cases.push_back({2, 8, 4, 600, 2100, 128, m, dt, false});   // sm90 D128: long rows (LONG instantiation)
@@ -261,11 +290,13 @@ static int run_check(fc_kernel kernel, bool small) {
             cases.push_back({1, 16, 4, 2200, 2100, 128, m, dt, false}); // sm90 D128 causal: merged last window
             cases.push_back({2, 16, 4, 600, 4100, 128, m, dt, false});  // sm90 D128 causal: windows capped to the L2
             cases.push_back({4, 32, 8, 550, 2300, 64, m, dt, false});   // sm90 D64 causal: the dynamic order, capped windows
+            for (size_t i = first_path; i < cases.size(); ++i) cases[i].path = dt == FC_DTYPE_FP16;
             cases.push_back({2, 32, 8, 1, 4100, 128, m, dt, false});    // decode: split-KV, GQA 4:1
             cases.push_back({1, 4, 1, 4, 1500, 256, m, dt, false});     // decode: Sq 4, MQA
         }
     // sm90 D64 causal in the dynamic order on 192-key K/V tiles (long rows, GQA)
     cases.push_back({4, 16, 4, 768, 8192, 64, FC_CAUSAL_BOTTOM_RIGHT, FC_DTYPE_FP16, false});
+    cases.back().path = true;
     for (int D : {8, 40, 72, 96, 136, 200, 248})
         cases.push_back({1, 2, 1, 150, 170, D, FC_CAUSAL_TOP_LEFT, FC_DTYPE_FP16, D % 16 == 8});
     for (int D : {64, 128, 256})
@@ -288,6 +319,7 @@ static int run_check(fc_kernel kernel, bool small) {
             for (int i = 0; i < 5; ++i) {
                 cases.push_back(own[i]);
                 cases.back().Dv = dvs[i];
+                cases.back().path = i == 2;  // several tiles per head
             }
             if (m != FC_CAUSAL_NONE) {
                 Case c = {2, 8, 2, 300, 400, 192, m, FC_DTYPE_FP16, false};
@@ -295,10 +327,13 @@ static int run_check(fc_kernel kernel, bool small) {
                 cases.push_back(c);
             }
         }
-    if (small)
-        cases.erase(std::remove_if(cases.begin(), cases.end(),
-                                   [](const Case& c) { return (long)c.Sq * c.Sk > SMALL_CASE; }),
-                    cases.end());
+    return cases;
+}
+
+static int run_check(fc_kernel kernel, Select sel) {
+    std::mt19937 rng(1234);
+    std::vector<Case> cases = check_cases(kernel);
+    select_cases(cases, sel);
     if (!keep_head_dim(cases)) return 2;
     int fails = 0;
     for (const Case& c : cases) fails += !check_case(c, kernel, rng);
@@ -458,8 +493,8 @@ static bool check_bwd_case(const Case& c, fc_kernel kernel, std::mt19937& rng) {
     return pass;
 }
 
-static int run_check_bwd(fc_kernel kernel, bool small) {
-    std::mt19937 rng(4321);
+// The backward's correctness grid for kernel.
+static std::vector<Case> check_bwd_cases(fc_kernel kernel) {
     std::vector<Case> cases;
     const fc_causal modes[3] = {FC_CAUSAL_NONE, FC_CAUSAL_TOP_LEFT, FC_CAUSAL_BOTTOM_RIGHT};
     const int lens[][2] = {{113, 203}, {203, 113}, {1, 300}, {300, 1}, {1000, 1025}, {512, 512}};
@@ -481,12 +516,14 @@ static int run_check_bwd(fc_kernel kernel, bool small) {
         cases.push_back({1, 4, 1, 100, 333, 200, m, FC_DTYPE_BF16, true, true});  // D = 200, MQA, with dlse
         // more key blocks than an H100 has SMs: the Hopper kernel's persistent CTAs take several
         // (top-left with Sq < Sk: the key blocks past Sq walk no query block)
+        const size_t first_path = cases.size();  // these four: `paths`
         cases.push_back({2, 8, 8, 700, 2100, 128, m, FC_DTYPE_FP16, false});
         cases.push_back({2, 8, 8, 700, 2100, 256, m, FC_DTYPE_BF16, true});
         cases.push_back({4, 8, 4, 1100, 1500, 64, m, FC_DTYPE_FP16, false, true});
         // one query block per head: items that walk one block or none, back to back (the Hopper
         // kernel takes the next item at an item's start and loads it from its only block)
         cases.push_back({2, 8, 8, 100, 2100, 64, m, FC_DTYPE_BF16, false});
+        for (size_t i = first_path; i < cases.size(); ++i) cases[i].path = true;
         // v's own head dim (the sm90 kernel at D > 128; others refuse it): MLA's 192 / 128, and 256 / 64
         // with dlse on (B, S, H, D) views, and several items per CTA
         const Case own[3] = {{2, 4, 2, 190, 150, 192, m, FC_DTYPE_FP16, false},
@@ -496,6 +533,7 @@ static int run_check_bwd(fc_kernel kernel, bool small) {
             if (kernel == FC_KERNEL_SM90) {
                 cases.push_back(own[i]);
                 cases.back().Dv = i == 1 ? 64 : 128;
+                cases.back().path = i == 2;  // several items per CTA
             }
     }
     for (int D : {64, 128, 256})  // sliding windows (WINDOW_CASES), GQA 4:1
@@ -505,10 +543,13 @@ static int run_check_bwd(fc_kernel kernel, bool small) {
             c.win = true; c.wl = w[2]; c.wr = w[3];
             cases.push_back(c);
         }
-    if (small)
-        cases.erase(std::remove_if(cases.begin(), cases.end(),
-                                   [](const Case& c) { return (long)c.Sq * c.Sk > SMALL_CASE; }),
-                    cases.end());
+    return cases;
+}
+
+static int run_check_bwd(fc_kernel kernel, Select sel) {
+    std::mt19937 rng(4321);
+    std::vector<Case> cases = check_bwd_cases(kernel);
+    select_cases(cases, sel);
     if (!keep_head_dim(cases)) return 2;
     int fails = 0;
     for (const Case& c : cases) fails += !check_bwd_case(c, kernel, rng);
@@ -820,17 +861,34 @@ static int run_bench_bwd(fc_kernel kernel, int argc, char** argv) {
     return 0;
 }
 
+// cases: the cases `check` or `check-bwd` would run (with the same selection and FC_CHECK_D), one per
+// line, without a GPU (which cases a sanitizer run will take, and how many).
+static int run_cases(const std::string& grid, const std::string& kname, Select sel) {
+    const fc_kernel kernel = kname == "sm80" ? FC_KERNEL_SM80 : kname == "sm90" ? FC_KERNEL_SM90 : FC_KERNEL_AUTO;
+    if (grid != "check" && grid != "check-bwd") { fprintf(stderr, "cases: check or check-bwd, not %s\n", grid.c_str()); return 2; }
+    std::vector<Case> cases = grid == "check" ? check_cases(kernel) : check_bwd_cases(kernel);
+    select_cases(cases, sel);
+    if (!keep_head_dim(cases)) return 2;
+    for (const Case& c : cases)
+        printf("B=%d Hq=%d Hkv=%d Sq=%d Sk=%d D=%d Dv=%d causal=%d %s%s%s\n", c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D,
+               c.Dv ? c.Dv : c.D, (int)c.causal, c.dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", c.bshd ? " bshd" : "",
+               c.win ? (" window=" + std::to_string(c.wl) + "," + std::to_string(c.wr)).c_str() : "");
+    printf("%s: %zu cases\n", grid.c_str(), cases.size());
+    return 0;
+}
+
 int main(int argc, char** argv) {
     setvbuf(stdout, nullptr, _IOLBF, 0);  // line-buffered: a log cut off by a timeout still shows the last case
     const std::string mode = argc > 1 ? argv[1] : "check";
     const std::string kname = argc > 2 ? argv[2] : "auto";
     const fc_kernel kernel = kname == "sm80" ? FC_KERNEL_SM80 : kname == "sm90" ? FC_KERNEL_SM90 : FC_KERNEL_AUTO;
+    if (mode == "cases" && argc >= 4) return run_cases(argv[2], argv[3], select_from_arg(argc, argv, 4));
     cudaDeviceProp prop;
     CUDA_OK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s (sm_%d%d), kernel=%s\n", prop.name, prop.major, prop.minor, kname.c_str());
-    if (mode == "check") return run_check(kernel, argc > 3 && std::string(argv[3]) == "small");
+    if (mode == "check") return run_check(kernel, select_from_arg(argc, argv, 3));
     if (mode == "bench") return run_bench(kernel);
-    if (mode == "check-bwd") return run_check_bwd(kernel, argc > 3 && std::string(argv[3]) == "small");
+    if (mode == "check-bwd") return run_check_bwd(kernel, select_from_arg(argc, argv, 3));
     if (mode == "bench-bwd" && (argc == 3 || argc == 11)) return run_bench_bwd(kernel, argc, argv);
     if (mode == "host" && argc == 10) return run_host(case_from_args(argv + 3), kernel);
 #ifdef FC_SM90_TRACE
@@ -845,9 +903,10 @@ int main(int argc, char** argv) {
         print_time(c, us);
         return us < 0;
     }
-    fprintf(stderr, "usage: harness check [auto|sm80|sm90] [small] | bench [auto|sm80|sm90] |\n"
-                    "       check-bwd [auto|sm80|sm90] [small] | bench-bwd [auto|sm80|sm90] [B Hq Hkv Sq Sk D causal(0,1,2) reps] |\n"
+    fprintf(stderr, "usage: harness check [auto|sm80|sm90] [small|paths] | bench [auto|sm80|sm90] |\n"
+                    "       check-bwd [auto|sm80|sm90] [small|paths] | bench-bwd [auto|sm80|sm90] [B Hq Hkv Sq Sk D causal(0,1,2) reps] |\n"
                     "       shape [auto|sm80|sm90] B Hq Hkv Sq Sk D causal(0,1,2) reps [flush: 0 none, 1 zero, 2 read] |\n"
-                    "       host [auto|sm80|sm90] B Hq Hkv Sq Sk D causal(0,1,2)\n");
+                    "       host [auto|sm80|sm90] B Hq Hkv Sq Sk D causal(0,1,2) |\n"
+                    "       cases check|check-bwd auto|sm80|sm90 [small|paths]\n");
     return 2;
 }
