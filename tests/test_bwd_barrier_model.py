@@ -18,8 +18,11 @@ import bwd_barrier_model  # noqa: E402
 SCHEDULES = 400
 EXPECTED = {"one_next_word": "next-item word", "early_kv": "TMA writes ('K', ", "early_refill": "TMA writes (",
             "no_bulk_wait": "('R', ", "no_epi_wait": "('R', ", "early_epi": "('slot'",
-            "epi_next_slot": "'epi'", "unguarded_ahead": "TMA writes (", "early_release": "TMA writes (",
-            "stale_parity": "TMA writes (", "no_xchg": "('X', "}
+            "epi_next_slot": "'epi'", "early_release": "TMA writes (", "no_xchg": "('X', ",
+            # an early refill without the test (or testing the phase before) overwrites a slot still
+            # read, or reaches the load's wait on the slot's release before it has happened
+            "unguarded_ahead": ("TMA writes (", "would wait on block"),
+            "stale_parity": ("TMA writes (", "would wait on block")}
 
 
 @pytest.mark.parametrize("layout", bwd_barrier_model.LAYOUTS)
@@ -30,4 +33,5 @@ def test_kernel_protocol_is_safe(layout):
 @pytest.mark.parametrize("layout,bad", [(lay, bad) for bad, lays in bwd_barrier_model.BAD.items() for lay in lays])
 def test_model_catches_a_bad_order(layout, bad):
     failure = bwd_barrier_model.check(layout, SCHEDULES, bad=bad)
-    assert failure is not None and EXPECTED[bad] in failure, failure
+    expected = EXPECTED[bad] if isinstance(EXPECTED[bad], tuple) else (EXPECTED[bad],)
+    assert failure is not None and any(e in failure for e in expected), failure
