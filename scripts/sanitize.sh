@@ -31,6 +31,10 @@ LIMIT=${FC_SANITIZE_TIMEOUT:-300}
 JOBS=${FC_SANITIZE_JOBS:-1}
 LOGS=${OUT:-/tmp/flashcore-out}/sanitize
 mkdir -p "$LOGS"
+if ! [[ "$JOBS" =~ ^[1-9][0-9]*$ ]]; then
+    echo "sanitize.sh: FC_SANITIZE_JOBS=$JOBS: give a whole number >= 1 (runs at once)" >&2
+    exit 2
+fi
 if [ ! -x "$HARNESS" ]; then
     echo "sanitize.sh: no harness at $HARNESS; build it with scripts/build_harness.sh" >&2
     exit 2
@@ -67,9 +71,13 @@ one() {
     detv=0; [[ "-$rest-" == *-det-* ]] && detv=1
     sel=small; [[ "-$rest-" == *-paths-* ]] && sel=paths
     log="$LOGS/$tool-$run.log"
+    # timeout runs in a process group of its own: its pid file lets the trap below stop it
     FC_DETERMINISTIC=$detv timeout "$LIMIT" compute-sanitizer --tool "$tool" --error-exitcode 3 \
-        "$HARNESS" "$mode" "$kernel" "$sel" > "$log" 2>&1
+        "$HARNESS" "$mode" "$kernel" "$sel" > "$log" 2>&1 &
+    echo $! > "$LOGS/$tool-$run.pid"
+    wait $!
     rc=$?
+    rm -f "$LOGS/$tool-$run.pid"
     if line=$(verdict "$log" "$tool" "$rc"); then
         line="clean  $tool $run: $line"
     else
@@ -79,9 +87,18 @@ one() {
     echo "$line"
 }
 
+# Stopped (Ctrl-C, a caller's timeout): stop the runs still going too. (A SIGKILL cannot be caught:
+# their own timeouts end them.)
+stop_runs() {
+    local f
+    for f in "$LOGS"/*.pid; do [ -f "$f" ] && kill -TERM "$(cat "$f")" 2>/dev/null; done
+    exit 130
+}
+trap stop_runs INT TERM
+
 for tool in $TOOLS; do
     for run in $RUNS; do
-        rm -f "$LOGS/$tool-$run.verdict"
+        rm -f "$LOGS/$tool-$run.verdict" "$LOGS/$tool-$run.pid"
         while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
         one "$tool" "$run" &
     done
@@ -90,7 +107,9 @@ wait
 bad=0
 for tool in $TOOLS; do
     for run in $RUNS; do
-        grep -q '^clean ' "$LOGS/$tool-$run.verdict" 2>/dev/null || bad=1
+        f="$LOGS/$tool-$run.verdict"
+        [ -f "$f" ] || echo "FAILED $tool $run: no verdict (log $LOGS/$tool-$run.log)"
+        grep -q '^clean ' "$f" 2>/dev/null || bad=1
     done
 done
 if [ "$bad" -ne 0 ]; then echo "sanitize.sh: not clean" >&2; exit 1; fi

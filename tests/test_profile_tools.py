@@ -134,7 +134,7 @@ def test_sanitize_jobs_run_at_once_and_all_count(tmp_path):
     took = time.monotonic() - t0
     assert r.returncode == 0 and "every run clean" in r.stdout, r.stdout + r.stderr
     assert len(calls) == 18 and r.stdout.count("clean  ") == 18
-    assert took < 12, took  # three rounds of six one-second runs, not eighteen in a row
+    assert 2.5 < took < 12, took  # three rounds of six one-second runs: not eighteen in a row, nor at once
     # one racecheck finding among the parallel runs still fails the gate
     r, _ = run_sanitize(tmp_path, FC_SANITIZE_JOBS="4", FAKE_HAZARDS="1")
     assert r.returncode == 1 and r.stdout.count("FAILED racecheck") == 6, r.stdout
@@ -150,6 +150,12 @@ def test_sanitize_fails_on_any_finding(tmp_path, env, why):
     r, _ = run_sanitize(tmp_path, FC_SANITIZE_TOOLS=tools, FC_SANITIZE_RUNS="bwd-sm90", **env)
     assert r.returncode == 1, r.stdout + r.stderr
     assert f"FAILED {tools} bwd-sm90" in r.stdout and why in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("jobs", ["0", "four"])
+def test_sanitize_refuses_a_bad_job_count(tmp_path, jobs):
+    r, calls = run_sanitize(tmp_path, FC_SANITIZE_JOBS=jobs)
+    assert r.returncode == 2 and "FC_SANITIZE_JOBS" in r.stderr and not calls
 
 
 def test_sanitize_paths_runs_take_the_paths_cases(tmp_path):

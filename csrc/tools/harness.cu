@@ -220,11 +220,16 @@ static constexpr long SMALL_CASE = 120000;
 // of each: the schedules do not depend on it) and the windows past SMALL_CASE, which reach the
 // schedules small cases do not (several tiles or items per CTA, CTA pairs, row plans), for
 // compute-sanitizer runs of those.
-enum Select { SELECT_ALL, SELECT_SMALL, SELECT_PATHS };
+enum Select { SELECT_ALL, SELECT_SMALL, SELECT_PATHS, SELECT_BAD };
 
+// argv[i] if given: small, paths, or SELECT_BAD (after a message) for any other word.
 static Select select_from_arg(int argc, char** argv, int i) {
-    const std::string a = argc > i ? argv[i] : "";
-    return a == "small" ? SELECT_SMALL : a == "paths" ? SELECT_PATHS : SELECT_ALL;
+    if (argc <= i) return SELECT_ALL;
+    const std::string a = argv[i];
+    if (a == "small") return SELECT_SMALL;
+    if (a == "paths") return SELECT_PATHS;
+    fprintf(stderr, "harness: '%s' is not a case selection (small or paths, or none for all)\n", a.c_str());
+    return SELECT_BAD;
 }
 
 static void select_cases(std::vector<Case>& cases, Select sel) {
@@ -861,6 +866,15 @@ static int run_bench_bwd(fc_kernel kernel, int argc, char** argv) {
     return 0;
 }
 
+static int usage() {
+    fprintf(stderr, "usage: harness check [auto|sm80|sm90] [small|paths] | bench [auto|sm80|sm90] |\n"
+                    "       check-bwd [auto|sm80|sm90] [small|paths] | bench-bwd [auto|sm80|sm90] [B Hq Hkv Sq Sk D causal(0,1,2) reps] |\n"
+                    "       shape [auto|sm80|sm90] B Hq Hkv Sq Sk D causal(0,1,2) reps [flush: 0 none, 1 zero, 2 read] |\n"
+                    "       host [auto|sm80|sm90] B Hq Hkv Sq Sk D causal(0,1,2) |\n"
+                    "       cases check|check-bwd auto|sm80|sm90 [small|paths]\n");
+    return 2;
+}
+
 // cases: the cases `check` or `check-bwd` would run (with the same selection and FC_CHECK_D), one per
 // line, without a GPU (which cases a sanitizer run will take, and how many).
 static int run_cases(const std::string& grid, const std::string& kname, Select sel) {
@@ -882,13 +896,16 @@ int main(int argc, char** argv) {
     const std::string mode = argc > 1 ? argv[1] : "check";
     const std::string kname = argc > 2 ? argv[2] : "auto";
     const fc_kernel kernel = kname == "sm80" ? FC_KERNEL_SM80 : kname == "sm90" ? FC_KERNEL_SM90 : FC_KERNEL_AUTO;
-    if (mode == "cases" && argc >= 4) return run_cases(argv[2], argv[3], select_from_arg(argc, argv, 4));
+    const bool grid = mode == "check" || mode == "check-bwd" || mode == "cases";
+    const Select sel = grid ? select_from_arg(argc, argv, mode == "cases" ? 4 : 3) : SELECT_ALL;
+    if (sel == SELECT_BAD) return 2;
+    if (mode == "cases") return argc >= 4 && argc <= 5 ? run_cases(argv[2], argv[3], sel) : usage();
     cudaDeviceProp prop;
     CUDA_OK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s (sm_%d%d), kernel=%s\n", prop.name, prop.major, prop.minor, kname.c_str());
-    if (mode == "check") return run_check(kernel, select_from_arg(argc, argv, 3));
+    if (mode == "check") return run_check(kernel, sel);
     if (mode == "bench") return run_bench(kernel);
-    if (mode == "check-bwd") return run_check_bwd(kernel, select_from_arg(argc, argv, 3));
+    if (mode == "check-bwd") return run_check_bwd(kernel, sel);
     if (mode == "bench-bwd" && (argc == 3 || argc == 11)) return run_bench_bwd(kernel, argc, argv);
     if (mode == "host" && argc == 10) return run_host(case_from_args(argv + 3), kernel);
 #ifdef FC_SM90_TRACE
@@ -903,10 +920,5 @@ int main(int argc, char** argv) {
         print_time(c, us);
         return us < 0;
     }
-    fprintf(stderr, "usage: harness check [auto|sm80|sm90] [small|paths] | bench [auto|sm80|sm90] |\n"
-                    "       check-bwd [auto|sm80|sm90] [small|paths] | bench-bwd [auto|sm80|sm90] [B Hq Hkv Sq Sk D causal(0,1,2) reps] |\n"
-                    "       shape [auto|sm80|sm90] B Hq Hkv Sq Sk D causal(0,1,2) reps [flush: 0 none, 1 zero, 2 read] |\n"
-                    "       host [auto|sm80|sm90] B Hq Hkv Sq Sk D causal(0,1,2) |\n"
-                    "       cases check|check-bwd auto|sm80|sm90 [small|paths]\n");
-    return 2;
+    return usage();
 }
