@@ -95,9 +95,11 @@ struct Sm90Tile {
     // 64): three fit beside its Q and O buffers (200 KB).
     static constexpr int STAGES = DP <= 64 || DP == 192 ? 3 : 2;
     // Key-split mode: warpgroup c takes the ring positions of one parity. With an
-    // even ring every slot then has one owner, which waits on every phase of the
-    // slot's barriers; with an odd one a warpgroup skips the other's phases, and
-    // its parity wait could pass on a phase two back while a load is in flight.
+    // even ring every slot then has one owner within a tile, which waits on every
+    // phase of the slot's barriers; with an odd one a warpgroup skips the other's
+    // phases, and its parity wait could pass on a phase two back while a load is in
+    // flight. (A tile with an odd K/V count hands each parity to the other warpgroup
+    // for the next tile; the merge's barriers order all of a tile's waits before it.)
     static constexpr int SPLIT_STAGES = DP <= 64 ? 4 : 2;
     static constexpr int Q_BUFS = DP <= 128 ? 2 : 1;  // Q tiles: the next tile's Q loads during this one
     // EARLY_Q (one Q buffer): the consumers release Q as soon as the tile's last
