@@ -277,8 +277,13 @@ void set_window(Params& p, const Window& w) {
 // (ints >= -1, -1 no bound); the C checks judge the values.
 Window raw_window(const pybind11::object& w) {
     if (w.is_none()) return {0, 0, 0};
-    const auto t = w.cast<std::pair<int, int>>();
-    return {1, t.first, t.second};
+    try {
+        const auto t = w.cast<std::pair<int, int>>();
+        return {1, t.first, t.second};
+    } catch (const pybind11::cast_error&) {
+        value_error("window: expected None or [window_left, window_right], two ints from -1 (no bound) to "
+                    "2^31 - 1, got " + pybind11::repr(w).cast<std::string>());
+    }
 }
 
 // Everything but the output pointers; o borrows q's pointer and strides (the

@@ -133,8 +133,13 @@ def test_compiled_bad_argument_type(bad, match):
         f(q, k, v)
     torch._dynamo.reset()
     g = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, **bad), fullgraph=True, backend="aot_eager")
-    with pytest.raises(Exception, match=match):
+    with pytest.raises(Exception, match=match) as e:
         g(q, k, v)
+    chain, c = [], e.value
+    while c is not None:
+        chain.append(type(c).__name__)
+        c = c.__cause__ or c.__context__
+    assert any("TypeError" in n for n in chain), f"no TypeError in the raised chain {chain}"
     torch._dynamo.reset()
 
 

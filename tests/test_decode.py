@@ -142,22 +142,15 @@ def test_masked_splits_and_rows(D, Sq, Sk, Hq, dtype):
         assert torch.isneginf(lse[:, :, : Sq - Sk]).all()
 
 
-def _poison_workspace(q, k, n_splits):
-    B, Hq, Sq, D = q.shape
-    words = n_splits * B * Hq * Sq * (D + 1)
-    junk = torch.full((words,), float("nan"), dtype=torch.float32, device=q.device)
-    del junk
-
-
-@pytest.mark.parametrize("mode", CAUSAL_MODES, ids=mode_id)
+# None and bottom-right: at Sq = 3, top-left rows see at most 3 keys, which plans one split (no partials)
+@pytest.mark.parametrize("mode", [None, "bottom_right"], ids=mode_id)
 @requires_gpu
 def test_poisoned_workspace(mode):
-    """The combine reads every (split, row) partial: none may be left unwritten."""
+    """The combine reads every (split, row) partial: none may be left unwritten. The binding's test switch
+    (on for the suite, conftest) fills the partials' workspace with 0xff bytes (NaN) before each launch."""
     q, k, v = make_qkv(2, 16, 2, 3, 5000, 128, torch.float16, DEV)
-    n = plan(q, k, v, mode, 9)
+    assert plan(q, k, v, mode, 9) > 1  # partials to combine
     for _ in range(3):
-        torch.cuda.synchronize()
-        _poison_workspace(q, k, n)
         out, lse = run_poisoned(q, k, v, mode, num_splits=9)
         check_attention(out, lse, q, k, v, None, mode)
 

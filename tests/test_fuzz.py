@@ -83,10 +83,7 @@ def draw_call(rng, gpu, cap, budget, p_decode):
     # (drawn from the same list on every machine, so that a seed draws the same
     # shapes anywhere; "sm90" runs as "auto" where the Hopper kernel is not built for the GPU)
     kernel = rng.choice(["auto", "sm80", "sm90"])
-    if not gpu:
-        kernel = "cpu"
-    elif kernel not in GPU_KERNELS:
-        kernel = "auto"
+    kernel = gpu_kernel(kernel) if gpu else "cpu"
     # num_splits: the heuristic, none, or a forced split count (never with the
     # sm90 kernel, which refuses a split).
     splits = rng.choice([None, None, 1, rng.randint(2, 12)])
@@ -248,6 +245,11 @@ SHAPE_GPU_CASES = max(1, GPU_CASES // 3)
 SHAPE_CPU_CASES = max(1, CPU_CASES // 2)
 
 
+def gpu_kernel(name):
+    """A drawn kernel name, or "auto" where this GPU's build lacks that kernel (the draw stays the same)."""
+    return name if name in GPU_KERNELS else "auto"
+
+
 def draw_shape_case(i, device):
     rng = random.Random(SEED * 1_000_033 + i * 7907 + (0 if device == "cuda" else 1))
     gpu = device == "cuda"
@@ -264,7 +266,8 @@ def draw_shape_case(i, device):
     rank2 = not bdims and Hq == Hkv == 1 and rng.random() < 0.5
     return dict(bdims=bdims, shared=shared, Hq=Hq, Hkv=Hkv, kv_heads=kv_heads, drop=drop, Sq=Sq, Sk=Sk, D=D,
                 rank2=rank2, dtype=rng.choice([torch.float16, torch.bfloat16] + ([] if gpu else [torch.float32])),
-                mode=rng.choice(CAUSAL_MODES), kernel=rng.choice(["auto", "sm80", "sm90"]) if gpu else "cpu",
+                mode=rng.choice(CAUSAL_MODES),
+                kernel=gpu_kernel(rng.choice(["auto", "sm80", "sm90"])) if gpu else "cpu",
                 torch_seed=rng.getrandbits(31))
 
 

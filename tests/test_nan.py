@@ -32,10 +32,12 @@ def shape_id(s):
     return "B{}_Hq{}_Hkv{}_Sq{}_Sk{}_D{}".format(*s)
 
 
-def check_nan_rows(q, k, v, mode, kernel, num_splits):
+def check_nan_rows(q, k, v, mode, kernel, num_splits, clean):
     """Run flashcore on inputs holding NaN and compare with the fp64 reference:
     NaN exactly where the reference has it (whole rows for a NaN score, one
-    column for a NaN value; the LSE where a score is NaN), the rest close to it."""
+    column for a NaN value; the LSE where a score is NaN), the rest close to it
+    and bit for bit the output of the same call on `clean` (out, lse: q, k, v
+    before the NaN went in), which those elements never read."""
     out, lse = run_poisoned(q, k, v, mode, kernel=kernel, num_splits=num_splits)
     ref_out, ref_lse = ref_attention(q, k, v, None, mode)
     nan_ref = torch.isnan(ref_out)
@@ -46,6 +48,8 @@ def check_nan_rows(q, k, v, mode, kernel, num_splits):
     fine = ~nan_ref
     err = (out[fine].double() - ref_out[fine].double()).abs().max().item() if fine.any() else 0.0
     assert err <= ATOL[q.dtype], f"elements without NaN: max|out - ref| = {err:.3e}"
+    assert torch.equal(out[fine], clean[0][fine]), "elements without NaN differ from the call without the NaN"
+    assert torch.equal(lse[~torch.isnan(ref_lse)], clean[1][~torch.isnan(ref_lse)]), "LSE of rows without NaN"
     live = torch.isfinite(ref_lse)
     lse_err = (lse[live].double() - ref_lse[live].double()).abs().max().item() if live.any() else 0.0
     assert lse_err <= 2e-3, f"LSE without NaN: max error {lse_err:.3e}"
@@ -61,10 +65,11 @@ def check_with_nans(shape, dtypes, device, which, places, mode, kernel, num_spli
     B, Hq, Hkv, Sq, Sk, D = shape
     for dtype in dtypes:
         qkv = dict(zip("qkv", make_qkv(B, Hq, Hkv, Sq, Sk, D, dtype, device)))
+        clean = run_poisoned(qkv["q"], qkv["k"], qkv["v"], mode, kernel=kernel, num_splits=num_splits)
         qkv[which] = qkv[which].clone()
         for at in places:
             qkv[which][at] = float("nan")
-        check_nan_rows(qkv["q"], qkv["k"], qkv["v"], mode, kernel, num_splits)
+        check_nan_rows(qkv["q"], qkv["k"], qkv["v"], mode, kernel, num_splits, clean)
 
 
 @pytest.mark.parametrize("device,kernel,num_splits", TARGETS)

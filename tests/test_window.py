@@ -159,6 +159,19 @@ def test_split_plan_counts_window_keys():
     assert 1 <= win <= 16 < full, (win, full)
 
 
+@pytest.mark.parametrize("w", [[2 ** 40, 0], [0, -2 ** 33], [1, 2, 3], [5]])
+def test_raw_entry_points_refuse_a_bad_window_list(w):
+    """The backward op and the raw forward take the C API's window as a list: one that is not two ints
+    of C's range is a ValueError that names the window, not a pybind11 cast error."""
+    q, k, v = make_qkv(1, 2, 2, 9, 11, 16, torch.float16, "cpu")
+    out, lse = flashcore.attention(q, k, v, causal=True, return_lse=True)
+    with pytest.raises(ValueError, match=r"window: expected None or \[window_left, window_right\]"):
+        torch.ops.flashcore.attention_backward(torch.ones_like(out), q, k, v, out, lse, None, 0.25, 1, "auto",
+                                               False, w)
+    with pytest.raises(ValueError, match=r"window: expected None or \[window_left, window_right\]"):
+        _C.fwd(q, k, v, 0.25, 1, 0, False, 0, w)
+
+
 @pytest.mark.parametrize("dev,kernel", [("cpu", "auto")] +
                          [pytest.param("cuda", k, marks=requires_gpu) for k in ["auto"] + GPU_KERNELS])
 def test_no_bound_is_no_window(dev, kernel):
