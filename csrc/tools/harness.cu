@@ -73,6 +73,15 @@ struct Case {
     bool path = false;  // one of the `paths` selection (see select_cases)
 };
 
+// "B=2 Hq=8 Hkv=2 Sq=113 Sk=203 D=64 Dv=64 causal=1 fp16 bshd dlse window=40,17": a case, for the logs.
+static std::string case_label(const Case& c) {
+    char buf[192];
+    snprintf(buf, sizeof buf, "B=%d Hq=%d Hkv=%d Sq=%d Sk=%d D=%d Dv=%d causal=%d %s%s%s", c.B, c.Hq, c.Hkv, c.Sq,
+             c.Sk, c.D, c.Dv ? c.Dv : c.D, (int)c.causal, c.dtype == FC_DTYPE_FP16 ? "fp16" : "bf16",
+             c.bshd ? " bshd" : "", c.dlse ? " dlse" : "");
+    return c.win ? std::string(buf) + " window=" + std::to_string(c.wl) + "," + std::to_string(c.wr) : buf;
+}
+
 // FC_WINDOW="left,right" gives the cases of shape, host and bench-bwd a window (ab.sh passes it on).
 static void window_from_env(Case* c) {
     const char* e = getenv("FC_WINDOW");
@@ -199,12 +208,8 @@ static bool check_case(const Case& c, fc_kernel kernel, std::mt19937& rng) {
     }
     const bool same = out[0] == out[1] && memcmp(lse[0].data(), lse[1].data(), nlse * 4) == 0;
     const bool pass = bad == 0 && nan == 0 && lse_bad == 0 && same;
-    printf("%s B=%d Hq=%d Hkv=%d Sq=%d Sk=%d D=%d Dv=%d causal=%d %s%s%s  max_err=%.2e lse_err=%.2e bad=%zu nan=%zu "
-           "lse_bad=%zu rerun=%s\n",
-           pass ? "PASS" : "FAIL", c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, dv_cols, (int)c.causal,
-           c.dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", c.bshd ? " bshd" : "",
-           c.win ? (" window=" + std::to_string(c.wl) + "," + std::to_string(c.wr)).c_str() : "", max_err,
-           max_lse_err, bad, nan, lse_bad, same ? "same" : "DIFFERS");
+    printf("%s %s  max_err=%.2e lse_err=%.2e bad=%zu nan=%zu lse_bad=%zu rerun=%s\n", pass ? "PASS" : "FAIL",
+           case_label(c).c_str(), max_err, max_lse_err, bad, nan, lse_bad, same ? "same" : "DIFFERS");
     return pass;
 }
 
@@ -335,11 +340,20 @@ static std::vector<Case> check_cases(fc_kernel kernel) {
     return cases;
 }
 
+static std::vector<Case> check_bwd_cases(fc_kernel kernel);
+
+// The cases of check (bwd: check-bwd) for kernel with selection sel and FC_CHECK_D; false (after
+// a message) if FC_CHECK_D is not a head dim.
+static bool grid_cases(bool bwd, fc_kernel kernel, Select sel, std::vector<Case>* cases) {
+    *cases = bwd ? check_bwd_cases(kernel) : check_cases(kernel);
+    select_cases(*cases, sel);
+    return keep_head_dim(*cases);
+}
+
 static int run_check(fc_kernel kernel, Select sel) {
     std::mt19937 rng(1234);
-    std::vector<Case> cases = check_cases(kernel);
-    select_cases(cases, sel);
-    if (!keep_head_dim(cases)) return 2;
+    std::vector<Case> cases;
+    if (!grid_cases(false, kernel, sel, &cases)) return 2;
     int fails = 0;
     for (const Case& c : cases) fails += !check_case(c, kernel, rng);
     printf("check: %zu cases, %d failed\n", cases.size(), fails);
@@ -488,11 +502,9 @@ static bool check_bwd_case(const Case& c, fc_kernel kernel, std::mt19937& rng) {
     auto within = [&](const GradErr& e) { return e.nan == 0 && e.max_err <= tol * (e.max_ref + BWD_ATOL_SCALE); };
     const bool kv_same = ok_[0] == ok_[1] && ov[0] == ov[1], q_same = oq[0] == oq[1];
     const bool pass = within(eq) && within(ek) && within(ev) && kv_same && (q_same || !bp.deterministic);
-    printf("%s B=%d Hq=%d Hkv=%d Sq=%d Sk=%d D=%d Dv=%d causal=%d %s%s%s  err/max dq %.1e (max %.2e) dk %.1e (max %.2e) "
-           "dv %.1e (max %.2e) nan=%zu/%zu/%zu rerun dk,dv=%s dq=%s\n",
-           pass ? "PASS" : "FAIL", c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, c.Dv ? c.Dv : c.D, (int)c.causal,
-           c.dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", c.bshd ? " bshd" : "", c.dlse ? " dlse" : "",
-           eq.max_err / std::max(eq.max_ref, 1e-30), eq.max_ref, ek.max_err / std::max(ek.max_ref, 1e-30), ek.max_ref,
+    printf("%s %s  err/max dq %.1e (max %.2e) dk %.1e (max %.2e) dv %.1e (max %.2e) nan=%zu/%zu/%zu "
+           "rerun dk,dv=%s dq=%s\n",
+           pass ? "PASS" : "FAIL", case_label(c).c_str(), eq.max_err / std::max(eq.max_ref, 1e-30), eq.max_ref, ek.max_err / std::max(ek.max_ref, 1e-30), ek.max_ref,
            ev.max_err / std::max(ev.max_ref, 1e-30), ev.max_ref, eq.nan, ek.nan, ev.nan, kv_same ? "same" : "DIFFER",
            q_same ? "same" : "differs");
     return pass;
@@ -553,9 +565,8 @@ static std::vector<Case> check_bwd_cases(fc_kernel kernel) {
 
 static int run_check_bwd(fc_kernel kernel, Select sel) {
     std::mt19937 rng(4321);
-    std::vector<Case> cases = check_bwd_cases(kernel);
-    select_cases(cases, sel);
-    if (!keep_head_dim(cases)) return 2;
+    std::vector<Case> cases;
+    if (!grid_cases(true, kernel, sel, &cases)) return 2;
     int fails = 0;
     for (const Case& c : cases) fails += !check_bwd_case(c, kernel, rng);
     printf("check-bwd: %zu cases, %d failed\n", cases.size(), fails);
@@ -877,29 +888,28 @@ static int usage() {
 
 // cases: the cases `check` or `check-bwd` would run (with the same selection and FC_CHECK_D), one per
 // line, without a GPU (which cases a sanitizer run will take, and how many).
-static int run_cases(const std::string& grid, const std::string& kname, Select sel) {
-    const fc_kernel kernel = kname == "sm80" ? FC_KERNEL_SM80 : kname == "sm90" ? FC_KERNEL_SM90 : FC_KERNEL_AUTO;
+static int run_cases(const std::string& grid, fc_kernel kernel, Select sel) {
     if (grid != "check" && grid != "check-bwd") { fprintf(stderr, "cases: check or check-bwd, not %s\n", grid.c_str()); return 2; }
-    std::vector<Case> cases = grid == "check" ? check_cases(kernel) : check_bwd_cases(kernel);
-    select_cases(cases, sel);
-    if (!keep_head_dim(cases)) return 2;
-    for (const Case& c : cases)
-        printf("B=%d Hq=%d Hkv=%d Sq=%d Sk=%d D=%d Dv=%d causal=%d %s%s%s\n", c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D,
-               c.Dv ? c.Dv : c.D, (int)c.causal, c.dtype == FC_DTYPE_FP16 ? "fp16" : "bf16", c.bshd ? " bshd" : "",
-               c.win ? (" window=" + std::to_string(c.wl) + "," + std::to_string(c.wr)).c_str() : "");
+    std::vector<Case> cases;
+    if (!grid_cases(grid == "check-bwd", kernel, sel, &cases)) return 2;
+    for (const Case& c : cases) printf("%s\n", case_label(c).c_str());
     printf("%s: %zu cases\n", grid.c_str(), cases.size());
     return 0;
+}
+
+static fc_kernel kernel_from_name(const std::string& name) {
+    return name == "sm80" ? FC_KERNEL_SM80 : name == "sm90" ? FC_KERNEL_SM90 : FC_KERNEL_AUTO;
 }
 
 int main(int argc, char** argv) {
     setvbuf(stdout, nullptr, _IOLBF, 0);  // line-buffered: a log cut off by a timeout still shows the last case
     const std::string mode = argc > 1 ? argv[1] : "check";
     const std::string kname = argc > 2 ? argv[2] : "auto";
-    const fc_kernel kernel = kname == "sm80" ? FC_KERNEL_SM80 : kname == "sm90" ? FC_KERNEL_SM90 : FC_KERNEL_AUTO;
+    const fc_kernel kernel = kernel_from_name(kname);
     const bool grid = mode == "check" || mode == "check-bwd" || mode == "cases";
     const Select sel = grid ? select_from_arg(argc, argv, mode == "cases" ? 4 : 3) : SELECT_ALL;
     if (sel == SELECT_BAD) return 2;
-    if (mode == "cases") return argc >= 4 && argc <= 5 ? run_cases(argv[2], argv[3], sel) : usage();
+    if (mode == "cases") return argc >= 4 && argc <= 5 ? run_cases(argv[2], kernel_from_name(argv[3]), sel) : usage();
     cudaDeviceProp prop;
     CUDA_OK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s (sm_%d%d), kernel=%s\n", prop.name, prop.major, prop.minor, kname.c_str());
