@@ -11,13 +11,14 @@
 # bwd-sm90-det, bwd-sm80-det (the same with FC_DETERMINISTIC=1). The sm90 runs need an sm_90 GPU.
 # A `-paths` suffix (fwd-sm90-paths, bwd-sm90-paths, bwd-sm90-det-paths) takes the harness's `paths`
 # cases instead: larger ones that reach the schedules the small cases do not (several tiles or items
-# per CTA, CTA pairs, row plans; `harness cases check sm90 paths` lists them). Those are not in the
-# default set: their run time under each tool has not been measured yet.
+# per CTA, CTA pairs, row plans; `harness cases check sm90 paths` lists them). They are in the default
+# set: on an H100 (session 81) the three -paths runs took 157 s under memcheck, 159 s under synccheck
+# and 254 s under racecheck with FC_SANITIZE_JOBS=3.
 # Each run is logged to $OUT/sanitize/<tool>-<run>.log (OUT default /tmp/flashcore-out) and cut
 # off after FC_SANITIZE_TIMEOUT seconds (default 300). FC_SANITIZE_JOBS (default 1) runs that many
 # at once, each verdict printed as its run ends: on an H100 (session 80) six at once took 230 s for
 # racecheck over fwd-sm80 and memcheck over the sm80 runs, racecheck's backward runs needed 230-350 s
-# each with four at once, and the 18 runs together more than one 10-minute device call (split them
+# each with four at once, and the 27 runs together more than one 10-minute device call (split them
 # with FC_SANITIZE_RUNS / FC_SANITIZE_TOOLS). Why every run: a kernel path that only one
 # head dim takes (D = 136..192 on the D = 256 backward tile, MLA's forward tile) can be racy where
 # the others are clean (perf notes, session 79), so the gate covers the harness's whole small grid.
@@ -26,7 +27,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 HARNESS=${HARNESS:-build/harness}
 TOOLS=${FC_SANITIZE_TOOLS:-racecheck synccheck memcheck}
-RUNS=${FC_SANITIZE_RUNS:-fwd-sm90 fwd-sm80 bwd-sm90 bwd-sm80 bwd-sm90-det bwd-sm80-det}
+RUNS=${FC_SANITIZE_RUNS:-fwd-sm90 fwd-sm80 bwd-sm90 bwd-sm80 bwd-sm90-det bwd-sm80-det fwd-sm90-paths bwd-sm90-paths bwd-sm90-det-paths}
 LIMIT=${FC_SANITIZE_TIMEOUT:-300}
 JOBS=${FC_SANITIZE_JOBS:-1}
 LOGS=${OUT:-/tmp/flashcore-out}/sanitize

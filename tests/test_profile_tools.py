@@ -122,7 +122,11 @@ def test_sanitize_clean_runs_every_tool_and_run(tmp_path):
     r, calls = run_sanitize(tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "every run clean" in r.stdout
-    assert len(calls) == 3 * 6  # racecheck, synccheck, memcheck x fwd/bwd, sm90/sm80, bwd deterministic
+    # racecheck, synccheck, memcheck x (fwd/bwd, sm90/sm80, bwd deterministic: 6 small runs
+    # + the three sm90 paths runs)
+    assert len(calls) == 3 * 9
+    assert sum("check sm90 paths FC_DETERMINISTIC=0" in c for c in calls) == 3
+    assert sum("check-bwd sm90 paths FC_DETERMINISTIC=1" in c for c in calls) == 3
     assert sum("check-bwd sm90 small FC_DETERMINISTIC=1" in c for c in calls) == 3
     assert sum(" check sm80 small FC_DETERMINISTIC=0" in c for c in calls) == 3
 
@@ -133,11 +137,11 @@ def test_sanitize_jobs_run_at_once_and_all_count(tmp_path):
     r, calls = run_sanitize(tmp_path, FC_SANITIZE_JOBS="6", FAKE_SLEEP="1")
     took = time.monotonic() - t0
     assert r.returncode == 0 and "every run clean" in r.stdout, r.stdout + r.stderr
-    assert len(calls) == 18 and r.stdout.count("clean  ") == 18
-    assert 2.5 < took < 12, took  # three rounds of six one-second runs: not eighteen in a row, nor at once
+    assert len(calls) == 27 and r.stdout.count("clean  ") == 27
+    assert 4 < took < 14, took  # five rounds of (at most) six one-second runs: not 27 in a row, nor at once
     # one racecheck finding among the parallel runs still fails the gate
     r, _ = run_sanitize(tmp_path, FC_SANITIZE_JOBS="4", FAKE_HAZARDS="1")
-    assert r.returncode == 1 and r.stdout.count("FAILED racecheck") == 6, r.stdout
+    assert r.returncode == 1 and r.stdout.count("FAILED racecheck") == 9, r.stdout
 
 
 @pytest.mark.parametrize("env, why", [({"FAKE_HAZARDS": "25"}, "RACECHECK SUMMARY: 25 hazards"),
