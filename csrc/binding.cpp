@@ -880,6 +880,29 @@ pybind11::object attention(const pybind11::handle& query, const pybind11::handle
     return pybind11::cast(r.first);
 }
 
+// attention()'s checks that read neither the data nor the GPU, on the custom op's arguments
+// (flashcore/__init__.py's fake implementation runs them on an exported call's fake tensors, so
+// torch.export refuses a bad call when it traces it, with the eager message). q, k and v are one
+// (B, H, S, D) call with concrete sizes. False for a v whose head dim is its own and one no kernel
+// takes (not dv_candidate: the op raises its own message). What the kernel refuses (fc_attn_fwd_check:
+// the GPU's arch and shared memory, alignment, the split plan, whether it takes v's own head dim)
+// needs the GPU and the pointers, and is checked when the call runs.
+bool check_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const pybind11::object& attn_mask,
+                const pybind11::object& dropout_p, const pybind11::object& is_causal, const pybind11::object& scale,
+                const pybind11::object& causal, const pybind11::object& causal_alignment,
+                const pybind11::object& return_lse, const pybind11::object& kernel,
+                const pybind11::object& num_splits, const pybind11::object& window) {
+    at::NoGradGuard no_grad;  // (inputs that require grad are the op's autograd formula's, as in its run)
+    const CallArgs a = parse_args(attn_mask, dropout_p, is_causal, scale, pybind11::bool_(false), causal,
+                                  causal_alignment, return_lse, kernel, num_splits, window);
+    if (q.dim() == 4 && v.dim() == 4 && v.size(3) != q.size(3) && !dv_candidate(q, v)) return false;
+    check_inputs(q, k, v, true);
+    check_num_splits(a.splits);
+    check_scale(a.has_scale ? a.scale : 1.0 / std::sqrt((double)q.size(3)));
+    check_kernel_id(q, a.kernel);
+    return true;
+}
+
 // Split-KV plan for these inputs: 0 when the tile kernel runs, else the number
 // of Sk splits (1 = split-KV kernel without a combine). For tests and benchmarks.
 int num_splits_for(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int causal, int kernel,
@@ -955,6 +978,11 @@ PYBIND11_MODULE(_C, m) {
         return std::make_pair(mode, w.on ? pybind11::cast(std::make_pair(w.left, w.right)) : pybind11::none());
     }, "(causal on, causal_alignment, window) -> (causal mode id, (window_left, window_right) | None) as the C API "
        "takes them (the op's backward)", py::arg("causal"), py::arg("causal_alignment"), py::arg("window"));
+    m.def("check_call", &check_call, "the custom op's argument checks that need no data and no GPU (its fake "
+          "implementation's); false: v's head dim is its own and one no kernel takes",
+          py::arg("query"), py::arg("key"), py::arg("value"), py::arg("attn_mask"), py::arg("dropout_p"),
+          py::arg("is_causal"), py::arg("scale"), py::arg("causal"), py::arg("causal_alignment"),
+          py::arg("return_lse"), py::arg("kernel"), py::arg("num_splits"), py::arg("window"));
     m.attr("ATTENTION_DOC") = FC_ATTENTION_DOC;
     m.attr("KERNELS") = name_dict(KERNEL_IDS);
     m.attr("CAUSAL_ALIGNMENTS") = name_dict(ALIGNMENT_IDS);

@@ -319,17 +319,12 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     # handler ran the op with torch functions off); its data is a plain tensor's.
     query, key, value = (t.as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t
                          for t in (query, key, value))
-    if not _one_call(query, key, value, any_dv=True):
-        raise ValueError(f"q, k, v: the op takes one (B, H, S, D) call, got shapes {tuple(query.shape)}, "
-                         f"{tuple(key.shape)}, {tuple(value.shape)}; call flashcore.attention, which takes "
-                         f"SDPA's other shapes")
+    _refuse_not_one_call(query, key, value)
     with torch.no_grad():  # (the autograd formula below records the call, not the binding)
         r = _C.attention(query, key, value, attn_mask, dropout_p, is_causal, scale, False, causal,
                          causal_alignment, return_lse, kernel, num_splits, window)
     if r is NotImplemented and value.shape[3] != query.shape[3]:
-        raise ValueError(f"v: head dim {value.shape[3]} differs from q's {query.shape[3]}, which the op runs only "
-                         f"where the kernel takes v's own head dim (a multiple of 8 below D, on the CPU or on the "
-                         f"sm90 kernel at D > 128); call flashcore.attention, which pads v for the others")
+        _refuse_own_dv(query, value)
     if r is NotImplemented:
         raise RuntimeError("flashcore: internal error: the custom op's implementation got tensors without storage")
     if return_lse:
@@ -337,14 +332,57 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return r, query.new_empty((0,), dtype=torch.float32)
 
 
+def _refuse_not_one_call(query, key, value):
+    if not _one_call(query, key, value, any_dv=True):
+        raise ValueError(f"q, k, v: the op takes one (B, H, S, D) call, got shapes {tuple(query.shape)}, "
+                         f"{tuple(key.shape)}, {tuple(value.shape)}; call flashcore.attention, which takes "
+                         f"SDPA's other shapes")
+
+
+def _refuse_own_dv(query, value):
+    raise ValueError(f"v: head dim {value.shape[3]} differs from q's {query.shape[3]}, which the op runs only "
+                     f"where the kernel takes v's own head dim (a multiple of 8 below D, on the CPU or on the "
+                     f"sm90 kernel at D > 128); call flashcore.attention, which pads v for the others")
+
+
 @_attention_op.register_fake
 def _attention_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, causal, causal_alignment,
                     return_lse, kernel, num_splits, window=None):
     # The shapes the binding allocates: out like q (contiguous), lse (B, Hq, Sq)
-    # fp32. Bad arguments raise when the op runs, with the eager messages.
+    # fp32. While torch.export traces (and for direct fake-tensor calls), the
+    # binding's checks that need no data and no GPU (_C.check_call) refuse a
+    # bad call with the eager message, so an exported program cannot hold one.
+    # Symbolic sizes are checked at the traced example's values; the op's own
+    # checks at run time cover the rest (the kernel's refusals among them).
+    # Not under torch.compile: there dynamo would turn the message into its own
+    # RuntimeError, while the op's run-time check raises it as it is.
+    if query.device.type != "meta" and (torch.compiler.is_exporting() or not torch.compiler.is_compiling()):
+        _refuse_not_one_call(query, key, value)
+        ts = _at_hints((query, key, value))
+        if ts is not None and not _C.check_call(*ts, attn_mask, dropout_p, is_causal, scale, causal,
+                                                causal_alignment, return_lse, kernel, num_splits, window):
+            _refuse_own_dv(query, value)
     out = query.new_empty((*query.shape[:3], value.shape[3]))  # (B, Hq, Sq, Dv)
     lse = query.new_empty(tuple(query.shape[:3]) if return_lse else (0,), dtype=torch.float32)
     return out, lse
+
+
+def _at_hints(ts):
+    # Fake tensors ts with their symbolic sizes and strides at the traced
+    # example's values (the binding reads ints): the tensors themselves where
+    # all are concrete, fresh ones of the same dtype and device otherwise; None
+    # where one has no such value (an unbacked size).
+    out = []
+    for t in ts:
+        dims = (*t.shape, *t.stride())
+        if all(type(d) is int for d in dims):
+            out.append(t)
+            continue
+        vals = [d if type(d) is int else getattr(d.node, "hint", None) for d in dims]
+        if any(type(x) is not int for x in vals):
+            return None
+        out.append(t.new_empty_strided(vals[:t.dim()], vals[t.dim():]))
+    return out
 
 
 @_attention_op.register_vmap

@@ -177,3 +177,72 @@ def test_compiled_cuda_graphs(kernel):
     for x, new in zip((q, k, v), make_qkv(2, 8, 8, 512, 512, 64, torch.float16, "cuda")):
         x.copy_(new)  # a replay reads the new values in place
     assert torch.equal(f(q, k, v), flashcore.attention(q, k, v, is_causal=True, kernel=kernel))
+
+
+class _Exported(torch.nn.Module):
+    def __init__(self, **kw):
+        super().__init__()
+        self.kw = kw
+
+    def forward(self, q, k, v):
+        return flashcore.attention(q, k, v, **self.kw)
+
+
+_QKV = ((1, 2, 9, 64),) * 3
+
+
+@pytest.mark.parametrize("shapes,dtype,kw,exc,match", [
+    (((1, 2, 9, 12),) * 3, torch.float32, {}, ValueError, r"^q: head dim D=12 is not supported"),
+    (_QKV, torch.float64, {}, TypeError, r"^q: dtype Double is not supported"),
+    (((1, 4, 9, 64), (1, 3, 9, 64), (1, 3, 9, 64)), torch.float32, {}, ValueError, r"^k: 3 KV heads do not divide"),
+    (_QKV, torch.float32, {"num_splits": -1}, ValueError, r"^num_splits: got -1"),
+    (_QKV, torch.float32, {"scale": -1.0}, ValueError, r"^scale: got -1"),
+    (_QKV, torch.float32, {"kernel": "nope"}, ValueError, r"^kernel: expected one of"),
+    (_QKV, torch.float32, {"kernel": "sm80"}, ValueError, r"^kernel: a GPU kernel was forced but q is on the CPU"),
+    (_QKV, torch.float32, {"causal_alignment": "middle"}, ValueError, r"^causal_alignment: expected one of"),
+    ("transposed", torch.float32, {}, ValueError, r"^q: the last dim must be contiguous"),
+], ids=["D12", "fp64", "heads", "num_splits", "scale", "kernel", "kernel_cpu", "alignment", "last_stride"])
+def test_export_refuses_bad_calls(shapes, dtype, kw, exc, match):
+    """torch.export refuses a bad call while it traces it, with the eager call's exception and message
+    (the op's fake implementation runs the binding's checks that need no data), with static sizes and
+    with a dynamic Sk (checked at the example's value); the same call with good arguments exports."""
+    if shapes == "transposed":
+        q = torch.randn(1, 2, 64, 9, dtype=dtype).transpose(2, 3)  # (last dim of stride 9)
+        k, v = (torch.randn(1, 2, 9, 64, dtype=dtype) for _ in range(2))
+    else:
+        q, k, v = (torch.randn(*s, dtype=dtype) for s in shapes)
+    with pytest.raises(exc, match=match):
+        flashcore.attention(q, k, v, **kw)
+    with pytest.raises(exc, match=match):
+        torch.export.export(_Exported(**kw), (q, k, v))
+    sk = torch.export.Dim("sk", min=2)
+    with pytest.raises(exc, match=match):
+        torch.export.export(_Exported(**kw), (q, k, v), dynamic_shapes=({}, {2: sk}, {2: sk}))
+    q, k, v = (torch.randn(*s) for s in _QKV)
+    ep = torch.export.export(_Exported(), (q, k, v), dynamic_shapes=({}, {2: sk}, {2: sk}))
+    k, v = (torch.randn(1, 2, 30, 64) for _ in range(2))
+    assert torch.equal(ep.module()(q, k, v), flashcore.attention(q, k, v))
+
+
+def test_fake_and_meta_calls_of_the_op():
+    """The op on fake CUDA tensors (no GPU needed) refuses what the eager call refuses (fp32 on CUDA),
+    and what its run refuses (a v head dim of its own that no kernel takes, a call that is not one
+    (B, H, S, D) call), and gives the output shapes for a good call; on meta tensors it gives the
+    shapes unchecked."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    args = (None, 0.0, False, None, None, "top_left", True, "auto", None, None)
+    with FakeTensorMode():
+        q = torch.empty(2, 4, 33, 128, device="cuda")
+        with pytest.raises(TypeError, match=r"^q: dtype Float is not supported on CUDA"):
+            torch.ops.flashcore.attention(q, q, q, *args)
+        q, k = torch.empty(2, 4, 33, 128, device="cuda", dtype=torch.bfloat16), \
+            torch.empty(2, 2, 40, 128, device="cuda", dtype=torch.bfloat16)
+        out, lse = torch.ops.flashcore.attention(q, k, k, *args)
+        assert out.shape == (2, 4, 33, 128) and lse.shape == (2, 4, 33) and out.device.type == "cuda"
+        with pytest.raises(ValueError, match=r"^v: head dim 60 differs from q's 128, which the op runs only"):
+            torch.ops.flashcore.attention(q, k, k[..., :60], *args)
+        with pytest.raises(ValueError, match=r"^q, k, v: the op takes one \(B, H, S, D\) call"):
+            torch.ops.flashcore.attention(q, k[:1], k[:1], *args)
+    q = torch.empty(2, 4, 33, 128, device="meta")
+    out, lse = torch.ops.flashcore.attention(q, q, q, *args)
+    assert out.shape == (2, 4, 33, 128) and lse.shape == (2, 4, 33)
