@@ -14,6 +14,7 @@ import operator
 from typing import List, Optional, Tuple
 
 import torch
+from torch._guards import TracingContext
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import _C
@@ -181,17 +182,18 @@ def _refuse_hidden_views(ts, neg):
             raise ValueError(f"{name}: is a negated view; call {name}.resolve_neg()")
 
 
-def _one_call(query, key, value, any_dv=False):
+def _one_call(query, key, value, any_dv=False, traced=False):
     # binding.cpp's bhsd_call for strided tensors: already one (B, H, S, D) call
     # (any_dv: v's head dim not compared, a call _own_dv_op may run as it is).
-    # While torch.compile or torch.export traces, a 4-D call counts as one
-    # unless its sizes are known to differ without a guard (a guard on sizes
-    # that are unbacked, or exported as independent, would fail the trace):
-    # the op's run-time checks refuse the calls that are not one.
+    # While torch.compile or torch.export traces (or traced: the op's fake
+    # tensors), a 4-D call counts as one unless its sizes are known to differ
+    # without a guard (a guard on sizes that are unbacked, or exported as
+    # independent, would fail the trace): the op's run-time checks refuse the
+    # calls that are not one.
     if not all(t.dim() == 4 for t in (query, key, value)):
         return False
     (bq, hq), (bk, hk), (bv, hv) = (t.shape[:2] for t in (query, key, value))
-    known = statically_known_true if torch.compiler.is_compiling() else bool
+    known = statically_known_true if traced or torch.compiler.is_compiling() else bool
     return not (known(bk != bq) or known(bv != bq) or known(hk != hv) or (known(hq == 1) and known(hk != 1)) or
                 (not any_dv and known(value.shape[3] != query.shape[3])))
 
@@ -332,8 +334,8 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return r, query.new_empty((0,), dtype=torch.float32)
 
 
-def _refuse_not_one_call(query, key, value):
-    if not _one_call(query, key, value, any_dv=True):
+def _refuse_not_one_call(query, key, value, traced=False):
+    if not _one_call(query, key, value, any_dv=True, traced=traced):
         raise ValueError(f"q, k, v: the op takes one (B, H, S, D) call, got shapes {tuple(query.shape)}, "
                          f"{tuple(key.shape)}, {tuple(value.shape)}; call flashcore.attention, which takes "
                          f"SDPA's other shapes")
@@ -354,10 +356,13 @@ def _attention_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, c
     # bad call with the eager message, so an exported program cannot hold one.
     # Symbolic sizes are checked at the traced example's values; the op's own
     # checks at run time cover the rest (the kernel's refusals among them).
-    # Not under torch.compile: there dynamo would turn the message into its own
-    # RuntimeError, while the op's run-time check raises it as it is.
-    if query.device.type != "meta" and (torch.compiler.is_exporting() or not torch.compiler.is_compiling()):
-        _refuse_not_one_call(query, key, value)
+    # Not under torch.compile (a tracing context, or the compiling flag, which
+    # torch 2.11 leaves off in the fake calls): there dynamo would turn the
+    # message into its own RuntimeError, while the op's run-time check raises
+    # it as it is.
+    compiling = torch.compiler.is_compiling() or TracingContext.try_get() is not None
+    if query.device.type != "meta" and (torch.compiler.is_exporting() or not compiling):
+        _refuse_not_one_call(query, key, value, traced=True)
         ts = _at_hints((query, key, value))
         if ts is not None and not _C.check_call(*ts, attn_mask, dropout_p, is_causal, scale, causal,
                                                 causal_alignment, return_lse, kernel, num_splits, window):
