@@ -147,8 +147,10 @@ bool dv_candidate(const at::Tensor& q, const at::Tensor& v) {
     return dv >= 8 && dv < d && dv % 8 == 0;
 }
 
-// own_dv: the forward, where v's head dim may be its own (dv_candidate).
-void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool own_dv = false) {
+// own_dv: the forward, where v's head dim may be its own (dv_candidate). sizes false: the checks
+// that read no size or stride only (check_call's, for traced sizes that have no value).
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool own_dv = false,
+                  bool sizes = true) {
     const at::Tensor* ts[3] = {&q, &k, &v};
     const char* names[3] = {"q", "k", "v"};
     for (int i = 0; i < 3; ++i) {
@@ -160,7 +162,7 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
             value_error(std::string(names[i]) + ": layout " + layout.str() + " is not supported; call " + names[i] +
                         ".to_dense()");
         }
-        if (t.dim() != 4)
+        if (sizes && t.dim() != 4)
             value_error(std::string(names[i]) + ": expected a 4-D (B, H, S, D) tensor, got " +
                         std::to_string(t.dim()) + "-D of shape " + shape_str(t) +
                         "; add the missing dims with unsqueeze or reshape");
@@ -177,7 +179,7 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
             value_error(std::string(names[i]) + ": device " + t.device().str() +
                         " is not supported; use a CUDA or CPU tensor");
         }
-        if (t.stride(3) != 1)
+        if (sizes && t.stride(3) != 1)
             value_error(std::string(names[i]) + ": the last dim must be contiguous (stride 1), got stride " +
                         std::to_string(t.stride(3)) + "; call " + names[i] + ".contiguous()");
         // A negated view (torch._neg_view) holds -x as x plus a flag the kernels do not read.
@@ -199,6 +201,7 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
             type_error(std::string(names[i]) + ": dtype " + std::string(c10::toString(ts[i]->scalar_type())) +
                        " differs from q's " + std::string(c10::toString(q.scalar_type())) +
                        "; cast q, k and v to one dtype");
+        if (!sizes) continue;
         if (ts[i]->size(0) != q.size(0))
             value_error(std::string(names[i]) + ": batch " + std::to_string(ts[i]->size(0)) +
                         " differs from q's " + std::to_string(q.size(0)) + "; q, k and v need the same B");
@@ -211,6 +214,7 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          : own_dv ? "; this entry takes v's head dim equal to D or a multiple of 8 below it"
                                   : "; this entry needs v's D = q's"));
     }
+    if (!sizes) return;
     if (v.size(1) != k.size(1))
         value_error("v: " + std::to_string(v.size(1)) + " heads but k has " + std::to_string(k.size(1)) +
                     "; k and v need the same number of heads");
@@ -883,7 +887,8 @@ pybind11::object attention(const pybind11::handle& query, const pybind11::handle
 // attention()'s checks that read neither the data nor the GPU, on the custom op's arguments
 // (flashcore/__init__.py's fake implementation runs them on an exported call's fake tensors, so
 // torch.export refuses a bad call when it traces it, with the eager message). q, k and v are one
-// (B, H, S, D) call with concrete sizes. False for a v whose head dim is its own and one no kernel
+// (B, H, S, D) call with concrete sizes, or (sizes false: a traced size has no value) 4-D tensors
+// whose sizes and strides are not read. False for a v whose head dim is its own and one no kernel
 // takes (not dv_candidate: the op raises its own message). What the kernel refuses (fc_attn_fwd_check:
 // the GPU's arch and shared memory, alignment, the split plan, whether it takes v's own head dim)
 // needs the GPU and the pointers, and is checked when the call runs.
@@ -891,14 +896,14 @@ bool check_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
                 const pybind11::object& dropout_p, const pybind11::object& is_causal, const pybind11::object& scale,
                 const pybind11::object& causal, const pybind11::object& causal_alignment,
                 const pybind11::object& return_lse, const pybind11::object& kernel,
-                const pybind11::object& num_splits, const pybind11::object& window) {
+                const pybind11::object& num_splits, const pybind11::object& window, bool sizes) {
     at::NoGradGuard no_grad;  // (inputs that require grad are the op's autograd formula's, as in its run)
     const CallArgs a = parse_args(attn_mask, dropout_p, is_causal, scale, pybind11::bool_(false), causal,
                                   causal_alignment, return_lse, kernel, num_splits, window);
-    if (q.dim() == 4 && v.dim() == 4 && v.size(3) != q.size(3) && !dv_candidate(q, v)) return false;
-    check_inputs(q, k, v, true);
+    if (sizes && q.dim() == 4 && v.dim() == 4 && v.size(3) != q.size(3) && !dv_candidate(q, v)) return false;
+    check_inputs(q, k, v, true, sizes);
     check_num_splits(a.splits);
-    check_scale(a.has_scale ? a.scale : 1.0 / std::sqrt((double)q.size(3)));
+    if (sizes || a.has_scale) check_scale(a.has_scale ? a.scale : 1.0 / std::sqrt((double)q.size(3)));
     check_kernel_id(q, a.kernel);
     return true;
 }
@@ -982,7 +987,8 @@ PYBIND11_MODULE(_C, m) {
           "implementation's); false: v's head dim is its own and one no kernel takes",
           py::arg("query"), py::arg("key"), py::arg("value"), py::arg("attn_mask"), py::arg("dropout_p"),
           py::arg("is_causal"), py::arg("scale"), py::arg("causal"), py::arg("causal_alignment"),
-          py::arg("return_lse"), py::arg("kernel"), py::arg("num_splits"), py::arg("window"));
+          py::arg("return_lse"), py::arg("kernel"), py::arg("num_splits"), py::arg("window"),
+          py::arg("sizes") = true);
     m.attr("ATTENTION_DOC") = FC_ATTENTION_DOC;
     m.attr("KERNELS") = name_dict(KERNEL_IDS);
     m.attr("CAUSAL_ALIGNMENTS") = name_dict(ALIGNMENT_IDS);

@@ -363,9 +363,14 @@ def _attention_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, c
     compiling = torch.compiler.is_compiling() or TracingContext.try_get() is not None
     if query.device.type != "meta" and (torch.compiler.is_exporting() or not compiling):
         _refuse_not_one_call(query, key, value, traced=True)
-        ts = _at_hints((query, key, value))
-        if ts is not None and not _C.check_call(*ts, attn_mask, dropout_p, is_causal, scale, causal,
-                                                causal_alignment, return_lse, kernel, num_splits, window):
+        ts, sizes = _at_hints(_autocast(query, key, value))
+        if sizes and not _one_call(*ts, any_dv=True):
+            # (sizes known to differ only at the example's values, e.g. independent batch dims: the
+            # eager call's refusal of shapes that do not broadcast, else the op's of another call)
+            _as_bhsd(*ts, scale)
+            _refuse_not_one_call(*ts)
+        if not _C.check_call(*ts, attn_mask, dropout_p, is_causal, scale, causal, causal_alignment, return_lse,
+                             kernel, num_splits, window, sizes):
             _refuse_own_dv(query, value)
     out = query.new_empty((*query.shape[:3], value.shape[3]))  # (B, Hq, Sq, Dv)
     lse = query.new_empty(tuple(query.shape[:3]) if return_lse else (0,), dtype=torch.float32)
@@ -373,21 +378,31 @@ def _attention_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, c
 
 
 def _at_hints(ts):
-    # Fake tensors ts with their symbolic sizes and strides at the traced
-    # example's values (the binding reads ints): the tensors themselves where
-    # all are concrete, fresh ones of the same dtype and device otherwise; None
-    # where one has no such value (an unbacked size).
-    out = []
-    for t in ts:
-        dims = (*t.shape, *t.stride())
-        if all(type(d) is int for d in dims):
-            out.append(t)
-            continue
-        vals = [d if type(d) is int else getattr(d.node, "hint", None) for d in dims]
-        if any(type(x) is not int for x in vals):
-            return None
-        out.append(t.new_empty_strided(vals[:t.dim()], vals[t.dim():]))
-    return out
+    # Fake q, k and v whose sizes and strides the binding can read (ints), for
+    # _C.check_call: the tensors themselves where all are concrete, otherwise
+    # fresh ones of the same dtype and device with each symbolic size at its
+    # value in the traced example (its hint). A size with no such value
+    # (unbacked: data-dependent) takes one no check refuses by: a sequence
+    # length (q's 1; k's or v's the other's, the one check_inputs compares it
+    # with) or a stride of dims 0-2 (1; only the last dim's is read). Returns
+    # (tensors, True), or (ts, False) where another size has no value
+    # (check_call then reads no size or stride).
+    def value(d):
+        x = d if type(d) is int else getattr(d.node, "hint", None)
+        return x if type(x) is int else None
+    if all(type(d) is int for t in ts for d in (*t.shape, *t.stride())):
+        return ts, True
+    sizes = [[value(d) for d in t.shape] for t in ts]
+    strides = [[value(d) for d in t.stride()] for t in ts]
+    (q, k, v) = sizes
+    q[2] = 1 if q[2] is None else q[2]
+    k[2] = k[2] if k[2] is not None else v[2] if v[2] is not None else 1
+    v[2] = k[2] if v[2] is None else v[2]
+    for st in strides:
+        st[:3] = [1 if x is None else x for x in st[:3]]
+    if any(x is None for dims in sizes + strides for x in dims):
+        return ts, False
+    return [t.new_empty_strided(n, st) for t, n, st in zip(ts, sizes, strides)], True
 
 
 @_attention_op.register_vmap

@@ -224,6 +224,59 @@ def test_export_refuses_bad_calls(shapes, dtype, kw, exc, match):
     assert torch.equal(ep.module()(q, k, v), flashcore.attention(q, k, v))
 
 
+class _ExportedPrefix(torch.nn.Module):
+    """Attention over the first n keys, n read from a tensor: an unbacked (data-dependent) Sk."""
+    def __init__(self, **kw):
+        super().__init__()
+        self.kw = kw
+
+    def forward(self, q, k, v, n):
+        n = n.item()
+        torch._check(n >= 1)
+        torch._check(n <= k.shape[2])
+        return flashcore.attention(q, k[:, :, :n], v[:, :, :n], **self.kw)
+
+
+@pytest.mark.parametrize("dtype,D,kw,exc,match", [
+    (torch.float32, 64, {"scale": -1.0}, ValueError, r"^scale: got -1"),
+    (torch.float64, 64, {}, TypeError, r"^q: dtype Double is not supported"),
+    (torch.float32, 12, {}, ValueError, r"^q: head dim D=12 is not supported"),
+    (torch.float32, 64, {"kernel": "sm80"}, ValueError, r"^kernel: a GPU kernel was forced"),
+], ids=["scale", "fp64", "D12", "kernel"])
+def test_export_refuses_bad_calls_of_unbacked_length(dtype, D, kw, exc, match):
+    """With a data-dependent Sk (no value in the trace), export still refuses what the eager call
+    refuses by name; the good call exports and runs at other lengths."""
+    q, k, v = (torch.randn(2, 4, 9, D, dtype=dtype) for _ in range(3))
+    n = torch.tensor(5)
+    with pytest.raises(exc, match=match):
+        _ExportedPrefix(**kw)(q, k, v, n)
+    with pytest.raises(exc, match=match):
+        torch.export.export(_ExportedPrefix(**kw), (q, k, v, n))
+    q, k, v = (torch.randn(2, 4, 9, 64) for _ in range(3))
+    ep = torch.export.export(_ExportedPrefix(), (q, k, v, n))
+    for m in (1, 7):
+        assert torch.equal(ep.module()(q, k, v, torch.tensor(m)), flashcore.attention(q, k[:, :, :m], v[:, :, :m]))
+
+
+def test_export_independent_dims_refuse_as_eager():
+    """Batch (or head) dims exported as independent, whose example sizes do not broadcast: export
+    refuses with the eager call's message, not the op's."""
+    q, k, v = torch.randn(2, 4, 9, 64), torch.randn(3, 4, 11, 64), torch.randn(3, 4, 11, 64)
+    match = r"^k: the batch dims \(all but the last three\) of shape \(3, 4, 11, 64\) do not broadcast"
+    with pytest.raises(ValueError, match=match):
+        flashcore.attention(q, k, v)
+    bq, bk = torch.export.Dim("bq", min=2), torch.export.Dim("bk", min=2)
+    with pytest.raises(ValueError, match=match):
+        torch.export.export(_Exported(), (q, k, v), dynamic_shapes=({0: bq}, {0: bk}, {0: bk}))
+    q, k, v = torch.randn(2, 4, 9, 64), torch.randn(2, 2, 11, 64), torch.randn(2, 3, 11, 64)
+    match = r"^v: 3 heads but k has 2; k and v need the same number of heads \(or one of them 1, broadcast\)"
+    with pytest.raises(ValueError, match=match):
+        flashcore.attention(q, k, v)
+    hk, hv = torch.export.Dim("hk", min=2), torch.export.Dim("hv", min=2)
+    with pytest.raises(ValueError, match=match):
+        torch.export.export(_Exported(), (q, k, v), dynamic_shapes=(None, {1: hk}, {1: hv}))
+
+
 def test_fake_and_meta_calls_of_the_op():
     """The op on fake CUDA tensors (no GPU needed) refuses what the eager call refuses (fp32 on CUDA),
     and what its run refuses (a v head dim of its own that no kernel takes, a call that is not one
