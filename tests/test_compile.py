@@ -258,23 +258,21 @@ def test_export_refuses_bad_calls_of_unbacked_length(dtype, D, kw, exc, match):
         assert torch.equal(ep.module()(q, k, v, torch.tensor(m)), flashcore.attention(q, k[:, :, :m], v[:, :, :m]))
 
 
-def test_export_independent_dims_refuse_as_eager():
+@pytest.mark.parametrize("shapes,dims,match", [
+    (((2, 4, 9, 64), (3, 4, 11, 64), (3, 4, 11, 64)), ({0: "bq"}, {0: "bk"}, {0: "bk"}),
+     r"^k: the batch dims \(all but the last three\) of shape \(3, 4, 11, 64\) do not broadcast"),
+    (((2, 4, 9, 64), (2, 2, 11, 64), (2, 3, 11, 64)), (None, {1: "hk"}, {1: "hv"}),
+     r"^v: 3 heads but k has 2; k and v need the same number of heads \(or one of them 1, broadcast\)"),
+], ids=["batch", "heads"])
+def test_export_independent_dims_refuse_as_eager(shapes, dims, match):
     """Batch (or head) dims exported as independent, whose example sizes do not broadcast: export
     refuses with the eager call's message, not the op's."""
-    q, k, v = torch.randn(2, 4, 9, 64), torch.randn(3, 4, 11, 64), torch.randn(3, 4, 11, 64)
-    match = r"^k: the batch dims \(all but the last three\) of shape \(3, 4, 11, 64\) do not broadcast"
+    q, k, v = (torch.randn(*s) for s in shapes)
     with pytest.raises(ValueError, match=match):
         flashcore.attention(q, k, v)
-    bq, bk = torch.export.Dim("bq", min=2), torch.export.Dim("bk", min=2)
+    dynamic = tuple(d and {i: torch.export.Dim(name, min=2) for i, name in d.items()} for d in dims)
     with pytest.raises(ValueError, match=match):
-        torch.export.export(_Exported(), (q, k, v), dynamic_shapes=({0: bq}, {0: bk}, {0: bk}))
-    q, k, v = torch.randn(2, 4, 9, 64), torch.randn(2, 2, 11, 64), torch.randn(2, 3, 11, 64)
-    match = r"^v: 3 heads but k has 2; k and v need the same number of heads \(or one of them 1, broadcast\)"
-    with pytest.raises(ValueError, match=match):
-        flashcore.attention(q, k, v)
-    hk, hv = torch.export.Dim("hk", min=2), torch.export.Dim("hv", min=2)
-    with pytest.raises(ValueError, match=match):
-        torch.export.export(_Exported(), (q, k, v), dynamic_shapes=(None, {1: hk}, {1: hv}))
+        torch.export.export(_Exported(), (q, k, v), dynamic_shapes=dynamic)
 
 
 def test_fake_and_meta_calls_of_the_op():
