@@ -5,6 +5,7 @@
 #include <ATen/autocast_mode.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/jit/frontend/tracer.h>
 
 #include <cmath>
@@ -838,8 +839,10 @@ void autocast_inputs(at::Tensor& q, at::Tensor& k, at::Tensor& v) {
 // flashcore.attention: SDPA's argument list plus flashcore's keyword-only
 // options, handled here so an eager call does no Python-level work. Returns
 // NotImplemented for calls the custom op must take: inputs for_dispatcher
-// names, inputs that require grad (the op carries the autograd formula), and
-// calls under torch.jit.trace (which records dispatcher ops only).
+// names, inputs that require grad (the op carries the autograd formula), calls
+// under torch.jit.trace (which records dispatcher ops only), and calls under a
+// TorchDispatchMode (FlopCounterMode, selective activation checkpointing,
+// debug and logging modes), which sees only the ops the dispatcher runs.
 pybind11::object attention(const pybind11::handle& query, const pybind11::handle& key, const pybind11::handle& value,
                            const pybind11::object& attn_mask, const pybind11::object& dropout_p,
                            const pybind11::object& is_causal, const pybind11::object& scale,
@@ -847,8 +850,8 @@ pybind11::object attention(const pybind11::handle& query, const pybind11::handle
                            const pybind11::object& causal_alignment, const pybind11::object& return_lse,
                            const pybind11::object& kernel, const pybind11::object& num_splits,
                            const pybind11::object& window) {
-    if (torch::jit::tracer::isTracing() || for_dispatcher(query, "q") || for_dispatcher(key, "k") ||
-        for_dispatcher(value, "v"))
+    if (torch::jit::tracer::isTracing() || c10::impl::TorchDispatchModeTLS::any_modes_set() ||
+        for_dispatcher(query, "q") || for_dispatcher(key, "k") || for_dispatcher(value, "v"))
         return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
     at::Tensor q = tensor_arg(query, "q");
     at::Tensor k = tensor_arg(key, "k");

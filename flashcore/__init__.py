@@ -16,6 +16,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch._guards import TracingContext
 from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.utils.flop_counter import register_flop_formula
 
 from . import _C
 
@@ -529,3 +530,25 @@ def _attention_backward_fake(grad_out, query, key, value, out, lse, grad_lse, sc
 
 
 _attention_op.register_autograd(_attention_backward, setup_context=_attention_setup_context)
+
+
+# ---- FLOP counts (torch.utils.flop_counter.FlopCounterMode) ----
+#
+# As torch counts its fused SDPA kernels, so that a model's count does not
+# change when flashcore replaces SDPA: the two matmuls of each query head,
+# causal masks and windows not subtracted; the backward counts the recomputed
+# scores and four more matmuls. (An eager call under the mode runs the op.)
+
+@register_flop_formula(torch.ops.flashcore.attention)
+def _attention_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    b, hq, sq, d = query_shape
+    dv = value_shape[3]
+    return 2 * b * hq * sq * key_shape[2] * (d + dv)  # S = Q K^T, O = P V
+
+
+@register_flop_formula(torch.ops.flashcore.attention_backward)
+def _attention_backward_flop(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None,
+                             **kwargs) -> int:
+    b, hq, sq, d = query_shape
+    dv = value_shape[3]
+    return 2 * b * hq * sq * key_shape[2] * (3 * d + 2 * dv)  # S again, dP, dV (Dv); dQ, dK (D)

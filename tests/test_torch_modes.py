@@ -3,7 +3,9 @@
 Eager calls go straight to the binding; what only torch's dispatcher can run
 takes the custom op (torch.ops.flashcore.attention): torch.jit.trace, tensor
 subclasses (wrapper subclasses, FakeTensor, __torch_function__ overrides) and
-functorch transforms (vmap, with a batching rule). torch.autocast casts the inputs as it does for
+functorch transforms (vmap, with a batching rule), and every call under a
+TorchDispatchMode (FlopCounterMode counts it as torch counts SDPA's fused
+kernels; selective activation checkpointing can save it). torch.autocast casts the inputs as it does for
 SDPA. Layouts and views the kernels cannot read, and forward-mode AD
 tangents, are refused by name. CPU tests, plus one autocast test on the GPU.
 """
@@ -189,6 +191,73 @@ class Logged(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         cls.seen.append(getattr(func, "__name__", str(func)))
         return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_dispatch_modes_see_the_call():
+    """Under a TorchDispatchMode the eager call runs as the op, so the mode sees it (the same output bit
+    for bit); outside one the mode-free path runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = qkv()
+    want = flashcore.attention(q, k, v, is_causal=True)
+    with Record() as mode:
+        got = flashcore.attention(q, k, v, is_causal=True)
+    assert "flashcore.attention.default" in mode.ops
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flop_counter_counts_like_sdpa(causal):
+    """FlopCounterMode counts the forward and backward with torch's formulas for its fused SDPA kernels
+    (2 B Hq Sq Sk (D + Dv) forward, 2 B Hq Sq Sk (3 D + 2 Dv) backward; causal not subtracted), GQA
+    and v's own head dim included, with or without grad."""
+    from torch.utils.flop_counter import FlopCounterMode
+    B, Hq, Hkv, Sq, Sk, D, Dv = 2, 4, 2, 17, 23, 64, 32
+    q = torch.randn(B, Hq, Sq, D, requires_grad=True)
+    k = torch.randn(B, Hkv, Sk, D, requires_grad=True)
+    v = torch.randn(B, Hkv, Sk, Dv, requires_grad=True)
+    fwd, bwd = 2 * B * Hq * Sq * Sk * (D + Dv), 2 * B * Hq * Sq * Sk * (3 * D + 2 * Dv)
+    with FlopCounterMode(display=False) as m:
+        out = flashcore.attention(q, k, v, is_causal=causal)
+        out.sum().backward()
+    counts = {str(op): n for op, n in m.get_flop_counts()["Global"].items()}
+    assert counts == {"flashcore.attention": fwd, "flashcore.attention_backward": bwd}
+    with torch.no_grad(), FlopCounterMode(display=False) as m:
+        flashcore.attention(q, k, v, is_causal=causal)
+    assert m.get_total_flops() == fwd
+
+
+def test_selective_checkpoint_saves_the_call():
+    """Selective activation checkpointing with a policy that saves the attention: the backward does not
+    run the forward again, and the gradients are those of the plain call."""
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+    from torch.utils.flop_counter import FlopCounterMode
+    q, k, v = (t.requires_grad_() for t in qkv())
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op == torch.ops.flashcore.attention.default else \
+            CheckpointPolicy.PREFER_RECOMPUTE
+
+    def f(q, k, v):
+        return flashcore.attention(q * 2, k, v, is_causal=True)
+
+    want = torch.autograd.grad(f(q, k, v).sum(), (q, k, v))
+    with FlopCounterMode(display=False) as m:
+        out = checkpoint(f, q, k, v, use_reentrant=False,
+                         context_fn=lambda: create_selective_checkpoint_contexts(policy))
+        got = torch.autograd.grad(out.sum(), (q, k, v))
+    counts = {str(op): n for op, n in m.get_flop_counts()["Global"].items()}
+    assert counts["flashcore.attention"] == 2 * 2 * 4 * 17 * 23 * 128  # once: saved, not recomputed
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 def test_torch_function_subclass_sees_the_call():
