@@ -216,15 +216,17 @@ def test_dispatch_modes_see_the_call():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_flop_counter_counts_like_sdpa(causal):
+@pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=requires_gpu)])
+def test_flop_counter_counts_like_sdpa(dev, causal):
     """FlopCounterMode counts the forward and backward with torch's formulas for its fused SDPA kernels
     (2 B Hq Sq Sk (D + Dv) forward, 2 B Hq Sq Sk (3 D + 2 Dv) backward; causal not subtracted), GQA
-    and v's own head dim included, with or without grad."""
+    and (on the CPU, which takes it as it is) v's own head dim included, with or without grad."""
     from torch.utils.flop_counter import FlopCounterMode
-    B, Hq, Hkv, Sq, Sk, D, Dv = 2, 4, 2, 17, 23, 64, 32
-    q = torch.randn(B, Hq, Sq, D, requires_grad=True)
-    k = torch.randn(B, Hkv, Sk, D, requires_grad=True)
-    v = torch.randn(B, Hkv, Sk, Dv, requires_grad=True)
+    B, Hq, Hkv, Sq, Sk, D, Dv = 2, 4, 2, 17, 23, 64, 32 if dev == "cpu" else 64
+    dtype = torch.float32 if dev == "cpu" else torch.float16
+    q = torch.randn(B, Hq, Sq, D, device=dev, dtype=dtype, requires_grad=True)
+    k = torch.randn(B, Hkv, Sk, D, device=dev, dtype=dtype, requires_grad=True)
+    v = torch.randn(B, Hkv, Sk, Dv, device=dev, dtype=dtype, requires_grad=True)
     fwd, bwd = 2 * B * Hq * Sq * Sk * (D + Dv), 2 * B * Hq * Sq * Sk * (3 * D + 2 * Dv)
     with FlopCounterMode(display=False) as m:
         out = flashcore.attention(q, k, v, is_causal=causal)
