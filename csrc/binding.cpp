@@ -836,6 +836,13 @@ void autocast_inputs(at::Tensor& q, at::Tensor& k, at::Tensor& v) {
     v = at::autocast::cached_cast(to, v, dev);
 }
 
+// Whether a TorchDispatchMode would see a call run as the op: one is set, and Python dispatch is
+// not switched off (torch.utils._mode_utils.no_dispatch: the call then runs here, as with no mode).
+bool dispatch_mode_active() {
+    return c10::impl::TorchDispatchModeTLS::any_modes_set() &&
+           !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python);
+}
+
 // flashcore.attention: SDPA's argument list plus flashcore's keyword-only
 // options, handled here so an eager call does no Python-level work. Returns
 // NotImplemented for calls the custom op must take: inputs for_dispatcher
@@ -850,14 +857,27 @@ pybind11::object attention(const pybind11::handle& query, const pybind11::handle
                            const pybind11::object& causal_alignment, const pybind11::object& return_lse,
                            const pybind11::object& kernel, const pybind11::object& num_splits,
                            const pybind11::object& window) {
-    if (torch::jit::tracer::isTracing() || c10::impl::TorchDispatchModeTLS::any_modes_set() ||
-        for_dispatcher(query, "q") || for_dispatcher(key, "k") || for_dispatcher(value, "v"))
+    if (torch::jit::tracer::isTracing() || for_dispatcher(query, "q") || for_dispatcher(key, "k") ||
+        for_dispatcher(value, "v"))
         return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
     at::Tensor q = tensor_arg(query, "q");
     at::Tensor k = tensor_arg(key, "k");
     at::Tensor v = tensor_arg(value, "v");
     if (!bhsd_call(q, k, v, true)) return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
     const bool own_dv = !bhsd_call(q, k, v);  // v's head dim its own (native_dv)
+    if (dispatch_mode_active()) {
+        // check_inputs' refusals first, in its words (the op's schema and dispatcher word some
+        // otherwise, and take a negated view); not where autocast casts the inputs first or v's head
+        // dim is its own (flashcore.attention judges those calls, and the op then raises the same).
+        const c10::DeviceType dev = q.device().type();
+        const bool cast = (dev == c10::DeviceType::CUDA || dev == c10::DeviceType::CPU) &&
+                          at::autocast::is_autocast_enabled(dev);
+        if (!own_dv && !cast) {
+            at::NoGradGuard no_grad;  // (requiring grad is the op's autograd formula's)
+            check_inputs(q, k, v);
+        }
+        return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
+    }
     // Inputs that require grad while autograd records take the custom op, whose
     // autograd formula runs the backward (flashcore/__init__.py); a forward-mode
     // tangent is refused first, as check_inputs refuses it.

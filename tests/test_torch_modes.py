@@ -211,7 +211,17 @@ def test_dispatch_modes_see_the_call():
     want = flashcore.attention(q, k, v, is_causal=True)
     with Record() as mode:
         got = flashcore.attention(q, k, v, is_causal=True)
-    assert "flashcore.attention.default" in mode.ops
+        # refusals in the eager words, before the op's schema or dispatcher could word them
+        with pytest.raises(TypeError, match=r"^q: expected a torch.Tensor, got list"):
+            flashcore.attention([1.0], k, v)
+        with pytest.raises(ValueError, match=r"^q: is a negated view"):
+            flashcore.attention(torch._neg_view(q), k, v)
+        with pytest.raises(ValueError, match=r"^q: device meta is not supported"):
+            flashcore.attention(*(t.to("meta") for t in (q, k, v)))
+        # with Python dispatch off the mode sees nothing, and the call runs as with no mode
+        with torch.utils._mode_utils.no_dispatch():
+            assert torch.equal(flashcore.attention(q, k, v, is_causal=True), want)
+    assert mode.ops.count("flashcore.attention.default") == 1
     assert torch.equal(got, want)
 
 
