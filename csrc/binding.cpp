@@ -823,13 +823,17 @@ bool native_dv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, in
     return fc_attn_fwd_check_args(&p, nullptr, 0) == FC_OK;
 }
 
+// Whether autocast casts inputs on device type dev (CUDA and CPU: the two flashcore runs on).
+bool autocast_on(c10::DeviceType dev) {
+    return (dev == c10::DeviceType::CUDA || dev == c10::DeviceType::CPU) && at::autocast::is_autocast_enabled(dev);
+}
+
 // Under torch.autocast SDPA runs in the autocast dtype (by default fp16 on
 // CUDA, bf16 on the CPU), casting floating inputs other than fp64: flashcore
 // casts as SDPA does.
 void autocast_inputs(at::Tensor& q, at::Tensor& k, at::Tensor& v) {
     const c10::DeviceType dev = q.device().type();
-    if ((dev != c10::DeviceType::CUDA && dev != c10::DeviceType::CPU) || !at::autocast::is_autocast_enabled(dev))
-        return;
+    if (!autocast_on(dev)) return;
     const at::ScalarType to = at::autocast::get_autocast_dtype(dev);
     q = at::autocast::cached_cast(to, q, dev);
     k = at::autocast::cached_cast(to, k, dev);
@@ -869,10 +873,7 @@ pybind11::object attention(const pybind11::handle& query, const pybind11::handle
         // check_inputs' refusals first, in its words (the op's schema and dispatcher word some
         // otherwise, and take a negated view); not where autocast casts the inputs first or v's head
         // dim is its own (flashcore.attention judges those calls, and the op then raises the same).
-        const c10::DeviceType dev = q.device().type();
-        const bool cast = (dev == c10::DeviceType::CUDA || dev == c10::DeviceType::CPU) &&
-                          at::autocast::is_autocast_enabled(dev);
-        if (!own_dv && !cast) {
+        if (!own_dv && !autocast_on(q.device().type())) {
             at::NoGradGuard no_grad;  // (requiring grad is the op's autograd formula's)
             check_inputs(q, k, v);
         }

@@ -363,13 +363,12 @@ def _attention_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, c
     # it as it is.
     compiling = torch.compiler.is_compiling() or TracingContext.try_get() is not None
     if query.device.type != "meta" and (torch.compiler.is_exporting() or not compiling):
-        _refuse_not_one_call(query, key, value, traced=True)
         ts, sizes = _at_hints(_autocast(query, key, value))
         if sizes and not _one_call(*ts, any_dv=True):
-            # (sizes known to differ only at the example's values, e.g. independent batch dims: the
-            # eager call's refusal of shapes that do not broadcast, else the op's of another call)
+            # (sizes that differ at the example's values, independent batch dims among them: the eager
+            # call's refusal of shapes that do not broadcast, else the op's of another call)
             _as_bhsd(*ts, scale)
-            _refuse_not_one_call(*ts)
+        _refuse_not_one_call(*ts, traced=True)
         if not _C.check_call(*ts, attn_mask, dropout_p, is_causal, scale, causal, causal_alignment, return_lse,
                              kernel, num_splits, window, sizes):
             _refuse_own_dv(query, value)

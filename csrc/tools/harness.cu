@@ -350,16 +350,6 @@ static bool grid_cases(bool bwd, fc_kernel kernel, Select sel, std::vector<Case>
     return keep_head_dim(*cases);
 }
 
-static int run_check(fc_kernel kernel, Select sel) {
-    std::mt19937 rng(1234);
-    std::vector<Case> cases;
-    if (!grid_cases(false, kernel, sel, &cases)) return 2;
-    int fails = 0;
-    for (const Case& c : cases) fails += !check_case(c, kernel, rng);
-    printf("check: %zu cases, %d failed\n", cases.size(), fails);
-    return fails ? 1 : 0;
-}
-
 // ---------------------------------------------------------------------------
 // Backward check: the GPU forward gives O and LSE, then fc_attn_bwd runs on the
 // GPU (sm80 kernel) and on the CPU path with the same values in fp32.
@@ -563,13 +553,14 @@ static std::vector<Case> check_bwd_cases(fc_kernel kernel) {
     return cases;
 }
 
-static int run_check_bwd(fc_kernel kernel, Select sel) {
-    std::mt19937 rng(4321);
+// check (bwd: check-bwd): every case of the grid for kernel with selection sel; 1 if any failed.
+static int run_check(bool bwd, fc_kernel kernel, Select sel) {
+    std::mt19937 rng(bwd ? 4321 : 1234);
     std::vector<Case> cases;
-    if (!grid_cases(true, kernel, sel, &cases)) return 2;
+    if (!grid_cases(bwd, kernel, sel, &cases)) return 2;
     int fails = 0;
-    for (const Case& c : cases) fails += !check_bwd_case(c, kernel, rng);
-    printf("check-bwd: %zu cases, %d failed\n", cases.size(), fails);
+    for (const Case& c : cases) fails += !(bwd ? check_bwd_case(c, kernel, rng) : check_case(c, kernel, rng));
+    printf("%s: %zu cases, %d failed\n", bwd ? "check-bwd" : "check", cases.size(), fails);
     return fails ? 1 : 0;
 }
 
@@ -913,9 +904,9 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop;
     CUDA_OK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s (sm_%d%d), kernel=%s\n", prop.name, prop.major, prop.minor, kname.c_str());
-    if (mode == "check") return run_check(kernel, sel);
+    if (mode == "check") return run_check(false, kernel, sel);
     if (mode == "bench") return run_bench(kernel);
-    if (mode == "check-bwd") return run_check_bwd(kernel, sel);
+    if (mode == "check-bwd") return run_check(true, kernel, sel);
     if (mode == "bench-bwd" && (argc == 3 || argc == 11)) return run_bench_bwd(kernel, argc, argv);
     if (mode == "host" && argc == 10) return run_host(case_from_args(argv + 3), kernel);
 #ifdef FC_SM90_TRACE
