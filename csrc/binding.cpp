@@ -70,7 +70,8 @@ Args:
         with the window, not with Sk. Every kernel takes it, forward and
         backward.
 
-Dtypes: fp16 and bf16 on CUDA; fp16, bf16 and fp32 on the CPU.
+Dtypes: fp16 and bf16 on CUDA; fp16, bf16 and fp32 on the CPU. Meta
+tensors (the CPU's dtypes) give meta outputs of the right shapes.
 Head dim D: any multiple of 8 from 8 to 256; v's Dv: 0 to 256 (see value;
 the GPU backward's limits apply to the wider of the two).
 GPUs: compute capability 8.0 and newer (A100, L4/Ada, H100/H200).
@@ -149,9 +150,11 @@ bool dv_candidate(const at::Tensor& q, const at::Tensor& v) {
 }
 
 // own_dv: the forward, where v's head dim may be its own (dv_candidate). sizes false: the checks
-// that read no size or stride only (check_call's, for traced sizes that have no value).
+// that read no size or stride only (check_call's, for traced sizes that have no value). meta: meta
+// tensors pass, in a dtype some device takes (check_call's: a meta call runs no kernel, only its
+// output shapes are made, and a meta tensor may stand for a CPU or a CUDA one).
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool own_dv = false,
-                  bool sizes = true) {
+                  bool sizes = true, bool meta = false) {
     const at::Tensor* ts[3] = {&q, &k, &v};
     const char* names[3] = {"q", "k", "v"};
     for (int i = 0; i < 3; ++i) {
@@ -171,7 +174,7 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
             if (t.scalar_type() != at::kHalf && t.scalar_type() != at::kBFloat16)
                 type_error(std::string(names[i]) + ": dtype " + std::string(c10::toString(t.scalar_type())) +
                            " is not supported on CUDA; use torch.float16 or torch.bfloat16");
-        } else if (t.is_cpu()) {
+        } else if (t.is_cpu() || (meta && t.is_meta())) {
             if (t.scalar_type() != at::kHalf && t.scalar_type() != at::kBFloat16 &&
                 t.scalar_type() != at::kFloat)
                 type_error(std::string(names[i]) + ": dtype " + std::string(c10::toString(t.scalar_type())) +
@@ -850,7 +853,7 @@ bool dispatch_mode_active() {
 // flashcore.attention: SDPA's argument list plus flashcore's keyword-only
 // options, handled here so an eager call does no Python-level work. Returns
 // NotImplemented for calls the custom op must take: inputs for_dispatcher
-// names, inputs that require grad (the op carries the autograd formula), calls
+// names, meta tensors, inputs that require grad (the op carries the autograd formula), calls
 // under torch.jit.trace (which records dispatcher ops only), and calls under a
 // TorchDispatchMode (FlopCounterMode, selective activation checkpointing,
 // debug and logging modes), which sees only the ops the dispatcher runs.
@@ -868,6 +871,17 @@ pybind11::object attention(const pybind11::handle& query, const pybind11::handle
     at::Tensor k = tensor_arg(key, "k");
     at::Tensor v = tensor_arg(value, "v");
     if (!bhsd_call(q, k, v, true)) return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
+    // Meta tensors (shapes without data: a model run on the meta device to count its FLOPs or plan its
+    // memory) take the op, whose meta kernel checks the call as its fake implementation does and gives
+    // the output's shapes, as SDPA gives them on meta tensors. Meta mixed with another device is
+    // refused here (check_inputs names the tensor on the other device), before the op would run.
+    if (q.is_meta() || k.is_meta() || v.is_meta()) {
+        if (!(q.is_meta() && k.is_meta() && v.is_meta())) {
+            at::NoGradGuard no_grad;  // (requiring grad is the op's autograd formula's)
+            check_inputs(q, k, v, true, true, true);
+        }
+        return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
+    }
     const bool own_dv = !bhsd_call(q, k, v);  // v's head dim its own (native_dv)
     if (dispatch_mode_active()) {
         // check_inputs' refusals first, in its words (the op's schema and dispatcher word some
@@ -910,7 +924,8 @@ pybind11::object attention(const pybind11::handle& query, const pybind11::handle
 
 // attention()'s checks that read neither the data nor the GPU, on the custom op's arguments
 // (flashcore/__init__.py's fake implementation runs them on an exported call's fake tensors, so
-// torch.export refuses a bad call when it traces it, with the eager message). q, k and v are one
+// torch.export refuses a bad call when it traces it, with the eager message; and on meta tensors,
+// whose call runs no kernel). q, k and v are one
 // (B, H, S, D) call with concrete sizes, or (sizes false: a traced size has no value) 4-D tensors
 // whose sizes and strides are not read. False for a v whose head dim is its own and one no kernel
 // takes (not dv_candidate: the op raises its own message). What the kernel refuses (fc_attn_fwd_check:
@@ -925,7 +940,7 @@ bool check_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
     const CallArgs a = parse_args(attn_mask, dropout_p, is_causal, scale, pybind11::bool_(false), causal,
                                   causal_alignment, return_lse, kernel, num_splits, window);
     if (sizes && q.dim() == 4 && v.dim() == 4 && v.size(3) != q.size(3) && !dv_candidate(q, v)) return false;
-    check_inputs(q, k, v, true, sizes);
+    check_inputs(q, k, v, true, sizes, true);
     check_num_splits(a.splits);
     if (sizes || a.has_scale) check_scale(a.has_scale ? a.scale : 1.0 / std::sqrt((double)q.size(3)));
     check_kernel_id(q, a.kernel);

@@ -38,7 +38,7 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     # output shapes from _attention_fake): a torch.compile trace (which cannot
     # enter a C++ function), and the calls the binding hands back as
     # NotImplemented (torch.jit.trace, tensor subclasses, vmap and other
-    # functorch transforms).
+    # functorch transforms, meta tensors).
     if not torch.compiler.is_compiling():
         r = _C.attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
                          causal_alignment, return_lse, kernel, num_splits, window)
@@ -162,8 +162,8 @@ def _own_dv_op(query, key, value, is_causal, causal, causal_alignment, kernel, n
 
 
 def _plain_eager(ts):
-    # Plain tensors outside a torch.compile trace: data the binding's native_dv checks can read.
-    return not torch.compiler.is_compiling() and all(type(t) is torch.Tensor for t in ts)
+    # Plain tensors with data (not meta) outside a torch.compile trace: what the binding's native_dv checks read.
+    return not torch.compiler.is_compiling() and all(type(t) is torch.Tensor and not t.is_meta for t in ts)
 
 
 def _strided(ts):
@@ -352,9 +352,10 @@ def _refuse_own_dv(query, value):
 def _attention_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, causal, causal_alignment,
                     return_lse, kernel, num_splits, window=None):
     # The shapes the binding allocates: out like q (contiguous), lse (B, Hq, Sq)
-    # fp32. While torch.export traces (and for direct fake-tensor calls), the
-    # binding's checks that need no data and no GPU (_C.check_call) refuse a
-    # bad call with the eager message, so an exported program cannot hold one.
+    # fp32. While torch.export traces (and for direct fake-tensor calls, and
+    # meta tensors: the op's meta kernel), the binding's checks that need no
+    # data and no GPU (_C.check_call) refuse a bad call with the eager message,
+    # so an exported program cannot hold one.
     # Symbolic sizes are checked at the traced example's values; the op's own
     # checks at run time cover the rest (the kernel's refusals among them).
     # Not under torch.compile (a tracing context, or the compiling flag, which
@@ -362,7 +363,7 @@ def _attention_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, c
     # message into its own RuntimeError, while the op's run-time check raises
     # it as it is.
     compiling = torch.compiler.is_compiling() or TracingContext.try_get() is not None
-    if query.device.type != "meta" and (torch.compiler.is_exporting() or not compiling):
+    if torch.compiler.is_exporting() or not compiling:
         ts, sizes = _at_hints(_autocast(query, key, value))
         if sizes and not _one_call(*ts, any_dv=True):
             # (sizes that differ at the example's values, independent batch dims among them: the eager

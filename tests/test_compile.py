@@ -278,8 +278,8 @@ def test_export_independent_dims_refuse_as_eager(shapes, dims, match):
 def test_fake_and_meta_calls_of_the_op():
     """The op on fake CUDA tensors (no GPU needed) refuses what the eager call refuses (fp32 on CUDA),
     and what its run refuses (a v head dim of its own that no kernel takes, a call that is not one
-    (B, H, S, D) call), and gives the output shapes for a good call; on meta tensors it gives the
-    shapes unchecked."""
+    (B, H, S, D) call), and gives the output shapes for a good call; so does its meta kernel on meta
+    tensors (which take the CPU's dtypes)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     args = (None, 0.0, False, None, None, "top_left", True, "auto", None, None)
     with FakeTensorMode():
@@ -296,4 +296,8 @@ def test_fake_and_meta_calls_of_the_op():
             torch.ops.flashcore.attention(q, k[:1], k[:1], *args)
     q = torch.empty(2, 4, 33, 128, device="meta")
     out, lse = torch.ops.flashcore.attention(q, q, q, *args)
-    assert out.shape == (2, 4, 33, 128) and lse.shape == (2, 4, 33)
+    assert out.shape == (2, 4, 33, 128) and lse.shape == (2, 4, 33) and out.device.type == "meta"
+    with pytest.raises(TypeError, match=r"^q: dtype Double is not supported; use torch.float16"):
+        torch.ops.flashcore.attention(q.double(), q.double(), q.double(), *args)
+    with pytest.raises(ValueError, match=r"^q, k, v: the op takes one \(B, H, S, D\) call"):
+        torch.ops.flashcore.attention(q, q[:1], q[:1], *args)

@@ -5,7 +5,8 @@ takes the custom op (torch.ops.flashcore.attention): torch.jit.trace, tensor
 subclasses (wrapper subclasses, FakeTensor, __torch_function__ overrides) and
 functorch transforms (vmap, with a batching rule), and every call under a
 TorchDispatchMode (FlopCounterMode counts it as torch counts SDPA's fused
-kernels; selective activation checkpointing can save it). torch.autocast casts the inputs as it does for
+kernels; selective activation checkpointing can save it), and meta tensors (the op's meta kernel gives
+SDPA's shapes, with the eager checks). torch.autocast casts the inputs as it does for
 SDPA. Layouts and views the kernels cannot read, and forward-mode AD
 tangents, are refused by name. CPU tests, plus one autocast test on the GPU.
 """
@@ -216,8 +217,8 @@ def test_dispatch_modes_see_the_call():
             flashcore.attention([1.0], k, v)
         with pytest.raises(ValueError, match=r"^q: is a negated view"):
             flashcore.attention(torch._neg_view(q), k, v)
-        with pytest.raises(ValueError, match=r"^q: device meta is not supported"):
-            flashcore.attention(*(t.to("meta") for t in (q, k, v)))
+        with pytest.raises(ValueError, match=r"^k: on meta but q is on cpu"):
+            flashcore.attention(q, k.to("meta"), v)
         # with Python dispatch off the mode sees nothing, and the call runs as with no mode
         with torch.utils._mode_utils.no_dispatch():
             assert torch.equal(flashcore.attention(q, k, v, is_causal=True), want)
@@ -246,6 +247,93 @@ def test_flop_counter_counts_like_sdpa(dev, causal):
     with torch.no_grad(), FlopCounterMode(display=False) as m:
         flashcore.attention(q, k, v, is_causal=causal)
     assert m.get_total_flops() == fwd
+
+
+def _meta(*shape, dtype=torch.float16, requires_grad=False):
+    return torch.empty(*shape, device="meta", dtype=dtype, requires_grad=requires_grad)
+
+
+@pytest.mark.parametrize("case", ["bhsd", "gqa", "causal", "3d", "broadcast", "own_dv", "wide_dv", "fp32", "bf16",
+                                  "strided", "empty"])
+def test_meta_tensors_give_sdpa_shapes(case):
+    """Meta tensors (a model run on the meta device to count its FLOPs or plan its memory) give SDPA's
+    output on meta tensors: its shape, dtype and device, for SDPA's shapes and options; the LSE with
+    return_lse; and, with grad, gradients of the inputs' shapes."""
+    q, k, v = _meta(2, 8, 17, 64), _meta(2, 8, 23, 64), _meta(2, 8, 23, 64)
+    kw = {}
+    if case == "gqa":
+        k, v, kw = _meta(2, 2, 23, 64), _meta(2, 2, 23, 64), dict(enable_gqa=True)
+    elif case == "causal":
+        kw = dict(is_causal=True)
+    elif case == "3d":
+        q, k, v = q[0], k[0], v[0]
+    elif case == "broadcast":
+        q, k, v = _meta(3, 1, 8, 17, 64), _meta(1, 4, 8, 23, 64), _meta(23, 64)
+    elif case == "own_dv":
+        v = _meta(2, 8, 23, 40)
+    elif case == "wide_dv":
+        v = _meta(2, 8, 23, 100)
+    elif case in ("fp32", "bf16"):
+        dt = torch.float32 if case == "fp32" else torch.bfloat16
+        q, k, v = (t.to(dt) for t in (q, k, v))
+    elif case == "strided":
+        q, k, v = (_meta(2, t.shape[2], 8, 64).transpose(1, 2) for t in (q, k, v))
+    elif case == "empty":
+        q, k, v = _meta(0, 8, 17, 64), _meta(0, 8, 0, 64), _meta(0, 8, 0, 64)
+    want = F.scaled_dot_product_attention(q, k, v, **kw)
+    out = flashcore.attention(q, k, v, **kw)
+    assert (out.shape, out.dtype, out.device) == (want.shape, want.dtype, want.device)
+    out, lse = flashcore.attention(q, k, v, return_lse=True, **kw)
+    assert out.shape == want.shape and lse.shape == want.shape[:-1] and lse.dtype == torch.float32
+    assert lse.device.type == "meta"
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    flashcore.attention(*leaves, **kw).sum().backward()
+    for t, leaf in zip((q, k, v), leaves):
+        assert (leaf.grad.shape, leaf.grad.dtype, leaf.grad.device) == (t.shape, t.dtype, t.device)
+
+
+@pytest.mark.parametrize("make,err,match", [
+    (lambda: (_meta(2, 4, 9, 64, dtype=torch.float64),) * 3, TypeError,
+     r"^q: dtype Double is not supported; use torch.float16, torch.bfloat16 or \(CPU only\) torch.float32"),
+    (lambda: (_meta(2, 4, 9, 64), _meta(2, 4, 9, 64, dtype=torch.bfloat16), _meta(2, 4, 9, 64)), TypeError,
+     r"^k: dtype BFloat16 differs from q's Half"),
+    (lambda: (_meta(2, 4, 9, 12),) * 3, ValueError, r"^q: head dim D=12 is not supported"),
+    (lambda: (_meta(2, 4, 9, 64), _meta(2, 3, 9, 64), _meta(2, 3, 9, 64)), ValueError,
+     r"^k: 3 KV heads do not divide q's 4 heads"),
+    (lambda: (_meta(2, 4, 9, 64), _meta(2, 4, 9, 64), _meta(2, 4, 8, 64)), ValueError,
+     r"^v: sequence length 8 differs from k's 9"),
+    (lambda: (_meta(2, 4, 9, 64), _meta(2, 4, 64, 9).transpose(2, 3), _meta(2, 4, 9, 64)), ValueError,
+     r"^k: the last dim must be contiguous \(stride 1\), got stride 9"),
+    (lambda: (_meta(2, 4, 9, 64), torch.empty(2, 4, 9, 64, dtype=torch.float16), _meta(2, 4, 9, 64)), ValueError,
+     r"^k: on cpu but q is on meta; move q, k and v to the same device"),
+    (lambda: (_meta(2, 4, 9, 64), _meta(2, 4, 9, 64), _meta(2, 4, 9, 300)), ValueError,
+     r"^v: head dim 300 exceeds 256"),
+])
+def test_meta_refusals_in_eager_words(make, err, match):
+    """What no device runs is refused on meta tensors in the eager call's words (dtypes as the CPU
+    takes them: a meta tensor may stand for a CPU one), as are bad arguments."""
+    with pytest.raises(err, match=match):
+        flashcore.attention(*make())
+    q = _meta(2, 4, 9, 64)
+    for kw, match in ((dict(scale=-1.0), r"^scale: got -1"), (dict(num_splits=-3), r"^num_splits: got -3"),
+                      (dict(kernel="nope"), r"^kernel: expected one of"),
+                      (dict(dropout_p=0.5), r"^dropout_p: "), (dict(window=(3,)), r"^window: expected None")):
+        with pytest.raises((ValueError, TypeError), match=match):
+            flashcore.attention(q, q, q, **kw)
+
+
+def test_flop_counter_on_the_meta_device():
+    """A model built and run under torch.device("meta") is counted as the same model on the CPU."""
+    from torch.utils.flop_counter import FlopCounterMode
+    counts = []
+    for dev in ("cpu", "meta"):
+        with torch.device(dev):
+            q, k, v = (torch.randn(2, 4, n, 64, requires_grad=True) for n in (17, 23, 23))
+        with FlopCounterMode(display=False) as m:
+            flashcore.attention(q, k, v, is_causal=True).sum().backward()
+        counts.append({str(op): n for op, n in m.get_flop_counts()["Global"].items()})
+    assert counts[0] == counts[1] == {"flashcore.attention": 2 * 2 * 4 * 17 * 23 * 128,
+                                      "flashcore.attention_backward": 2 * 2 * 4 * 17 * 23 * 320}
 
 
 def test_selective_checkpoint_saves_the_call():
