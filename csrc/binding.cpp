@@ -763,9 +763,11 @@ CallArgs parse_args(const pybind11::object& attn_mask, const pybind11::object& d
     a.window = parse_window(window, causal_v, alignment, &a.causal_mode);
     a.kernel = named_id(KERNEL_IDS, kernel, "kernel");
     if (!num_splits.is_none()) {
-        if (pybind11::isinstance<pybind11::bool_>(num_splits) || !pybind11::isinstance<pybind11::int_>(num_splits))
+        // (ints as the window's sides take them: anything with __index__, numpy's ints among them)
+        if (PyBool_Check(num_splits.ptr()) || !PyIndex_Check(num_splits.ptr()))
             type_error("num_splits: expected None or an int, got " + type_name(num_splits));
-        const pybind11::int_ n(num_splits);
+        const pybind11::int_ n = pybind11::reinterpret_steal<pybind11::int_>(PyNumber_Index(num_splits.ptr()));
+        if (!n) throw pybind11::error_already_set();
         if (n < pybind11::int_(0) || n > pybind11::int_(INT32_MAX))  // also keeps the cast below in range
             value_error("num_splits: got " + pybind11::repr(n).cast<std::string>() +
                         "; pass None or 0 (heuristic), 1 (no split) or n > 1 (split Sk n ways)");

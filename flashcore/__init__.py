@@ -56,7 +56,7 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                       num_splits=num_splits, window=window)
         out, lse = back(*(r if return_lse else (r, None)))
         return (out, lse) if return_lse else out
-    dropout_p, scale, window = _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
+    dropout_p, scale, num_splits, window = _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
                                                 causal_alignment, return_lse, kernel, num_splits, window)
     grad = _needs_grad(query, key, value, kernel)
     query, key, value = _autocast(query, key, value)
@@ -264,9 +264,9 @@ def _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
     # The argument checks that the binding's parse_args makes in eager calls,
     # with its messages, made here for the op path: the op's schema below would
     # coerce some (is_causal=2 to True) and refuse others in its own words
-    # (kernel=1). Returns dropout_p and scale as Python floats (the schema
-    # takes no numpy scalar), and window as the op's list of two ints (-1: no
-    # bound) or None. Their values (kernel="nope", a mask tensor, a window's
+    # (kernel=1). Returns dropout_p and scale as Python floats and num_splits
+    # as a Python int or None (the schema takes no numpy scalar), and window
+    # as the op's list of two ints (-1: no bound) or None. Their values (kernel="nope", a mask tensor, a window's
     # sides), and the tensors, are checked when the op runs.
     if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
         raise ValueError("attn_mask: flashcore supports no explicit mask; pass attn_mask=None "
@@ -279,8 +279,10 @@ def _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
             raise TypeError(f"{name}: expected a bool, got {type(val).__name__}; pass True or False")
     if causal is not None and not isinstance(causal, bool):
         raise TypeError(f"causal: expected None or a bool, got {type(causal).__name__}; pass True or False")
-    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)):
-        raise TypeError(f"num_splits: expected None or an int, got {type(num_splits).__name__}")
+    if num_splits is not None:  # (an int as the binding takes it: anything with __index__)
+        if isinstance(num_splits, bool) or not hasattr(type(num_splits), "__index__"):
+            raise TypeError(f"num_splits: expected None or an int, got {type(num_splits).__name__}")
+        num_splits = operator.index(num_splits)
     if window is not None:  # (binding.cpp's window_side, in Python: dynamo cannot trace a call into the binding)
         if not isinstance(window, (tuple, list)) or len(window) != 2:
             raise TypeError(f"window: expected None or a pair (left, right) of keys before and after the diagonal, "
@@ -308,7 +310,7 @@ def _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
             floats.append(float(val))
         except OverflowError:
             raise ValueError(f"{name}: {val!r} is out of range; {fix}") from None
-    return (*floats, window)
+    return (*floats, num_splits, window)
 
 
 @torch.library.custom_op("flashcore::attention", mutates_args=())

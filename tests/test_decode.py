@@ -374,6 +374,27 @@ def test_num_splits_type(bad):
         flashcore.attention(*_cpu_qkv(), num_splits=bad)
 
 
+def test_num_splits_numpy_ints():
+    """num_splits takes ints as the window's sides do (anything with __index__, numpy's among them), in an
+    eager call, through the op (an input that requires grad) and under a dispatch mode; a negative one is
+    refused in the same words."""
+    from torch.utils.flop_counter import FlopCounterMode
+    np = pytest.importorskip("numpy")
+    q, k, v = _cpu_qkv()
+    base = flashcore.attention(q, k, v, num_splits=2)
+    qg = q.detach().requires_grad_(True)
+    for n in (np.int64(2), np.int32(2), np.uint8(2)):
+        assert torch.equal(flashcore.attention(q, k, v, num_splits=n), base)
+        assert torch.equal(flashcore.attention(qg, k, v, num_splits=n).detach(), base)
+        with FlopCounterMode(display=False):
+            assert torch.equal(flashcore.attention(q, k, v, num_splits=n), base)
+    for t in (q, qg):
+        with pytest.raises(ValueError, match=r"^num_splits: got -3; pass None or 0"):
+            flashcore.attention(t, k, v, num_splits=np.int64(-3))
+        with pytest.raises(TypeError, match=r"^num_splits: expected None or an int, got (numpy\.)?float64"):
+            flashcore.attention(t, k, v, num_splits=np.float64(2.0))
+
+
 def test_num_splits_negative_binding():
     q, k, v = _cpu_qkv()
     with pytest.raises(ValueError, match=r"num_splits"):
