@@ -684,13 +684,25 @@ double float_arg(const pybind11::handle& o, const char* name, const char* fix) {
     return d;
 }
 
+// o (whose type has __index__: numpy's ints among them) as a Python int, or a TypeError naming the
+// argument, chained to the error its __index__ raised.
+pybind11::int_ index_arg(const pybind11::handle& o, const std::string& name) {
+    PyObject* i = PyNumber_Index(o.ptr());
+    if (!i) {
+        pybind11::raise_from(PyExc_TypeError, (name + ": " + type_name(o) + " does not convert to an int; pass "
+                                               "an int").c_str());
+        throw pybind11::error_already_set();
+    }
+    return pybind11::reinterpret_steal<pybind11::int_>(i);
+}
+
 // One side of flashcore.attention's window: an int >= 0, or None or -1 (no bound on that side).
 int window_side(const pybind11::handle& o, const char* side) {
     if (o.is_none()) return -1;
     if (PyBool_Check(o.ptr()) || !PyIndex_Check(o.ptr()))
         type_error(std::string("window: ") + side + " is " + type_name(o) + "; pass an int >= 0 (keys), or None "
                    "for no bound");
-    const pybind11::int_ i = pybind11::reinterpret_steal<pybind11::int_>(PyNumber_Index(o.ptr()));
+    const pybind11::int_ i = index_arg(o, std::string("window: ") + side);
     int overflow = 0;
     const long long n = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);  // (overflow: beyond long long)
     if (overflow || n < -1 || n > INT32_MAX)
@@ -766,8 +778,7 @@ CallArgs parse_args(const pybind11::object& attn_mask, const pybind11::object& d
         // (ints as the window's sides take them: anything with __index__, numpy's ints among them)
         if (PyBool_Check(num_splits.ptr()) || !PyIndex_Check(num_splits.ptr()))
             type_error("num_splits: expected None or an int, got " + type_name(num_splits));
-        const pybind11::int_ n = pybind11::reinterpret_steal<pybind11::int_>(PyNumber_Index(num_splits.ptr()));
-        if (!n) throw pybind11::error_already_set();
+        const pybind11::int_ n = index_arg(num_splits, "num_splits");
         if (n < pybind11::int_(0) || n > pybind11::int_(INT32_MAX))  // also keeps the cast below in range
             value_error("num_splits: got " + pybind11::repr(n).cast<std::string>() +
                         "; pass None or 0 (heuristic), 1 (no split) or n > 1 (split Sk n ways)");
@@ -873,25 +884,19 @@ pybind11::object attention(const pybind11::handle& query, const pybind11::handle
     at::Tensor k = tensor_arg(key, "k");
     at::Tensor v = tensor_arg(value, "v");
     if (!bhsd_call(q, k, v, true)) return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
+    const bool own_dv = !bhsd_call(q, k, v);  // v's head dim its own (native_dv)
     // Meta tensors (shapes without data: a model run on the meta device to count its FLOPs or plan its
     // memory) take the op, whose meta kernel checks the call as its fake implementation does and gives
-    // the output's shapes, as SDPA gives them on meta tensors. Meta mixed with another device is
-    // refused here (check_inputs names the tensor on the other device), before the op would run.
-    if (q.is_meta() || k.is_meta() || v.is_meta()) {
-        if (!(q.is_meta() && k.is_meta() && v.is_meta())) {
-            at::NoGradGuard no_grad;  // (requiring grad is the op's autograd formula's)
-            check_inputs(q, k, v, true, true, true);
-        }
-        return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
-    }
-    const bool own_dv = !bhsd_call(q, k, v);  // v's head dim its own (native_dv)
-    if (dispatch_mode_active()) {
+    // the output's shapes, as SDPA gives them on meta tensors (v's own head dim where the CPU takes it).
+    const bool meta = q.is_meta() || k.is_meta() || v.is_meta();
+    if (meta || dispatch_mode_active()) {
         // check_inputs' refusals first, in its words (the op's schema and dispatcher word some
-        // otherwise, and take a negated view); not where autocast casts the inputs first or v's head
-        // dim is its own (flashcore.attention judges those calls, and the op then raises the same).
-        if (!own_dv && !autocast_on(q.device().type())) {
+        // otherwise, and take a negated view; meta mixed with another device is named here); not where
+        // autocast casts the inputs first or v's head dim is its own and padded (flashcore.attention
+        // judges those calls, and the op then raises the same).
+        if ((!own_dv || (meta && dv_candidate(q, v))) && !autocast_on(q.device().type())) {
             at::NoGradGuard no_grad;  // (requiring grad is the op's autograd formula's)
-            check_inputs(q, k, v);
+            check_inputs(q, k, v, true, true, meta);
         }
         return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
     }
@@ -946,6 +951,10 @@ bool check_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
     check_num_splits(a.splits);
     if (sizes || a.has_scale) check_scale(a.has_scale ? a.scale : 1.0 / std::sqrt((double)q.size(3)));
     check_kernel_id(q, a.kernel);
+    // (a meta call that forces a GPU kernel stands for CUDA tensors: CUDA's dtypes)
+    if (q.is_meta() && a.kernel != FC_KERNEL_AUTO && a.kernel != FC_KERNEL_CPU && q.scalar_type() == at::kFloat)
+        type_error("q: dtype Float is not supported on CUDA, where the forced kernel runs; use torch.float16 or "
+                   "torch.bfloat16, or kernel='auto' or 'cpu'");
     return true;
 }
 

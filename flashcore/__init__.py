@@ -144,15 +144,19 @@ def _pad_head_dims(query, key, value, scale):
 def _own_dv_op(query, key, value, is_causal, causal, causal_alignment, kernel, num_splits, window):
     # Whether an eager call the binding handed back (one that records autograd) runs on the op with v's own
     # head dim: one (B, H, S, D) call of plain tensors whose kernel takes Dv != D as it is (_C.native_dv:
-    # the CPU path, the sm90 kernel at D > 128). Never while torch.compile traces (the fake tensors have no
-    # data to check; the padded call is traced) or for tensors only the dispatcher runs (vmap, subclasses).
-    # Arguments the call refuses give False here, and the padded call raises for them.
+    # the CPU path, the sm90 kernel at D > 128; meta tensors as the CPU). Never while torch.compile traces
+    # (the fake tensors have no data to check; the padded call is traced) or for tensors only the
+    # dispatcher runs (vmap, subclasses). Arguments the call refuses give False here, and the padded call
+    # raises for them (a meta call: the op's meta kernel).
     ts = (query, key, value)
-    if not _plain_eager(ts) or not _strided(ts):
+    if not (_plain_eager(ts) or _all_meta(ts)) or not _strided(ts):
         return False
     if not all(t.dim() == 4 for t in ts) or value.shape[3] == query.shape[3] or \
             not _one_call(query, key, value, any_dv=True):
         return False
+    if _all_meta(ts):  # (as the CPU runs it: v's own head dim where it is a multiple of 8 below D)
+        d, dv = query.shape[3], value.shape[3]
+        return 8 <= dv < d and dv % 8 == 0
     try:
         mode, win = _C.causal_window(is_causal if causal is None else causal, causal_alignment, window)
         q, k, v = _autocast(query, key, value)
@@ -164,6 +168,11 @@ def _own_dv_op(query, key, value, is_causal, causal, causal_alignment, kernel, n
 def _plain_eager(ts):
     # Plain tensors with data (not meta) outside a torch.compile trace: what the binding's native_dv checks read.
     return not torch.compiler.is_compiling() and all(type(t) is torch.Tensor and not t.is_meta for t in ts)
+
+
+def _all_meta(ts):
+    # Plain meta tensors outside a torch.compile trace: a call whose op runs its meta kernel only.
+    return not torch.compiler.is_compiling() and all(type(t) is torch.Tensor and t.is_meta for t in ts)
 
 
 def _strided(ts):
@@ -282,7 +291,7 @@ def _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
     if num_splits is not None:  # (an int as the binding takes it: anything with __index__)
         if isinstance(num_splits, bool) or not hasattr(type(num_splits), "__index__"):
             raise TypeError(f"num_splits: expected None or an int, got {type(num_splits).__name__}")
-        num_splits = operator.index(num_splits)
+        num_splits = _index_arg(num_splits, "num_splits")
     if window is not None:  # (binding.cpp's window_side, in Python: dynamo cannot trace a call into the binding)
         if not isinstance(window, (tuple, list)) or len(window) != 2:
             raise TypeError(f"window: expected None or a pair (left, right) of keys before and after the diagonal, "
@@ -292,7 +301,7 @@ def _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
             if n is not None and (isinstance(n, bool) or not hasattr(type(n), "__index__")):
                 raise TypeError(f"window: {side} is {type(n).__name__}; pass an int >= 0 (keys), or None for no "
                                 f"bound")
-            sides.append(-1 if n is None else operator.index(n))
+            sides.append(-1 if n is None else _index_arg(n, f"window: {side}"))
             if not -1 <= sides[-1] <= 2 ** 31 - 1:  # (the op's list could not carry every int)
                 raise ValueError(f"window: {side} = {sides[-1]}; pass an int from 0 to 2^31-1 (keys), or None "
                                  f"(or -1) for no bound")
@@ -311,6 +320,14 @@ def _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
         except OverflowError:
             raise ValueError(f"{name}: {val!r} is out of range; {fix}") from None
     return (*floats, num_splits, window)
+
+
+def _index_arg(n, name):
+    # binding.cpp's index_arg: n as a Python int through __index__, or a TypeError naming the argument.
+    try:
+        return operator.index(n)
+    except Exception as e:
+        raise TypeError(f"{name}: {type(n).__name__} does not convert to an int; pass an int") from e
 
 
 @torch.library.custom_op("flashcore::attention", mutates_args=())
@@ -502,6 +519,8 @@ def _pad_cols(t, d):
 def _native_dv_bwd(query, key, value, ctx, det, window):
     # Whether the backward runs with v's own head dim (_C.native_dv_bwd); never while torch.compile traces
     # (fake tensors have no data to check; the padded backward is traced) nor for wrapper tensors.
+    if _all_meta((query, key, value)):
+        return True  # (the forward took v's own head dim as the CPU does, and so does the CPU's backward)
     if not _plain_eager((query, key, value)):
         return False
     return bool(_C.native_dv_bwd(query, key, value, ctx.causal_mode, KERNELS[ctx.kernel], det, window))

@@ -388,11 +388,24 @@ def test_num_splits_numpy_ints():
         assert torch.equal(flashcore.attention(qg, k, v, num_splits=n).detach(), base)
         with FlopCounterMode(display=False):
             assert torch.equal(flashcore.attention(q, k, v, num_splits=n), base)
-    for t in (q, qg):
-        with pytest.raises(ValueError, match=r"^num_splits: got -3; pass None or 0"):
-            flashcore.attention(t, k, v, num_splits=np.int64(-3))
+    for t in (q, qg):  # (the CPU ignores num_splits: the refusals' values show what the call read)
+        for n in (-3, 2 ** 40):
+            with pytest.raises(ValueError, match=rf"^num_splits: got {n}; pass None or 0"):
+                flashcore.attention(t, k, v, num_splits=np.int64(n))
         with pytest.raises(TypeError, match=r"^num_splits: expected None or an int, got (numpy\.)?float64"):
             flashcore.attention(t, k, v, num_splits=np.float64(2.0))
+        with pytest.raises(TypeError, match=r"^num_splits: (torch\.)?Tensor does not convert to an int"):
+            flashcore.attention(t, k, v, num_splits=torch.tensor(2.0))
+        with pytest.raises(TypeError, match=r"^num_splits: BadIndex does not convert to an int") as e:
+            flashcore.attention(t, k, v, num_splits=BadIndex())
+        assert isinstance(e.value.__cause__, ZeroDivisionError)
+
+
+class BadIndex:
+    """An int-like whose __index__ raises."""
+
+    def __index__(self):
+        raise ZeroDivisionError("no index")
 
 
 def test_num_splits_negative_binding():

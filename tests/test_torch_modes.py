@@ -308,6 +308,10 @@ def test_meta_tensors_give_sdpa_shapes(case):
      r"^k: on cpu but q is on meta; move q, k and v to the same device"),
     (lambda: (_meta(2, 4, 9, 64), _meta(2, 4, 9, 64), _meta(2, 4, 9, 300)), ValueError,
      r"^v: head dim 300 exceeds 256"),
+    (lambda: (_meta(2, 4, 9, 64), _meta(2, 4, 9, 64), torch.empty(2, 4, 9, 32)), ValueError,
+     r"^v: on cpu but q is on meta"),
+    (lambda: (torch._neg_view(_meta(2, 4, 9, 64)), _meta(2, 4, 9, 64), _meta(2, 4, 9, 64)), ValueError,
+     r"^q: is a negated view; call q\.resolve_neg\(\)"),
 ])
 def test_meta_refusals_in_eager_words(make, err, match):
     """What no device runs is refused on meta tensors in the eager call's words (dtypes as the CPU
@@ -320,20 +324,29 @@ def test_meta_refusals_in_eager_words(make, err, match):
                       (dict(dropout_p=0.5), r"^dropout_p: "), (dict(window=(3,)), r"^window: expected None")):
         with pytest.raises((ValueError, TypeError), match=match):
             flashcore.attention(q, q, q, **kw)
+    # a forced GPU kernel: the meta tensors stand for CUDA ones, in CUDA's dtypes
+    for kernel in ("sm80", "sm90"):
+        with pytest.raises(TypeError, match=r"^q: dtype Float is not supported on CUDA, where the forced kernel"):
+            flashcore.attention(*(_meta(2, 4, 9, 64, dtype=torch.float32),) * 3, kernel=kernel)
+        assert flashcore.attention(q, q, q, kernel=kernel).shape == q.shape
+    assert flashcore.attention(*(_meta(2, 4, 9, 64, dtype=torch.float32),) * 3, kernel="cpu").shape == q.shape
 
 
-def test_flop_counter_on_the_meta_device():
-    """A model built and run under torch.device("meta") is counted as the same model on the CPU."""
+@pytest.mark.parametrize("dv", [64, 32, 40])
+def test_flop_counter_on_the_meta_device(dv):
+    """A model built and run under torch.device("meta") is counted as the same model on the CPU, v's own
+    head dim included (32: taken as it is, 40: padded to D)."""
     from torch.utils.flop_counter import FlopCounterMode
     counts = []
     for dev in ("cpu", "meta"):
         with torch.device(dev):
-            q, k, v = (torch.randn(2, 4, n, 64, requires_grad=True) for n in (17, 23, 23))
+            q, k, v = (torch.randn(2, 4, n, d, requires_grad=True) for n, d in ((17, 64), (23, 64), (23, dv)))
         with FlopCounterMode(display=False) as m:
             flashcore.attention(q, k, v, is_causal=True).sum().backward()
         counts.append({str(op): n for op, n in m.get_flop_counts()["Global"].items()})
-    assert counts[0] == counts[1] == {"flashcore.attention": 2 * 2 * 4 * 17 * 23 * 128,
-                                      "flashcore.attention_backward": 2 * 2 * 4 * 17 * 23 * 320}
+    run = 64 if dv % 8 else dv  # (v's head dim the call runs)
+    assert counts[0] == counts[1] == {"flashcore.attention": 2 * 2 * 4 * 17 * 23 * (64 + run),
+                                      "flashcore.attention_backward": 2 * 2 * 4 * 17 * 23 * (3 * 64 + 2 * run)}
 
 
 def test_selective_checkpoint_saves_the_call():

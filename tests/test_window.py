@@ -212,6 +212,12 @@ def test_refusals(dev):
     for bad, err in (((2 ** 64, 0), ValueError), ((1.0, 0), TypeError), ((-2, 0), ValueError)):
         with pytest.raises(err, match=r"window: left"):
             flashcore.attention(qg, k, v, window=bad)
+    # an __index__ that raises is refused before anything runs, in both paths, its error chained
+    from test_decode import BadIndex
+    for t in (q, qg):
+        with pytest.raises(TypeError, match=r"^window: right: BadIndex does not convert to an int") as e:
+            flashcore.attention(t, k, v, is_causal=True, window=(4, BadIndex()))
+        assert isinstance(e.value.__cause__, ZeroDivisionError)
 
 
 def test_c_api_window_checks():
