@@ -52,6 +52,7 @@ typedef struct {
     int smem_optin;  /* max dynamic shared memory per block, bytes */
     int sm_count;    /* streaming multiprocessors */
     int decode_ctas_per_sm[3];  /* resident split-KV CTAs per SM at padded D 64, 128, 256 (0: cannot run) */
+    int has_image;   /* 1: this build has code the device runs (fc_sm80_has_image) */
 } fc_device_info;
 
 static fc_device_info g_devices[FC_MAX_DEVICES];
@@ -61,13 +62,14 @@ static const fc_device_info* current_device(void) {
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= FC_MAX_DEVICES) return NULL;
     fc_device_info* d = &g_devices[dev];
     if (!d->valid) {
-        fc_device_info t = {1, 0, 0, 0, 0, {0, 0, 0}};
+        fc_device_info t = {1, 0, 0, 0, 0, {0, 0, 0}, 0};
         if (cudaDeviceGetAttribute(&t.major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
             cudaDeviceGetAttribute(&t.minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
             cudaDeviceGetAttribute(&t.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
             cudaDeviceGetAttribute(&t.sm_count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
             return NULL;
-        if (t.major >= 8) {  /* the occupancy query needs a device the kernels were built for */
+        t.has_image = t.major >= 8 && fc_sm80_has_image();
+        if (t.has_image) {  /* the occupancy query needs a device the kernels were built for */
             t.decode_ctas_per_sm[0] = fc_sm80_decode_ctas_per_sm_d64();
             t.decode_ctas_per_sm[1] = fc_sm80_decode_ctas_per_sm_d128();
             t.decode_ctas_per_sm[2] = fc_sm80_decode_ctas_per_sm_d256();
@@ -99,6 +101,16 @@ const char* fc_arch_reason(fc_kernel k, int cc_major, int cc_minor) {
             return "the cpu kernel runs on host memory, not on a GPU";
     }
     return "unknown kernel";
+}
+
+/* Why GPU kernel k cannot run on dev: its architecture (fc_arch_reason), or a build with no code for
+ * the device (sm_80 code runs on 8.x GPUs only and sm_90a code on 9.0 only, so a newer GPU needs code
+ * of its own: FLASHCORE_ARCHS in setup.py). NULL: it runs. */
+static const char* device_reason(fc_kernel k, const fc_device_info* dev) {
+    const char* r = fc_arch_reason(k, dev->major, dev->minor);
+    if (r || dev->has_image) return r;
+    return "this flashcore build has no code for this GPU; rebuild it with FLASHCORE_ARCHS naming the GPU's "
+           "compute capability (the default, \"80;90a\", runs on 8.x and 9.0 GPUs)";
 }
 
 static size_t kernel_smem(fc_kernel k, int D) {
@@ -365,7 +377,7 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
         *rp = r;
         return r.first;
     }
-    const char* reason = fc_arch_reason(k, dev->major, dev->minor);
+    const char* reason = device_reason(k, dev);
     if (reason) {
         fail(&r, FC_ERR_ARCH, "device: compute capability %d.%d: %s", dev->major, dev->minor, reason);
     } else if (p->D >= 8 && p->D <= FC_MAX_HEAD_DIM && kernel_smem(k, p->D) > (size_t)dev->smem_optin) {
@@ -674,7 +686,7 @@ fc_status fc_attn_bwd_device_check(int D, fc_kernel kernel, char* why, size_t wh
     p.kernel = kernel;
     const fc_kernel k = bwd_pick(&p, dev);
     /* a device or kernel the forward refuses is the forward check's to report */
-    if (fc_arch_reason(FC_KERNEL_SM80, dev->major, dev->minor) || fc_arch_reason(k, dev->major, dev->minor))
+    if (device_reason(FC_KERNEL_SM80, dev) || device_reason(k, dev))
         return FC_OK;
     bwd_device_reasons(&r, k, D, dev);
     return r.first;

@@ -100,3 +100,13 @@ extern "C" fc_status fc_split_combine(const fc_attn_params* p, const fc_split_pl
                               : cudaLaunchKernelEx(&cfg, split_combine_kernel<__half>, *p, *sp);
     return e == cudaSuccess && cudaGetLastError() == cudaSuccess ? FC_OK : FC_ERR_CUDA;
 }
+
+// Whether the current device runs this build's code: the combine kernel's attributes load only where
+// the build has an image for the device (this file is compiled for every arch in FLASHCORE_ARCHS, as
+// the other sm80-family files are).
+extern "C" int fc_sm80_has_image(void) {
+    cudaFuncAttributes attr;
+    if (cudaFuncGetAttributes(&attr, split_combine_kernel<__half>) == cudaSuccess) return 1;
+    (void)cudaGetLastError();  // clear the (non-sticky) error: no image for this device
+    return 0;
+}
