@@ -35,12 +35,13 @@ Args:
         B, H and S may be 0, as with SDPA: the output is then empty, or
         all zeros (LSE -inf) when Sk = 0.
     attn_mask, dropout_p: accepted for SDPA compatibility; only ``None``
-        and ``0.0`` are supported, anything else raises ``ValueError``.
+        and ``0.0`` are supported: another value raises ``ValueError``, a
+        wrong type (a bool, a string) ``TypeError``.
     is_causal / causal: apply a causal mask (the two names are aliases);
         ``True`` or ``False`` (``causal`` also ``None``), as are
         ``enable_gqa`` and ``return_lse``.
-    scale: softmax scale, default ``1/sqrt(D)``; a number, finite and > 0
-        in fp32.
+    scale: softmax scale, default ``1/sqrt(D)``; a number, > 0 in fp32
+        and at most 2.3e38.
     enable_gqa: accepted for SDPA compatibility; GQA is always on.
     causal_alignment: ``"top_left"`` (default, SDPA's ``is_causal``: query
         i sees keys j <= i) or ``"bottom_right"`` (FlashAttention's, for KV
@@ -74,9 +75,12 @@ Dtypes: fp16 and bf16 on CUDA; fp16, bf16 and fp32 on the CPU. Meta
 tensors (the CPU's dtypes) give meta outputs of the right shapes.
 Head dim D: any multiple of 8 from 8 to 256; v's Dv: 0 to 256 (see value;
 the GPU backward's limits apply to the wider of the two).
-GPUs: compute capability 8.0 and newer (A100, L4/Ada, H100/H200).
+GPUs: compute capability 8.x and 9.0 (A100, L4/Ada, H100/H200); a newer
+one needs a build with its own code (FLASHCORE_ARCHS).
 Every tensor's last dim must be contiguous (stride 1); other strides are
-free, so ``x.transpose(1, 2)`` of a (B, S, H, D) tensor works as is.
+free on the CPU, and on the GPU multiples of 8 elements with 16-byte
+aligned pointers, so ``x.transpose(1, 2)`` of a contiguous (B, S, H, D)
+tensor works as is.
 
 SDPA's other shapes work too: q (..., Sq, D), k and v (..., Sk, D) of any
 rank >= 2, dim -3 the heads (so a 3-D tensor is (H, S, D)) and the dims
@@ -102,7 +106,8 @@ There is no double backward and no forward-mode AD.
 
 Returns:
     ``out`` of shape (B, Hq, Sq, Dv) (SDPA's output shape for its other
-    shapes) and q's dtype, or ``(out, lse)``, lse of out's shape without Dv.)";
+    shapes) and q's dtype (under torch.autocast the autocast dtype, as
+    SDPA's), or ``(out, lse)``, lse of out's shape without Dv.)";
 
 [[noreturn]] void value_error(const std::string& msg) { throw pybind11::value_error(msg); }
 
