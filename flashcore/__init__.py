@@ -289,19 +289,17 @@ def _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
     if causal is not None and not isinstance(causal, bool):
         raise TypeError(f"causal: expected None or a bool, got {type(causal).__name__}; pass True or False")
     if num_splits is not None:  # (an int as the binding takes it: anything with __index__)
-        if isinstance(num_splits, bool) or not hasattr(type(num_splits), "__index__"):
-            raise TypeError(f"num_splits: expected None or an int, got {type(num_splits).__name__}")
-        num_splits = _index_arg(num_splits, "num_splits")
+        num_splits = _index_arg(num_splits, "num_splits",
+                                lambda: f"num_splits: expected None or an int, got {type(num_splits).__name__}")
     if window is not None:  # (binding.cpp's window_side, in Python: dynamo cannot trace a call into the binding)
         if not isinstance(window, (tuple, list)) or len(window) != 2:
             raise TypeError(f"window: expected None or a pair (left, right) of keys before and after the diagonal, "
                             f"got {window!r}")
         sides = []
         for side, n in zip(("left", "right"), window):  # (ints as the binding takes them: anything with __index__)
-            if n is not None and (isinstance(n, bool) or not hasattr(type(n), "__index__")):
-                raise TypeError(f"window: {side} is {type(n).__name__}; pass an int >= 0 (keys), or None for no "
-                                f"bound")
-            sides.append(-1 if n is None else _index_arg(n, f"window: {side}"))
+            sides.append(-1 if n is None else _index_arg(
+                n, f"window: {side}",
+                lambda: f"window: {side} is {type(n).__name__}; pass an int >= 0 (keys), or None for no bound"))
             if not -1 <= sides[-1] <= 2 ** 31 - 1:  # (the op's list could not carry every int)
                 raise ValueError(f"window: {side} = {sides[-1]}; pass an int from 0 to 2^31-1 (keys), or None "
                                  f"(or -1) for no bound")
@@ -322,11 +320,18 @@ def _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
     return (*floats, num_splits, window)
 
 
-def _index_arg(n, name):
-    # binding.cpp's index_arg: n as a Python int through __index__, or a TypeError naming the argument.
+def _index_arg(n, name, not_int):
+    # binding.cpp's type check and index_arg: n (not a bool) as a Python int through __index__, or a
+    # TypeError naming the argument: not_int() where n's type has no __index__, else the error its
+    # __index__ raised, chained. The type is read only once the conversion has failed (dynamo traces
+    # operator.index of a numpy int, not a hasattr on its type).
+    if isinstance(n, bool):
+        raise TypeError(not_int())
     try:
         return operator.index(n)
     except Exception as e:
+        if not hasattr(type(n), "__index__"):
+            raise TypeError(not_int()) from None
         raise TypeError(f"{name}: {type(n).__name__} does not convert to an int; pass an int") from e
 
 

@@ -153,6 +153,21 @@ def test_compiled_numpy_scale():
     assert torch.equal(f(q, k, v), flashcore.attention(q, k, v, scale=0.3))
 
 
+def test_compiled_numpy_ints():
+    """numpy int64s from outside the compiled code (a model's config) as num_splits and window sides run
+    compiled under fullgraph=True as in eager (the traced check converts them without reading their
+    type), and a window side's value reaches the call."""
+    np = pytest.importorskip("numpy")
+    q, k, v = make_qkv(1, 2, 2, 17, 23, 64, torch.float32, "cpu")
+    splits, window = np.int64(2), (np.int64(3), np.int64(0))  # (numpy's default int; dynamo reads int32 as data)
+    f = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, is_causal=True, num_splits=splits,
+                                                          window=window),
+                      fullgraph=True, backend="aot_eager")
+    want = flashcore.attention(q, k, v, is_causal=True, window=(3, 0))
+    assert torch.equal(f(q, k, v), want)
+    assert not torch.equal(want, flashcore.attention(q, k, v, is_causal=True, window=(4, 0)))
+
+
 def test_compiled_attn_mask_refused():
     q, k, v = make_qkv(1, 2, 2, 17, 17, 64, torch.float32, "cpu")
     mask = torch.ones(17, 17, dtype=torch.bool)
