@@ -704,7 +704,7 @@ pybind11::int_ index_arg(const pybind11::handle& o, const std::string& name) {
 // One side of flashcore.attention's window: an int >= 0, or None or -1 (no bound on that side).
 int window_side(const pybind11::handle& o, const char* side) {
     if (o.is_none()) return -1;
-    if (PyBool_Check(o.ptr()) || !PyIndex_Check(o.ptr()))
+    if (PyBool_Check(o.ptr()) || !PyIndex_Check(o.ptr()) || THPVariable_Check(o.ptr()))
         type_error(std::string("window: ") + side + " is " + type_name(o) + "; pass an int >= 0 (keys), or None "
                    "for no bound");
     const pybind11::int_ i = index_arg(o, std::string("window: ") + side);
@@ -780,8 +780,9 @@ CallArgs parse_args(const pybind11::object& attn_mask, const pybind11::object& d
     a.window = parse_window(window, causal_v, alignment, &a.causal_mode);
     a.kernel = named_id(KERNEL_IDS, kernel, "kernel");
     if (!num_splits.is_none()) {
-        // (ints as the window's sides take them: anything with __index__, numpy's ints among them)
-        if (PyBool_Check(num_splits.ptr()) || !PyIndex_Check(num_splits.ptr()))
+        // (ints as the window's sides take them: anything with __index__, numpy's ints among them, but
+        // a bool or a tensor)
+        if (PyBool_Check(num_splits.ptr()) || !PyIndex_Check(num_splits.ptr()) || THPVariable_Check(num_splits.ptr()))
             type_error("num_splits: expected None or an int, got " + type_name(num_splits));
         const pybind11::int_ n = index_arg(num_splits, "num_splits");
         if (n < pybind11::int_(0) || n > pybind11::int_(INT32_MAX))  // also keeps the cast below in range

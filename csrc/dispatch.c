@@ -52,7 +52,7 @@ typedef struct {
     int smem_optin;  /* max dynamic shared memory per block, bytes */
     int sm_count;    /* streaming multiprocessors */
     int decode_ctas_per_sm[3];  /* resident split-KV CTAs per SM at padded D 64, 128, 256 (0: cannot run) */
-    int has_image;   /* 1: this build has code the device runs (fc_sm80_has_image) */
+    int has_image;   /* 1: this build has code the device runs, 0: it has none (fc_sm80_has_image) */
 } fc_device_info;
 
 static fc_device_info g_devices[FC_MAX_DEVICES];
@@ -61,20 +61,25 @@ static const fc_device_info* current_device(void) {
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= FC_MAX_DEVICES) return NULL;
     fc_device_info* d = &g_devices[dev];
-    if (!d->valid) {
-        fc_device_info t = {1, 0, 0, 0, 0, {0, 0, 0}, 0};
+    if (!__atomic_load_n(&d->valid, __ATOMIC_ACQUIRE)) {  /* (pairs with the release store below) */
+        fc_device_info t = {0, 0, 0, 0, 0, {0, 0, 0}, 0};
         if (cudaDeviceGetAttribute(&t.major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
             cudaDeviceGetAttribute(&t.minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
             cudaDeviceGetAttribute(&t.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
             cudaDeviceGetAttribute(&t.sm_count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
             return NULL;
-        t.has_image = t.major >= 8 && fc_sm80_has_image();
+        if (t.major >= 8) {
+            t.has_image = fc_sm80_has_image();
+            if (t.has_image < 0) return NULL;  /* another CUDA error: reported as one, and not kept */
+        }
         if (t.has_image) {  /* the occupancy query needs a device the kernels were built for */
             t.decode_ctas_per_sm[0] = fc_sm80_decode_ctas_per_sm_d64();
             t.decode_ctas_per_sm[1] = fc_sm80_decode_ctas_per_sm_d128();
             t.decode_ctas_per_sm[2] = fc_sm80_decode_ctas_per_sm_d256();
         }
-        *d = t;  /* concurrent first calls write the same values */
+        /* Concurrent first calls write the same values; a reader that sees valid set sees them all. */
+        *d = t;
+        __atomic_store_n(&d->valid, 1, __ATOMIC_RELEASE);
     }
     return d;
 }
@@ -373,7 +378,8 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
 
     const fc_device_info* dev = current_device();
     if (!dev) {
-        fail(&r, FC_ERR_CUDA, "device: no usable CUDA device (cudaGetDevice or cudaDeviceGetAttribute failed)");
+        fail(&r, FC_ERR_CUDA, "device: no usable CUDA device (cudaGetDevice, cudaDeviceGetAttribute or the "
+             "kernels' cudaFuncGetAttributes failed)");
         *rp = r;
         return r.first;
     }

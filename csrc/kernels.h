@@ -298,7 +298,8 @@ fc_status fc_sm80_decode_d64(const fc_attn_params* p, const fc_split_plan* sp, f
 fc_status fc_sm80_decode_d128(const fc_attn_params* p, const fc_split_plan* sp, fc_stream_t stream);
 fc_status fc_sm80_decode_d256(const fc_attn_params* p, const fc_split_plan* sp, fc_stream_t stream);
 /* 1 where this build has code the current device runs: the sm80-family kernels (compiled for every
- * arch in FLASHCORE_ARCHS) load there (csrc/sm80/attn_combine.cu); 0 otherwise. */
+ * arch in FLASHCORE_ARCHS) load there (csrc/sm80/attn_combine.cu); 0 where it has none; -1 for
+ * another CUDA error (out of memory while loading, a sticky error). */
 int fc_sm80_has_image(void);
 /* Resident split-KV CTAs per SM on the current device (occupancy API), 0 on error. */
 int fc_sm80_decode_ctas_per_sm_d64(void);

@@ -291,6 +291,11 @@ def _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
     if num_splits is not None:  # (an int as the binding takes it: anything with __index__)
         num_splits = _index_arg(num_splits, "num_splits",
                                 lambda: f"num_splits: expected None or an int, got {type(num_splits).__name__}")
+        # (the binding's range, before the op's schema could word it; while torch.compile traces, the op's
+        # run refuses it, as it refuses other values)
+        if not torch.compiler.is_compiling() and not 0 <= num_splits <= 2 ** 31 - 1:
+            raise ValueError(f"num_splits: got {num_splits}; pass None or 0 (heuristic), 1 (no split) or n > 1 "
+                             f"(split Sk n ways)")
     if window is not None:  # (binding.cpp's window_side, in Python: dynamo cannot trace a call into the binding)
         if not isinstance(window, (tuple, list)) or len(window) != 2:
             raise TypeError(f"window: expected None or a pair (left, right) of keys before and after the diagonal, "
@@ -321,11 +326,11 @@ def _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
 
 
 def _index_arg(n, name, not_int):
-    # binding.cpp's type check and index_arg: n (not a bool) as a Python int through __index__, or a
-    # TypeError naming the argument: not_int() where n's type has no __index__, else the error its
-    # __index__ raised, chained. The type is read only once the conversion has failed (dynamo traces
-    # operator.index of a numpy int, not a hasattr on its type).
-    if isinstance(n, bool):
+    # binding.cpp's type check and index_arg: n (not a bool or a tensor) as a Python int through
+    # __index__, or a TypeError naming the argument: not_int() where n's type has no __index__, else the
+    # error its __index__ raised, chained. The type is read only once the conversion has failed (dynamo
+    # traces operator.index of a numpy int, not a hasattr on its type).
+    if isinstance(n, (bool, torch.Tensor)):
         raise TypeError(not_int())
     try:
         return operator.index(n)

@@ -394,8 +394,11 @@ def test_num_splits_numpy_ints():
                 flashcore.attention(t, k, v, num_splits=np.int64(n))
         with pytest.raises(TypeError, match=r"^num_splits: expected None or an int, got (numpy\.)?float64"):
             flashcore.attention(t, k, v, num_splits=np.float64(2.0))
-        with pytest.raises(TypeError, match=r"^num_splits: (torch\.)?Tensor does not convert to an int"):
-            flashcore.attention(t, k, v, num_splits=torch.tensor(2.0))
+        for bad in (torch.tensor(2), torch.tensor(2.0), torch.tensor(True)):
+            with pytest.raises(TypeError, match=r"^num_splits: expected None or an int, got Tensor"):
+                flashcore.attention(t, k, v, num_splits=bad)
+        with pytest.raises(ValueError, match=r"^num_splits: got 9223372036854775813; pass None or 0"):
+            flashcore.attention(t, k, v, num_splits=np.uint64(2 ** 63 + 5))
         with pytest.raises(TypeError, match=r"^num_splits: BadIndex does not convert to an int") as e:
             flashcore.attention(t, k, v, num_splits=BadIndex())
         assert isinstance(e.value.__cause__, ZeroDivisionError)

@@ -218,6 +218,8 @@ def test_refusals(dev):
         with pytest.raises(TypeError, match=r"^window: right: BadIndex does not convert to an int") as e:
             flashcore.attention(t, k, v, is_causal=True, window=(4, BadIndex()))
         assert isinstance(e.value.__cause__, ZeroDivisionError)
+        with pytest.raises(TypeError, match=r"^window: left is Tensor; pass an int >= 0"):
+            flashcore.attention(t, k, v, is_causal=True, window=(torch.tensor(4), 0))
 
 
 def test_c_api_window_checks():

@@ -106,7 +106,8 @@ extern "C" fc_status fc_split_combine(const fc_attn_params* p, const fc_split_pl
 // the other sm80-family files are).
 extern "C" int fc_sm80_has_image(void) {
     cudaFuncAttributes attr;
-    if (cudaFuncGetAttributes(&attr, split_combine_kernel<__half>) == cudaSuccess) return 1;
-    (void)cudaGetLastError();  // clear the (non-sticky) error: no image for this device
-    return 0;
+    const cudaError_t e = cudaFuncGetAttributes(&attr, split_combine_kernel<__half>);
+    if (e == cudaSuccess) return 1;
+    (void)cudaGetLastError();  // clear this query's error (a sticky one stays, and fails the next launch)
+    return e == cudaErrorInvalidDeviceFunction || e == cudaErrorNoKernelImageForDevice ? 0 : -1;
 }
