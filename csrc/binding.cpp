@@ -415,6 +415,10 @@ void check_kernel_id(const at::Tensor& q, int kernel) {
     if (q.is_cuda() && kernel == FC_KERNEL_CPU)
         value_error("kernel: 'cpu' was forced but q is on " + q.device().str() +
                     "; move the tensors to the CPU or use kernel='auto'");
+    // (meta tensors that force a GPU kernel stand for CUDA ones: CUDA's dtypes)
+    if (q.is_meta() && kernel != FC_KERNEL_AUTO && kernel != FC_KERNEL_CPU && q.scalar_type() == at::kFloat)
+        type_error("q: dtype Float is not supported on CUDA, where the forced kernel runs; use torch.float16 or "
+                   "torch.bfloat16, or kernel='auto' or 'cpu'");
 }
 
 // Checks, allocates out (and lse), runs the C API; lse is undefined unless return_lse.
@@ -608,9 +612,10 @@ bool native_dv_bwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
                    bool deterministic, const pybind11::object& window) {
     try {
         at::NoGradGuard no_grad;
-        check_inputs(q, k, v, true);
+        check_inputs(q, k, v, true, true, true);
         check_kernel_id(q, kernel);
         if (!dv_candidate(q, v)) return false;
+        if (q.is_meta()) return true;  // (as native_dv: the CPU's backward takes it)
         c10::OptionalDeviceGuard guard(q.device());
         fc_attn_bwd_params p = bwd_params(q, q, k, v, q, q, k, v, 1.0, causal, kernel, deterministic, window);
         p.lse = static_cast<const float*>(q.data_ptr());
@@ -689,9 +694,12 @@ double float_arg(const pybind11::handle& o, const char* name, const char* fix) {
     return d;
 }
 
-// o (whose type has __index__: numpy's ints among them) as a Python int, or a TypeError naming the
-// argument, chained to the error its __index__ raised.
+// o as a Python int through __index__ (numpy's ints among them), or a TypeError naming the argument,
+// chained to the error its __index__ raised; a null int_ where o is not such an int (a bool, a tensor, a
+// type with no __index__: the caller's refusal names it).
 pybind11::int_ index_arg(const pybind11::handle& o, const std::string& name) {
+    if (PyBool_Check(o.ptr()) || !PyIndex_Check(o.ptr()) || THPVariable_Check(o.ptr()))
+        return pybind11::reinterpret_steal<pybind11::int_>(pybind11::handle());
     PyObject* i = PyNumber_Index(o.ptr());
     if (!i) {
         pybind11::raise_from(PyExc_TypeError, (name + ": " + type_name(o) + " does not convert to an int; pass "
@@ -704,10 +712,10 @@ pybind11::int_ index_arg(const pybind11::handle& o, const std::string& name) {
 // One side of flashcore.attention's window: an int >= 0, or None or -1 (no bound on that side).
 int window_side(const pybind11::handle& o, const char* side) {
     if (o.is_none()) return -1;
-    if (PyBool_Check(o.ptr()) || !PyIndex_Check(o.ptr()) || THPVariable_Check(o.ptr()))
+    const pybind11::int_ i = index_arg(o, std::string("window: ") + side);
+    if (!i)
         type_error(std::string("window: ") + side + " is " + type_name(o) + "; pass an int >= 0 (keys), or None "
                    "for no bound");
-    const pybind11::int_ i = index_arg(o, std::string("window: ") + side);
     int overflow = 0;
     const long long n = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);  // (overflow: beyond long long)
     if (overflow || n < -1 || n > INT32_MAX)
@@ -780,11 +788,8 @@ CallArgs parse_args(const pybind11::object& attn_mask, const pybind11::object& d
     a.window = parse_window(window, causal_v, alignment, &a.causal_mode);
     a.kernel = named_id(KERNEL_IDS, kernel, "kernel");
     if (!num_splits.is_none()) {
-        // (ints as the window's sides take them: anything with __index__, numpy's ints among them, but
-        // a bool or a tensor)
-        if (PyBool_Check(num_splits.ptr()) || !PyIndex_Check(num_splits.ptr()) || THPVariable_Check(num_splits.ptr()))
-            type_error("num_splits: expected None or an int, got " + type_name(num_splits));
-        const pybind11::int_ n = index_arg(num_splits, "num_splits");
+        const pybind11::int_ n = index_arg(num_splits, "num_splits");  // (ints as the window's sides take them)
+        if (!n) type_error("num_splits: expected None or an int, got " + type_name(num_splits));
         if (n < pybind11::int_(0) || n > pybind11::int_(INT32_MAX))  // also keeps the cast below in range
             value_error("num_splits: got " + pybind11::repr(n).cast<std::string>() +
                         "; pass None or 0 (heuristic), 1 (no split) or n > 1 (split Sk n ways)");
@@ -832,10 +837,11 @@ bool bhsd_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bo
 // the CPU kernel or the sm90 one at D > 128, not split-KV; fc_attn_fwd_check_args
 // says, for a valid scale: the caller's is checked on its own). Otherwise
 // flashcore.attention pads v to D. The inputs and num_splits have passed
-// check_inputs(q, k, v, true) and check_num_splits.
+// check_inputs(q, k, v, true) (meta tensors too, which run as the CPU takes them) and check_num_splits.
 bool native_dv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int causal, int kernel,
                int64_t num_splits, const Window& w) {
     if (!dv_candidate(q, v)) return false;
+    if (q.is_meta()) return true;  // (meta tensors run no kernel: as the CPU takes them)
     c10::OptionalDeviceGuard guard(q.device());
     fc_attn_params p = fill_params(q, k, v, 1.0, causal, kernel, num_splits, w);
     const int64_t dv = v.size(3);
@@ -957,10 +963,6 @@ bool check_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
     check_num_splits(a.splits);
     if (sizes || a.has_scale) check_scale(a.has_scale ? a.scale : 1.0 / std::sqrt((double)q.size(3)));
     check_kernel_id(q, a.kernel);
-    // (a meta call that forces a GPU kernel stands for CUDA tensors: CUDA's dtypes)
-    if (q.is_meta() && a.kernel != FC_KERNEL_AUTO && a.kernel != FC_KERNEL_CPU && q.scalar_type() == at::kFloat)
-        type_error("q: dtype Float is not supported on CUDA, where the forced kernel runs; use torch.float16 or "
-                   "torch.bfloat16, or kernel='auto' or 'cpu'");
     return true;
 }
 
@@ -1060,7 +1062,7 @@ PYBIND11_MODULE(_C, m) {
         // (inputs the call refuses: false, and the padded call raises; requiring grad is the op's to handle)
         try {
             at::NoGradGuard no_grad;
-            check_inputs(q, k, v, true);
+            check_inputs(q, k, v, true, true, true);
             check_num_splits(num_splits);
         } catch (const std::exception&) {
             return false;

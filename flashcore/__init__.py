@@ -149,14 +149,11 @@ def _own_dv_op(query, key, value, is_causal, causal, causal_alignment, kernel, n
     # dispatcher runs (vmap, subclasses). Arguments the call refuses give False here, and the padded call
     # raises for them (a meta call: the op's meta kernel).
     ts = (query, key, value)
-    if not (_plain_eager(ts) or _all_meta(ts)) or not _strided(ts):
+    if not _plain_eager(ts) or not _strided(ts):
         return False
     if not all(t.dim() == 4 for t in ts) or value.shape[3] == query.shape[3] or \
             not _one_call(query, key, value, any_dv=True):
         return False
-    if _all_meta(ts):  # (as the CPU runs it: v's own head dim where it is a multiple of 8 below D)
-        d, dv = query.shape[3], value.shape[3]
-        return 8 <= dv < d and dv % 8 == 0
     try:
         mode, win = _C.causal_window(is_causal if causal is None else causal, causal_alignment, window)
         q, k, v = _autocast(query, key, value)
@@ -166,13 +163,9 @@ def _own_dv_op(query, key, value, is_causal, causal, causal_alignment, kernel, n
 
 
 def _plain_eager(ts):
-    # Plain tensors with data (not meta) outside a torch.compile trace: what the binding's native_dv checks read.
-    return not torch.compiler.is_compiling() and all(type(t) is torch.Tensor and not t.is_meta for t in ts)
-
-
-def _all_meta(ts):
-    # Plain meta tensors outside a torch.compile trace: a call whose op runs its meta kernel only.
-    return not torch.compiler.is_compiling() and all(type(t) is torch.Tensor and t.is_meta for t in ts)
+    # Plain tensors outside a torch.compile trace: what the binding's native_dv checks read (meta ones
+    # included: they answer as the CPU).
+    return not torch.compiler.is_compiling() and all(type(t) is torch.Tensor for t in ts)
 
 
 def _strided(ts):
@@ -529,8 +522,6 @@ def _pad_cols(t, d):
 def _native_dv_bwd(query, key, value, ctx, det, window):
     # Whether the backward runs with v's own head dim (_C.native_dv_bwd); never while torch.compile traces
     # (fake tensors have no data to check; the padded backward is traced) nor for wrapper tensors.
-    if _all_meta((query, key, value)):
-        return True  # (the forward took v's own head dim as the CPU does, and so does the CPU's backward)
     if not _plain_eager((query, key, value)):
         return False
     return bool(_C.native_dv_bwd(query, key, value, ctx.causal_mode, KERNELS[ctx.kernel], det, window))
