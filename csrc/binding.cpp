@@ -680,7 +680,9 @@ bool bool_arg(const pybind11::handle& o, const char* name) {
 double float_arg(const pybind11::handle& o, const char* name, const char* fix) {
     PyObject* p = o.ptr();
     const bool number = PyFloat_Check(p) || PyLong_Check(p) || PyObject_HasAttrString(p, "__float__");
-    if (!number || PyBool_Check(p) || THPVariable_Check(p) || PyComplex_Check(p))
+    const std::string type = type_name(o);
+    const bool numpy_bool = type == "numpy.bool" || type == "numpy.bool_";  // (numpy 2's name, numpy 1's)
+    if (!number || PyBool_Check(p) || numpy_bool || THPVariable_Check(p) || PyComplex_Check(p))
         type_error(std::string(name) + ": expected a float, got " + type_name(o) + "; " + fix);
     const double d = PyFloat_AsDouble(p);
     if (d == -1.0 && PyErr_Occurred()) {

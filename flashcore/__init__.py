@@ -308,14 +308,21 @@ def _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
         if name == "scale" and val is None:
             floats.append(None)
             continue
-        if (isinstance(val, (bool, str, bytes, complex, torch.Tensor))
+        if (isinstance(val, (bool, str, bytes, complex, torch.Tensor)) or _is_numpy_bool(val)
                 or not (isinstance(val, (int, float)) or hasattr(val, "__float__"))):
-            raise TypeError(f"{name}: expected a float, got {type(val).__name__}; {fix}")
+            raise TypeError(f"{name}: expected a float, got {'numpy.' if _is_numpy_bool(val) else ''}"
+                            f"{type(val).__name__}; {fix}")
         try:
             floats.append(float(val))
         except OverflowError:
             raise ValueError(f"{name}: {val!r} is out of range; {fix}") from None
     return (*floats, num_splits, window)
+
+
+def _is_numpy_bool(val):
+    # binding.cpp's float_arg refuses a numpy bool as it refuses a Python bool (numpy 2 names the type
+    # numpy.bool, numpy 1 numpy.bool_)
+    return type(val).__module__ == "numpy" and type(val).__name__ in ("bool", "bool_")
 
 
 def _index_arg(n, name, not_int):

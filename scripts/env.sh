@@ -1,15 +1,18 @@
 # env.sh -- sourced by the top-level scripts: finds or makes a Python with torch,
 # and points torch's extension builder at the CUDA toolkit.
-#   - If the current python3 already imports torch (the GPU machine), use it.
+#   - If the current python3 already imports a CUDA build of torch (the GPU machine), use it.
 #   - Otherwise make .venv and install torch 2.14.1 (CUDA build), pytest, numpy.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 if [ -n "${FLASHCORE_PYTHON:-}" ]; then
   PY="$FLASHCORE_PYTHON"
-elif python3 -c "import torch" >/dev/null 2>&1; then
+elif python3 -c "import torch, sys; sys.exit(torch.version.cuda is None)" >/dev/null 2>&1; then
   PY=python3
 else
+  if python3 -c "import torch" >/dev/null 2>&1; then
+    echo "flashcore: python3's torch is a CPU-only build, which cannot host the extension; using .venv"
+  fi
   if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
   fi

@@ -143,6 +143,25 @@ def test_compiled_bad_argument_type(bad, match):
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("name", ["scale", "dropout_p"])
+def test_compiled_numpy_bool_refused(name):
+    """A numpy bool as scale or dropout_p raises the eager TypeError compiled too, as a Python bool does;
+    under fullgraph=True the trace stops."""
+    np = pytest.importorskip("numpy")
+    q, k, v = make_qkv(1, 2, 2, 17, 17, 64, torch.float32, "cpu")
+    bad = {name: np.bool_(name == "scale")}
+    match = rf"\b{name}\b: expected a float, got numpy\.bool"
+    with pytest.raises(TypeError, match=match):
+        flashcore.attention(q, k, v, **bad)
+    f = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, **bad), backend="aot_eager")
+    with pytest.raises(TypeError, match=match):
+        f(q, k, v)
+    torch._dynamo.reset()
+    g = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, **bad), fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception):  # (dynamo reads the numpy bool as data and stops the trace in its own words)
+        g(q, k, v)
+
+
 def test_compiled_numpy_scale():
     """A numpy float64 scale runs compiled as in eager (the op's schema takes a
     Python float; the traced call converts it)."""

@@ -97,6 +97,8 @@ CASES = [
     _case("scale_huge_int", lambda d: _with(d, scale=10**400), ValueError, r"\bscale\b.*out of range"),
     _case("scale_str", lambda d: _with(d, scale="0.5"), TypeError, r"\bscale\b: expected a float, got str"),
     _case("scale_bool", lambda d: _with(d, scale=True), TypeError, r"\bscale\b: expected a float, got bool"),
+    _case("scale_numpy_bool", lambda d: _with(d, scale=np.bool_(True)), TypeError,
+          r"\bscale\b: expected a float, got numpy\.bool"),
     _case("scale_list", lambda d: _with(d, scale=[0.5]), TypeError, r"\bscale\b: expected a float, got list"),
     _case("scale_tensor", lambda d: _with(d, scale=torch.tensor(0.5)), TypeError, r"\bscale\b: expected a float"),
     # --- flags (SDPA's bools: True or False, not any truthy object) -------
@@ -120,6 +122,8 @@ CASES = [
     _case("dropout_one", lambda d: _with(d, dropout_p=1.0), ValueError, r"\bdropout_p\b"),
     _case("dropout_tensor", lambda d: _with(d, dropout_p=torch.tensor([0.0, 0.0])), TypeError,
           r"\bdropout_p\b: expected a float"),
+    _case("dropout_numpy_bool", lambda d: _with(d, dropout_p=np.bool_(False)), TypeError,
+          r"\bdropout_p\b: expected a float, got numpy\.bool"),
     _case("dropout_str", lambda d: _with(d, dropout_p="0"), TypeError, r"\bdropout_p\b: expected a float"),
     # --- options --------------------------------------------------------
     _case("kernel_unknown", lambda d: _with(d, kernel="sm100"), ValueError, r"\bkernel\b"),
