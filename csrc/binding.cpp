@@ -47,8 +47,8 @@ Args:
         i sees keys j <= i) or ``"bottom_right"`` (FlashAttention's, for KV
         caches: query i sees keys j <= i + Sk - Sq). Rows that see no key
         give output 0 and LSE -inf.
-    return_lse: also return the fp32 log-sum-exp (natural log) of the
-        scaled scores, shape (B, Hq, Sq).
+    return_lse: also return the log-sum-exp (natural log) of the scaled
+        scores, shape (B, Hq, Sq): fp32 (fp64 for fp64 inputs).
     kernel: ``"auto"`` (default), or force ``"sm80"`` (portable
         tensor-core kernel), ``"sm90"`` (Hopper kernel) or ``"cpu"``; the
         backward runs the same family (``"auto"``: sm90 on H100/H200,
@@ -71,8 +71,9 @@ Args:
         with the window, not with Sk. Every kernel takes it, forward and
         backward.
 
-Dtypes: fp16 and bf16 on CUDA; fp16, bf16 and fp32 on the CPU. Meta
-tensors (the CPU's dtypes) give meta outputs of the right shapes.
+Dtypes: fp16 and bf16 on CUDA; fp16, bf16, fp32 and fp64 on the CPU
+(fp64 in fp64 throughout, scale and LSE included: torch.autograd.gradcheck
+runs). Meta tensors (the CPU's dtypes) give meta outputs of the right shapes.
 Head dim D: any multiple of 8 from 8 to 256; v's Dv: 0 to 256 (see value;
 the GPU backward's limits apply to the wider of the two).
 GPUs: compute capability 8.x and 9.0 (A100, L4/Ada, H100/H200); a newer
@@ -181,9 +182,10 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            " is not supported on CUDA; use torch.float16 or torch.bfloat16");
         } else if (t.is_cpu() || (meta && t.is_meta())) {
             if (t.scalar_type() != at::kHalf && t.scalar_type() != at::kBFloat16 &&
-                t.scalar_type() != at::kFloat)
+                t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble)
                 type_error(std::string(names[i]) + ": dtype " + std::string(c10::toString(t.scalar_type())) +
-                           " is not supported; use torch.float16, torch.bfloat16 or (CPU only) torch.float32");
+                           " is not supported; use torch.float16, torch.bfloat16 or (CPU only) torch.float32 or "
+                           "torch.float64");
         } else {
             value_error(std::string(names[i]) + ": device " + t.device().str() +
                         " is not supported; use a CUDA or CPU tensor");
@@ -252,8 +254,12 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 }
 
 fc_dtype to_fc_dtype(at::ScalarType t) {
-    return t == at::kHalf ? FC_DTYPE_FP16 : t == at::kBFloat16 ? FC_DTYPE_BF16 : FC_DTYPE_FP32;
+    return t == at::kHalf ? FC_DTYPE_FP16 : t == at::kBFloat16 ? FC_DTYPE_BF16
+         : t == at::kDouble ? FC_DTYPE_FP64 : FC_DTYPE_FP32;
 }
+
+// The LSE's dtype for inputs of dtype t: fp64 for fp64 inputs (the C API's lse64), else fp32.
+at::ScalarType lse_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
 // A softmax scale the kernels take: > 0 in fp32 (1e-50 would round to 0) and at most
 // FC_MAX_SCALE (false for NaN).
@@ -314,6 +320,7 @@ fc_attn_params fill_params(const at::Tensor& q, const at::Tensor& k, const at::T
     p.Dv = v.size(3) != q.size(3) ? (int)v.size(3) : 0;
     p.dtype = to_fc_dtype(q.scalar_type());
     p.scale = (float)scale;
+    p.scale64 = scale;
     p.causal = (fc_causal)causal;
     set_window(p, w);
     p.kernel = q.is_cpu() ? FC_KERNEL_CPU : (fc_kernel)kernel;
@@ -416,9 +423,10 @@ void check_kernel_id(const at::Tensor& q, int kernel) {
         value_error("kernel: 'cpu' was forced but q is on " + q.device().str() +
                     "; move the tensors to the CPU or use kernel='auto'");
     // (meta tensors that force a GPU kernel stand for CUDA ones: CUDA's dtypes)
-    if (q.is_meta() && kernel != FC_KERNEL_AUTO && kernel != FC_KERNEL_CPU && q.scalar_type() == at::kFloat)
-        type_error("q: dtype Float is not supported on CUDA, where the forced kernel runs; use torch.float16 or "
-                   "torch.bfloat16, or kernel='auto' or 'cpu'");
+    if (q.is_meta() && kernel != FC_KERNEL_AUTO && kernel != FC_KERNEL_CPU &&
+        (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble))
+        type_error("q: dtype " + std::string(c10::toString(q.scalar_type())) + " is not supported on CUDA, where "
+                   "the forced kernel runs; use torch.float16 or torch.bfloat16, or kernel='auto' or 'cpu'");
 }
 
 // Checks, allocates out (and lse), runs the C API; lse is undefined unless return_lse.
@@ -435,12 +443,13 @@ std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor&
     c10::OptionalDeviceGuard guard(q.device());
     at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());  // (B, Hq, Sq, Dv)
     at::Tensor lse;
-    if (return_lse) lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+    if (return_lse) lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(lse_dtype(q.scalar_type())));
 
     fc_attn_params p = fill_params(q, k, v, scale, causal, kernel, num_splits, w);
     p.o = out.data_ptr();
     p.o_batch_stride = out.stride(0); p.o_head_stride = out.stride(1); p.o_row_stride = out.stride(2);
-    p.lse = return_lse ? lse.data_ptr<float>() : nullptr;
+    if (return_lse && p.dtype == FC_DTYPE_FP64) p.lse64 = lse.data_ptr<double>();
+    else if (return_lse) p.lse = lse.data_ptr<float>();
 
     // Scratch: a small workspace (the sm90 dynamic order's 16-byte tile counter)
     // from the stream's kept-zero buffer, so the launch needs no memset; larger
@@ -520,6 +529,7 @@ fc_attn_bwd_params bwd_params(const at::Tensor& g, const at::Tensor& q, const at
     p.Sq = (int)q.size(2); p.Sk = (int)k.size(2); p.D = (int)q.size(3);
     p.dtype = to_fc_dtype(q.scalar_type());
     p.scale = (float)scale;
+    p.scale64 = scale;
     p.causal = (fc_causal)causal;
     set_window(p, raw_window(window));
     if (v.size(3) != q.size(3)) p.Dv = (int)v.size(3);
@@ -563,9 +573,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
     }
     const std::pair<const at::Tensor*, const char*> like_lse[2] = {{&lse, "lse"}, {dlse ? &*dlse : nullptr, "dlse"}};
     for (const auto& t : like_lse) {
-        if (t.first && (t.first->sizes() != rows || t.first->scalar_type() != at::kFloat ||
+        if (t.first && (t.first->sizes() != rows || t.first->scalar_type() != lse_dtype(q.scalar_type()) ||
                         t.first->device() != q.device()))
-            value_error(std::string(t.second) + ": expected a float32 (B, Hq, Sq) = (" + std::to_string(rows[0]) +
+            value_error(std::string(t.second) + ": expected a " +
+                        (q.scalar_type() == at::kDouble ? "float64" : "float32") + " (B, Hq, Sq) = (" +
+                        std::to_string(rows[0]) +
                         ", " + std::to_string(rows[1]) + ", " + std::to_string(rows[2]) + ") tensor on " +
                         q.device().str() + ", got " + shape_str(*t.first) + " " +
                         std::string(c10::toString(t.first->scalar_type())) + " on " + t.first->device().str());
@@ -578,8 +590,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
     at::Tensor dv = at::empty(v.sizes(), v.options());
 
     fc_attn_bwd_params p = bwd_params(g, q, k, v, o, dq, dk, dv, scale, causal, kernel, deterministic, window);
-    p.lse = l.data_ptr<float>();
-    p.dlse = dl.defined() ? dl.data_ptr<float>() : nullptr;
+    if (p.dtype == FC_DTYPE_FP64) {
+        p.lse64 = l.data_ptr<double>();
+        p.dlse64 = dl.defined() ? dl.data_ptr<double>() : nullptr;
+    } else {
+        p.lse = l.data_ptr<float>();
+        p.dlse = dl.defined() ? dl.data_ptr<float>() : nullptr;
+    }
 
     fc_stream_t stream = q.is_cuda() ? (fc_stream_t)c10::cuda::getCurrentCUDAStream().stream() : nullptr;
     at::Tensor workspace;

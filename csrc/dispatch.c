@@ -345,8 +345,19 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
     else if (p->window == 1 && (p->window_left < -1 || p->window_right < -1))
         fail(&r, FC_ERR_INVALID_ARGUMENT, "window_left, window_right: %d, %d; use keys >= 0, or -1 for no bound",
              p->window_left, p->window_right);
-    if (p->dtype != FC_DTYPE_FP16 && p->dtype != FC_DTYPE_BF16 && p->dtype != FC_DTYPE_FP32)
+    if (p->dtype != FC_DTYPE_FP16 && p->dtype != FC_DTYPE_BF16 && p->dtype != FC_DTYPE_FP32 &&
+        p->dtype != FC_DTYPE_FP64)
         fail(&r, FC_ERR_UNSUPPORTED_DTYPE, "dtype: unknown value %d", (int)p->dtype);
+    if (p->dtype == FC_DTYPE_FP64) {
+        if (!(p->scale64 > 0. && p->scale64 <= FC_MAX_SCALE && (float)p->scale64 == p->scale))
+            fail(&r, FC_ERR_INVALID_SCALE, "scale64: %g must be > 0 and at most FC_MAX_SCALE (2.3e38), with scale "
+                 "its fp32 rounding (%g)", p->scale64, (double)p->scale);
+        if (p->lse)
+            fail(&r, FC_ERR_INVALID_ARGUMENT, "lse: an fp64 call writes its LSE to lse64 (fp64); set lse to NULL");
+    } else if (p->lse64) {
+        fail(&r, FC_ERR_INVALID_ARGUMENT, "lse64: only an fp64 call writes it; set it to NULL (the LSE goes to "
+             "lse)");
+    }
     if (p->num_splits < 0)
         fail(&r, FC_ERR_INVALID_ARGUMENT, "num_splits: %d is negative; use 0 (heuristic), 1 (no split) or n > 1 "
              "(split Sk n ways)", p->num_splits);
@@ -366,8 +377,9 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
     /* GPU kernels */
     const int own_dv = FC_DV(*p) != p->D;  /* v's head dim is not D: the sm90 tile kernel at D > 128 only */
     check_dv_kernel(&r, p->Dv, p->D, k, "kernel", "pad v to D and cut o's extra columns");
-    if (p->dtype == FC_DTYPE_FP32)
-        fail(&r, FC_ERR_UNSUPPORTED_DTYPE, "dtype: fp32 runs only on the CPU; use fp16 or bf16 on the GPU");
+    if (p->dtype == FC_DTYPE_FP32 || p->dtype == FC_DTYPE_FP64)
+        fail(&r, FC_ERR_UNSUPPORTED_DTYPE, "dtype: %s runs only on the CPU; use fp16 or bf16 on the GPU",
+             p->dtype == FC_DTYPE_FP32 ? "fp32" : "fp64");
     if (((int64_t)p->Sq + 63) / 64 * p->B * p->Hq > FC_GRID_X_MAX)  /* 64: the smallest BR */
         fail(&r, FC_ERR_INVALID_SHAPE, "shape: B=%d x Hq=%d x Sq=%d needs more than 2^31-1 thread blocks; "
              "split the batch", p->B, p->Hq, p->Sq);
@@ -551,7 +563,7 @@ static fc_attn_params bwd_forward_view(const fc_attn_bwd_params* p) {
     f.v_batch_stride = p->v_batch_stride; f.v_head_stride = p->v_head_stride; f.v_row_stride = p->v_row_stride;
     f.o_batch_stride = p->o_batch_stride; f.o_head_stride = p->o_head_stride; f.o_row_stride = p->o_row_stride;
     f.B = p->B; f.Hq = p->Hq; f.Hkv = p->Hkv; f.Sq = p->Sq; f.Sk = p->Sk; f.D = p->D;
-    f.dtype = p->dtype; f.scale = p->scale; f.causal = p->causal;
+    f.dtype = p->dtype; f.scale = p->scale; f.scale64 = p->scale64; f.causal = p->causal;
     f.window = p->window; f.window_left = p->window_left; f.window_right = p->window_right;
     f.kernel = p->kernel == FC_KERNEL_CPU ? FC_KERNEL_CPU : FC_KERNEL_SM80;
     f.num_splits = 1;
@@ -620,8 +632,16 @@ static fc_status bwd_check_impl(const fc_attn_bwd_params* p, fc_reasons* rp, int
     check_impl(&f, rp, 0, &c);
     check_dv(rp, p->Dv, p->D);
     const int no_rows = no_output_rows(&f);
-    if (!no_rows && (!p->dout || !p->dq || !p->lse))
-        fail(rp, FC_ERR_NULL_POINTER, "dout, dq, lse: must be non-NULL (they may be NULL when B, Hq or Sq is 0)");
+    const int fp64 = p->dtype == FC_DTYPE_FP64;
+    if (!no_rows && (!p->dout || !p->dq || !(fp64 ? (const void*)p->lse64 : (const void*)p->lse)))
+        fail(rp, FC_ERR_NULL_POINTER, "dout, dq, %s: must be non-NULL (they may be NULL when B, Hq or Sq is 0)",
+             fp64 ? "lse64" : "lse");
+    if (fp64 && (p->lse || p->dlse))
+        fail(rp, FC_ERR_INVALID_ARGUMENT, "lse, dlse: an fp64 call reads lse64 and dlse64 (fp64); set lse and dlse "
+             "to NULL");
+    else if (!fp64 && (p->lse64 || p->dlse64))
+        fail(rp, FC_ERR_INVALID_ARGUMENT, "lse64, dlse64: only an fp64 call reads them; set them to NULL (use lse "
+             "and dlse)");
     if (p->B > 0 && p->Hkv > 0 && p->Sk > 0 && (!p->dk || !p->dv))
         fail(rp, FC_ERR_NULL_POINTER, "dk, dv: must be non-NULL (they may be NULL when B, Hkv or Sk is 0)");
     if (p->kernel == FC_KERNEL_CPU || rp->first != FC_OK) return rp->first;

@@ -49,6 +49,8 @@ typedef enum {
     FC_DTYPE_FP16 = 0,  /* IEEE half */
     FC_DTYPE_BF16 = 1,  /* bfloat16 */
     FC_DTYPE_FP32 = 2,  /* float; CPU kernel only */
+    FC_DTYPE_FP64 = 3,  /* double; CPU kernel only, with its scale and LSE in fp64 too (scale64, lse64):
+                           torch.autograd.gradcheck's dtype */
 } fc_dtype;
 
 typedef enum {
@@ -109,6 +111,10 @@ typedef struct {
                          runs on the CPU kernel, and on the sm90 kernel where D > 128 (not split-KV); the
                          others refuse it (pad v to D, and cut o's extra columns). A caller that fills
                          the struct field by field sets it too (zero-initialize the struct) */
+    double scale64;   /* FC_DTYPE_FP64: the softmax scale in fp64, which the CPU kernel uses (scale holds it
+                         rounded to fp32, for the checks); ignored for the other dtypes */
+    double* lse64;    /* FC_DTYPE_FP64: (B, Hq, Sq) contiguous fp64 LSE in place of lse (which must then be
+                         NULL), or NULL; must be NULL for the other dtypes */
 } fc_attn_params;
 
 /* Short English name of a status code. Never NULL. */
@@ -219,7 +225,7 @@ typedef struct {
     int64_t dv_batch_stride, dv_head_stride, dv_row_stride; /* in elements */
 
     int B, Hq, Hkv, Sq, Sk, D; /* as in fc_attn_params */
-    fc_dtype dtype;   /* element type of every tensor but lse */
+    fc_dtype dtype;   /* element type of every tensor but lse and dlse (fp32; fp64 for FC_DTYPE_FP64) */
     float scale;      /* the forward's softmax scale */
     fc_causal causal; /* the forward's mask mode */
     fc_kernel kernel; /* FC_KERNEL_AUTO (sm90 on H100/H200 in a build with sm_90a code, else
@@ -236,6 +242,9 @@ typedef struct {
     int Dv;           /* v's, o's, dout's and dv's head dim: 0 = D (the default), else as in fc_attn_params
                          (a multiple of 8 up to D): a Dv below D runs on the CPU path and the sm90 kernel
                          at D > 128; elsewhere pad v, o and dout to D with zero columns and cut dv's */
+    double scale64;   /* FC_DTYPE_FP64: the forward's scale in fp64 (as in fc_attn_params) */
+    const double* lse64;  /* FC_DTYPE_FP64: the forward's LSE in fp64, in place of lse (then NULL) */
+    const double* dlse64; /* FC_DTYPE_FP64: dlse in fp64, in place of dlse (then NULL), or NULL */
 } fc_attn_bwd_params;
 
 /* Says whether fc_attn_bwd would accept p; reasons as in fc_attn_fwd_check. */

@@ -361,7 +361,12 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         raise RuntimeError("flashcore: internal error: the custom op's implementation got tensors without storage")
     if return_lse:
         return r
-    return r, query.new_empty((0,), dtype=torch.float32)
+    return r, query.new_empty((0,), dtype=_lse_dtype(query))
+
+
+def _lse_dtype(query):
+    # binding.cpp's lse_dtype: the LSE is fp64 for fp64 inputs (the CPU path's), else fp32
+    return torch.float64 if query.dtype == torch.float64 else torch.float32
 
 
 def _refuse_not_one_call(query, key, value, traced=False):
@@ -403,7 +408,7 @@ def _attention_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, c
                              kernel, num_splits, window, sizes):
             _refuse_own_dv(query, value)
     out = query.new_empty((*query.shape[:3], value.shape[3]))  # (B, Hq, Sq, Dv)
-    lse = query.new_empty(tuple(query.shape[:3]) if return_lse else (0,), dtype=torch.float32)
+    lse = query.new_empty(tuple(query.shape[:3]) if return_lse else (0,), dtype=_lse_dtype(query))
     return out, lse
 
 

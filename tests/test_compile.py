@@ -232,7 +232,7 @@ _QKV = ((1, 2, 9, 64),) * 3
 
 @pytest.mark.parametrize("shapes,dtype,kw,exc,match", [
     (((1, 2, 9, 12),) * 3, torch.float32, {}, ValueError, r"^q: head dim D=12 is not supported"),
-    (_QKV, torch.float64, {}, TypeError, r"^q: dtype Double is not supported"),
+    (_QKV, torch.complex64, {}, TypeError, r"^q: dtype ComplexFloat is not supported"),
     (((1, 4, 9, 64), (1, 3, 9, 64), (1, 3, 9, 64)), torch.float32, {}, ValueError, r"^k: 3 KV heads do not divide"),
     (_QKV, torch.float32, {"num_splits": -1}, ValueError, r"^num_splits: got -1"),
     (_QKV, torch.float32, {"scale": -1.0}, ValueError, r"^scale: got -1"),
@@ -240,7 +240,7 @@ _QKV = ((1, 2, 9, 64),) * 3
     (_QKV, torch.float32, {"kernel": "sm80"}, ValueError, r"^kernel: a GPU kernel was forced but q is on the CPU"),
     (_QKV, torch.float32, {"causal_alignment": "middle"}, ValueError, r"^causal_alignment: expected one of"),
     ("transposed", torch.float32, {}, ValueError, r"^q: the last dim must be contiguous"),
-], ids=["D12", "fp64", "heads", "num_splits", "scale", "kernel", "kernel_cpu", "alignment", "last_stride"])
+], ids=["D12", "complex", "heads", "num_splits", "scale", "kernel", "kernel_cpu", "alignment", "last_stride"])
 def test_export_refuses_bad_calls(shapes, dtype, kw, exc, match):
     """torch.export refuses a bad call while it traces it, with the eager call's exception and message
     (the op's fake implementation runs the binding's checks that need no data), with static sizes and
@@ -278,10 +278,10 @@ class _ExportedPrefix(torch.nn.Module):
 
 @pytest.mark.parametrize("dtype,D,kw,exc,match", [
     (torch.float32, 64, {"scale": -1.0}, ValueError, r"^scale: got -1"),
-    (torch.float64, 64, {}, TypeError, r"^q: dtype Double is not supported"),
+    (torch.complex64, 64, {}, TypeError, r"^q: dtype ComplexFloat is not supported"),
     (torch.float32, 12, {}, ValueError, r"^q: head dim D=12 is not supported"),
     (torch.float32, 64, {"kernel": "sm80"}, ValueError, r"^kernel: a GPU kernel was forced"),
-], ids=["scale", "fp64", "D12", "kernel"])
+], ids=["scale", "complex", "D12", "kernel"])
 def test_export_refuses_bad_calls_of_unbacked_length(dtype, D, kw, exc, match):
     """With a data-dependent Sk (no value in the trace), export still refuses what the eager call
     refuses by name; the good call exports and runs at other lengths."""
@@ -336,7 +336,12 @@ def test_fake_and_meta_calls_of_the_op():
     q = torch.empty(2, 4, 33, 128, device="meta")
     out, lse = torch.ops.flashcore.attention(q, q, q, *args)
     assert out.shape == (2, 4, 33, 128) and lse.shape == (2, 4, 33) and out.device.type == "meta"
-    with pytest.raises(TypeError, match=r"^q: dtype Double is not supported; use torch.float16"):
-        torch.ops.flashcore.attention(q.double(), q.double(), q.double(), *args)
+    out, lse = torch.ops.flashcore.attention(q.double(), q.double(), q.double(), *args)  # (fp64: the CPU's)
+    assert out.dtype == lse.dtype == torch.float64 and lse.shape == (2, 4, 33)
+    with pytest.raises(TypeError, match=r"^q: dtype Double is not supported on CUDA, where the forced kernel"):
+        torch.ops.flashcore.attention(q.double(), q.double(), q.double(), *args[:7], "sm80", *args[8:])
+    qc = q.to(torch.complex64)
+    with pytest.raises(TypeError, match=r"^q: dtype ComplexFloat is not supported; use torch.float16"):
+        torch.ops.flashcore.attention(qc, qc, qc, *args)
     with pytest.raises(ValueError, match=r"^q, k, v: the op takes one \(B, H, S, D\) call"):
         torch.ops.flashcore.attention(q, q[:1], q[:1], *args)

@@ -302,7 +302,7 @@ print("max_err", (res["out"].double() - ref).abs().max().item())
 
 def test_cpu_small_thread_stacks():
     """The CPU kernel keeps its rows and key chunks in a per-thread heap
-    scratch (112 KiB at D = 256), not on the stack: a Python thread with a 64 KB
+    scratch (192 KiB at D = 256), not on the stack: a Python thread with a 64 KB
     stack and OpenMP workers with 64 KB stacks compute D = 256 correctly. Run
     in a subprocess, so that a regression is a failed test, not a dead run."""
     r = run_python(SMALL_STACK_SCRIPT, OMP_NUM_THREADS="2", OMP_STACKSIZE="64K")
@@ -312,11 +312,11 @@ def test_cpu_small_thread_stacks():
 
 # An LD_PRELOAD shim whose malloc fails for one size: the CPU kernel's
 # per-thread scratch at D = 136 (SCRATCH_BYTES_PER_D in csrc/cpu/attn_cpu.c:
-# 448 bytes per head-dim element).
+# 768 bytes per head-dim element).
 FAILING_MALLOC_C = r"""
 #include <stddef.h>
 extern void* __libc_malloc(size_t);
-void* malloc(size_t n) { return n == 448 * 136 ? NULL : __libc_malloc(n); }
+void* malloc(size_t n) { return n == 768 * 136 ? NULL : __libc_malloc(n); }
 """
 FAILING_MALLOC_SCRIPT = """
 import torch, flashcore

@@ -238,7 +238,8 @@ class Params(ctypes.Structure):
                 + [("scale", ctypes.c_float), ("causal", ctypes.c_int), ("kernel", ctypes.c_int),
                    ("num_splits", ctypes.c_int), ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
                    ("counters_zeroed", ctypes.c_int), ("window", ctypes.c_int), ("window_left", ctypes.c_int),
-                   ("window_right", ctypes.c_int), ("Dv", ctypes.c_int)])
+                   ("window_right", ctypes.c_int), ("Dv", ctypes.c_int), ("scale64", ctypes.c_double),
+                   ("lse64", ctypes.c_void_p)])
 
 
 def _lib():
@@ -262,8 +263,9 @@ def _params(q, k, v, out, kernel, num_splits):
             setattr(p, f"{name}_{s}_stride", t.stride(i))
     p.B, p.Hq, p.Sq, p.D = q.shape
     p.Hkv, p.Sk = k.shape[1], k.shape[2]
-    p.dtype = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}[q.dtype]
+    p.dtype = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}[q.dtype]
     p.scale, p.causal, p.kernel, p.num_splits = 1.0 / math.sqrt(q.shape[-1]), 0, kernel, num_splits
+    p.scale64 = 1.0 / math.sqrt(q.shape[-1]) if q.dtype == torch.float64 else 0.0
     return p
 
 

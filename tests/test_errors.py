@@ -138,8 +138,8 @@ CASES = [
           ValueError, r"\bcausal_alignment\b"),
     _case("alignment_none", lambda d: _with(d, causal_alignment=None), ValueError, r"\bcausal_alignment\b"),
     # --- dtypes ---------------------------------------------------------
-    _case("q_float64", lambda d: ((t(B, H, S, D, dev=d, dtype=torch.float64),
-                                   *[x.double() for x in qkv(d)[1:]]), {}), TypeError, r"\bq\b.*dtype"),
+    _case("q_complex64", lambda d: ((t(B, H, S, D, dev=d, dtype=torch.complex64),
+                                     *[x.to(torch.complex64) for x in qkv(d)[1:]]), {}), TypeError, r"\bq\b.*dtype"),
     _case("q_int32", lambda d: ((torch.ones(B, H, S, D, dtype=torch.int32, device=d), *qkv(d)[1:]), {}),
           TypeError, r"\bq\b.*dtype"),
     _case("k_dtype_mismatch", lambda d: ((qkv(d)[0], qkv(d)[1].to(torch.bfloat16), qkv(d)[2]), {}),

@@ -530,7 +530,7 @@ def test_v_head_dim_refusals():
                                                        "top_left", False, "auto", None)
     with pytest.raises(ValueError, match=r"v: sequence length 9 differs from k's 7"):
         op(q, k, torch.randn(2, 4, 9, 24))
-    with pytest.raises(TypeError, match=r"v: dtype Double is not supported"):
+    with pytest.raises(TypeError, match=r"v: dtype Double differs from q's Float"):
         op(q, k, v.double())
 
 

@@ -293,8 +293,9 @@ def test_meta_tensors_give_sdpa_shapes(case):
 
 
 @pytest.mark.parametrize("make,err,match", [
-    (lambda: (_meta(2, 4, 9, 64, dtype=torch.float64),) * 3, TypeError,
-     r"^q: dtype Double is not supported; use torch.float16, torch.bfloat16 or \(CPU only\) torch.float32"),
+    (lambda: (_meta(2, 4, 9, 64, dtype=torch.complex64),) * 3, TypeError,
+     r"^q: dtype ComplexFloat is not supported; use torch.float16, torch.bfloat16 or \(CPU only\) torch.float32 "
+     r"or torch.float64"),
     (lambda: (_meta(2, 4, 9, 64), _meta(2, 4, 9, 64, dtype=torch.bfloat16), _meta(2, 4, 9, 64)), TypeError,
      r"^k: dtype BFloat16 differs from q's Half"),
     (lambda: (_meta(2, 4, 9, 12),) * 3, ValueError, r"^q: head dim D=12 is not supported"),
@@ -427,9 +428,12 @@ def test_autocast_cpu_casts_like_sdpa():
     plain = flashcore.attention(q.bfloat16(), k.bfloat16(), v.bfloat16())
     assert torch.equal(out, plain) and torch.equal(mixed, plain) and torch.equal(compiled, plain)
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
-    # fp64 inputs are not cast by autocast (SDPA's rule), and flashcore refuses fp64
-    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(TypeError, match=r"^q: dtype Double"):
-        flashcore.attention(q.double(), k.double(), v.double())
+    # fp64 inputs are not cast by autocast (SDPA's rule): they run in fp64, as SDPA's do
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref64 = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), enable_gqa=True)
+        out64 = flashcore.attention(q.double(), k.double(), v.double())
+    assert ref64.dtype == out64.dtype == torch.float64
+    torch.testing.assert_close(out64, ref64, atol=1e-12, rtol=1e-12)
 
 
 @requires_gpu

@@ -3,14 +3,16 @@
  * Same semantics as the GPU kernels (fc_attn_params, both causal alignments, sliding windows,
  * GQA, strides, LSE, fully masked rows -> O = 0 and LSE = -inf, a NaN among
  * a row's visible scores -> that row's O and LSE NaN) for fp16/bf16/fp32
- * inputs, with the same online softmax: a block of QB query rows streams over
- * KC-key chunks. q, K and V are held in fp32; the dot products, the softmax
- * (max, exponentials, sums) and the O accumulator are fp64, so the
- * reference's own rounding stays far below any kernel's and SDPA's (with
- * sequential fp32 sums over D = 256 terms it did not, by 25 % in one fp32
- * case); a dot product or score past the fp32 range becomes +-inf, as in the
- * kernels. Each thread mallocs one scratch (QB + 2 KC rows of D floats, QB
- * rows of D doubles: 112 KiB at D = 256) for its blocks' rows and chunks, so
+ * inputs, and for fp64 ones (the CPU's alone), with the same online softmax: a
+ * block of QB query rows streams over KC-key chunks. q, K and V are held in
+ * fp64 (each input's value exactly); the dot products, the softmax (max,
+ * exponentials, sums) and the O accumulator are fp64, so the reference's own
+ * rounding stays far below any kernel's and SDPA's (with sequential fp32 sums
+ * over D = 256 terms it did not, by 25 % in one fp32 case). For fp16/bf16/fp32
+ * inputs a dot product or score past the fp32 range becomes +-inf, as in the
+ * kernels, at the fp32 scale; fp64 calls keep fp64's range and take scale64,
+ * and write the LSE to lse64. Each thread mallocs one scratch (QB + 2 KC rows
+ * of D doubles for q, K and V, QB for the O accumulator: 192 KiB at D = 256) for its blocks' rows and chunks, so
  * the stack use is small whatever the thread's stack size; a failed malloc
  * returns FC_ERR_HOST_MEMORY. Parallel over (batch, head, row block) with
  * OpenMP when built with it. Used by flashcore.attention for CPU tensors and
@@ -27,7 +29,7 @@
 
 #define QB 16  /* query rows per block */
 #define KC 32  /* keys per chunk */
-#define SCRATCH_BYTES_PER_D ((QB + 2 * KC) * sizeof(float) + QB * sizeof(double))  /* q, K, V chunks; acc */
+#define SCRATCH_BYTES_PER_D ((QB + 2 * KC) * sizeof(double) + QB * sizeof(double))  /* q, K, V chunks; acc */
 
 /* ---- element conversion (round to nearest even on the way out) ---- */
 
@@ -82,10 +84,13 @@ static uint16_t float_to_bf16(float f) {
     return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
-/* Converts n elements starting at src (element offset off) to fp32. */
-static void load_row(float* dst, const void* base, int64_t off, int n, fc_dtype dt) {
-    if (dt == FC_DTYPE_FP32) {
-        memcpy(dst, (const float*)base + off, (size_t)n * sizeof(float));
+/* Converts n elements starting at src (element offset off) to fp64 (exactly). */
+static void load_row(double* dst, const void* base, int64_t off, int n, fc_dtype dt) {
+    if (dt == FC_DTYPE_FP64) {
+        memcpy(dst, (const double*)base + off, (size_t)n * sizeof(double));
+    } else if (dt == FC_DTYPE_FP32) {
+        const float* s = (const float*)base + off;
+        for (int i = 0; i < n; ++i) dst[i] = s[i];
     } else if (dt == FC_DTYPE_FP16) {
         const uint16_t* s = (const uint16_t*)base + off;
         for (int i = 0; i < n; ++i) dst[i] = half_to_float(s[i]);
@@ -95,12 +100,18 @@ static void load_row(float* dst, const void* base, int64_t off, int n, fc_dtype 
     }
 }
 
-static void store_row(void* base, int64_t off, const float* src, int n, fc_dtype dt) {
-    if (dt == FC_DTYPE_FP32) {
-        memcpy((float*)base + off, src, (size_t)n * sizeof(float));
+/* Stores n fp64 values in dt: fp64 as they are; the others rounded to fp32 first, then (fp16, bf16)
+ * to nearest even. */
+static void store_row(void* base, int64_t off, const double* src, int n, fc_dtype dt) {
+    if (dt == FC_DTYPE_FP64) {
+        memcpy((double*)base + off, src, (size_t)n * sizeof(double));
+    } else if (dt == FC_DTYPE_FP32) {
+        float* d = (float*)base + off;
+        for (int i = 0; i < n; ++i) d[i] = (float)src[i];
     } else {
         uint16_t* d = (uint16_t*)base + off;
-        for (int i = 0; i < n; ++i) d[i] = dt == FC_DTYPE_FP16 ? float_to_half(src[i]) : float_to_bf16(src[i]);
+        for (int i = 0; i < n; ++i)
+            d[i] = dt == FC_DTYPE_FP16 ? float_to_half((float)src[i]) : float_to_bf16((float)src[i]);
     }
 }
 
@@ -108,13 +119,19 @@ static void store_row(void* base, int64_t off, const float* src, int n, fc_dtype
 static double fp32_range(double x) { return fabs(x) > FLT_MAX ? copysign(INFINITY, x) : x; }
 
 /* q . k over D, summed in fp64 */
-static double dot_d(const float* a, const float* b, int D) {
+static double dot_d(const double* a, const double* b, int D) {
     double s = 0.;
 #ifdef _OPENMP
 #pragma omp simd reduction(+ : s) /* lets the compiler keep partial sums in SIMD lanes */
 #endif
-    for (int d = 0; d < D; ++d) s += (double)a[d] * b[d];
+    for (int d = 0; d < D; ++d) s += a[d] * b[d];
     return s;
+}
+
+/* The score of a dot product: fp16/bf16/fp32 calls as the kernels form it, at the fp32 scale with
+ * fp32's overflow (+-inf past its range); fp64 calls at scale64 in fp64. */
+static double score_of(double dot, fc_dtype dt, float scale, double scale64) {
+    return dt == FC_DTYPE_FP64 ? dot * scale64 : fp32_range(fp32_range(dot) * scale);
 }
 
 /* whether key j is visible to query i (kernels.h's band: causal mode and window) */
@@ -130,9 +147,9 @@ static int key_begin_of(fc_band band, int Sk, int r0) {
     return first < 0 ? 0 : (first < Sk ? (int)first : Sk);
 }
 
-/* Keys c0 .. c0 + nk - 1 of one KV head (element offsets ko, vo) into kc, vc as fp32 rows of D
+/* Keys c0 .. c0 + nk - 1 of one KV head (element offsets ko, vo) into kc, vc as fp64 rows of D
  * (v's first Dv columns of each row; Dv <= D). */
-static void load_kv_chunk(float* kc, float* vc, const void* k, int64_t ko, int64_t k_row_stride, const void* v,
+static void load_kv_chunk(double* kc, double* vc, const void* k, int64_t ko, int64_t k_row_stride, const void* v,
                           int64_t vo, int64_t v_row_stride, int c0, int nk, int D, int Dv, fc_dtype dt) {
     for (int j = 0; j < nk; ++j) {
         load_row(kc + j * D, k, ko + (int64_t)(c0 + j) * k_row_stride, D, dt);
@@ -152,10 +169,10 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0, void* scra
     const int64_t vo = (int64_t)b * p->v_batch_stride + (int64_t)hk * p->v_head_stride;
     const int64_t oo = (int64_t)b * p->o_batch_stride + (int64_t)h * p->o_head_stride;
 
-    double* acc = (double*)scratch;    /* (QB, D): row r at acc + r * D */
-    float* q = (float*)(acc + QB * D); /* (QB, D); at the end, row r holds O's row in fp32 */
-    float* kc = q + QB * D;            /* (KC, D) */
-    float* vc = kc + KC * D;           /* (KC, D) */
+    double* acc = (double*)scratch; /* (QB, D): row r at acc + r * D */
+    double* q = acc + QB * D;       /* (QB, D); at the end, row r holds O's row */
+    double* kc = q + QB * D;        /* (KC, D) */
+    double* vc = kc + KC * D;       /* (KC, D) */
     double m[QB], l[QB], s[KC];        /* running max and sum per row; one chunk's scores */
     for (int r = 0; r < rows; ++r) {
         load_row(q + r * D, p->q, qo + (int64_t)(r0 + r) * p->q_row_stride, D, p->dtype);
@@ -169,13 +186,13 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0, void* scra
         load_kv_chunk(kc, vc, p->k, ko, p->k_row_stride, p->v, vo, p->v_row_stride, c0, nk, D, Dv, p->dtype);
         for (int r = 0; r < rows; ++r) {
             const int i = r0 + r;
-            const float* qr = q + r * D;
+            const double* qr = q + r * D;
             double* ar = acc + r * D;
             double mx = -INFINITY;
             for (int j = 0; j < nk; ++j) {
                 const int key = c0 + j;
                 if (!visible(band, i, key)) { s[j] = -INFINITY; continue; }
-                s[j] = fp32_range(fp32_range(dot_d(qr, kc + j * D, D)) * p->scale);  /* the kernels' fp32 overflow */
+                s[j] = score_of(dot_d(qr, kc + j * D, D), p->dtype, p->scale, p->scale64);
                 if (s[j] > mx || isnan(s[j])) mx = s[j];  /* a NaN score sticks: the row's result is NaN */
             }
             if (mx == -INFINITY) continue;  /* no visible key in this chunk */
@@ -187,7 +204,7 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0, void* scra
                 if (s[j] == -INFINITY) continue;
                 const double pj = exp(s[j] - m_new);
                 l[r] += pj;
-                const float* vj = vc + j * D;
+                const double* vj = vc + j * D;
                 for (int d = 0; d < Dv; ++d) ar[d] += pj * vj[d];
             }
             m[r] = m_new;
@@ -197,10 +214,13 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0, void* scra
         const int empty = l[r] == 0.;  /* no visible key (a NaN sum is not empty: it stays NaN) */
         const double inv = empty ? 0. : 1. / l[r];
         const double* ar = acc + r * D;
-        float* orow = q + r * D;
-        for (int d = 0; d < Dv; ++d) orow[d] = (float)(ar[d] * inv);
+        double* orow = q + r * D;
+        for (int d = 0; d < Dv; ++d) orow[d] = ar[d] * inv;
         store_row(p->o, oo + (int64_t)(r0 + r) * p->o_row_stride, orow, Dv, p->dtype);
-        if (p->lse) p->lse[((int64_t)b * p->Hq + h) * p->Sq + r0 + r] = empty ? -INFINITY : (float)(m[r] + log(l[r]));
+        const double lse = empty ? -INFINITY : m[r] + log(l[r]);
+        const int64_t li = ((int64_t)b * p->Hq + h) * p->Sq + r0 + r;
+        if (p->lse) p->lse[li] = (float)lse;
+        if (p->lse64) p->lse64[li] = lse;
     }
 }
 
@@ -252,8 +272,16 @@ fc_status fc_cpu_fwd(const fc_attn_params* p) {
  * P_ij = exp(s_ij - lse_i) with the forward's LSE; a row with LSE = -inf sees
  * no key (dQ = 0, adds nothing). The scores are the forward's (fp32_range). */
 
-/* scratch of the rows pass, per D: q, dO (QB rows) and K, V (KC keys) in fp32; two fp64 sums per row */
-#define BWD_ROWS_SCRATCH_PER_D ((2 * QB + 2 * KC) * sizeof(float) + 2 * QB * sizeof(double))
+/* scratch of the rows pass, per D: q, dO (QB rows) and K, V (KC keys); two sums per row; all fp64 */
+#define BWD_ROWS_SCRATCH_PER_D ((2 * QB + 2 * KC) * sizeof(double) + 2 * QB * sizeof(double))
+
+/* The forward's LSE of row i, and dlse's (0 where there is none), in fp64 */
+static double lse_of(const fc_attn_bwd_params* p, int64_t i) {
+    return p->dtype == FC_DTYPE_FP64 ? p->lse64[i] : p->lse[i];
+}
+static double dlse_of(const fc_attn_bwd_params* p, int64_t i) {
+    return p->dtype == FC_DTYPE_FP64 ? (p->dlse64 ? p->dlse64[i] : 0.) : (p->dlse ? p->dlse[i] : 0.);
+}
 
 static void bwd_rows_block(const fc_attn_bwd_params* p, int b, int h, int r0, double* delta, void* scratch) {
     const int D = p->D, Dv = FC_DV(*p), hk = h / (p->Hq / p->Hkv);  /* (Dv <= D: rows keep D's stride) */
@@ -265,20 +293,21 @@ static void bwd_rows_block(const fc_attn_bwd_params* p, int b, int h, int r0, do
     const int64_t vo = (int64_t)b * p->v_batch_stride + (int64_t)hk * p->v_head_stride;
     const int64_t dqo = (int64_t)b * p->dq_batch_stride + (int64_t)h * p->dq_head_stride;
     const int64_t row0 = ((int64_t)b * p->Hq + h) * p->Sq + r0; /* index of row r0 in lse and delta */
+    const double scale = p->dtype == FC_DTYPE_FP64 ? p->scale64 : p->scale;
 
     double* pdk = (double*)scratch; /* (QB, D): sum_j P_ij dP_ij k_j */
     double* pk = pdk + QB * D;      /* (QB, D): sum_j P_ij k_j */
-    float* q = (float*)(pk + QB * D);
-    float* g = q + QB * D;          /* dO rows (Dv columns) */
-    float* kc = g + QB * D;
-    float* vc = kc + KC * D;
+    double* q = pk + QB * D;
+    double* g = q + QB * D;         /* dO rows (Dv columns) */
+    double* kc = g + QB * D;
+    double* vc = kc + KC * D;
     double lse[QB], dsum[QB];
     for (int r = 0; r < rows; ++r) {
         load_row(q + r * D, p->q, qo + (int64_t)(r0 + r) * p->q_row_stride, D, p->dtype);
         load_row(g + r * D, p->dout, go + (int64_t)(r0 + r) * p->do_row_stride, Dv, p->dtype);
         memset(pdk + r * D, 0, (size_t)D * sizeof(double));
         memset(pk + r * D, 0, (size_t)D * sizeof(double));
-        lse[r] = p->lse[row0 + r];
+        lse[r] = lse_of(p, row0 + r);
         dsum[r] = 0.;
     }
     const int key_end = fc_band_key_end(band, p->Sk, r0, rows);
@@ -289,8 +318,8 @@ static void bwd_rows_block(const fc_attn_bwd_params* p, int b, int h, int r0, do
             if (lse[r] == -INFINITY) continue; /* the row sees no key */
             for (int j = 0; j < nk; ++j) {
                 if (!visible(band, r0 + r, c0 + j)) continue;
-                const float* kj = kc + j * D;
-                const double s = fp32_range(fp32_range(dot_d(q + r * D, kj, D)) * p->scale);
+                const double* kj = kc + j * D;
+                const double s = score_of(dot_d(q + r * D, kj, D), p->dtype, p->scale, p->scale64);
                 const double pij = exp(s - lse[r]);
                 const double pdp = pij * dot_d(g + r * D, vc + j * D, Dv);
                 dsum[r] += pdp;
@@ -302,16 +331,16 @@ static void bwd_rows_block(const fc_attn_bwd_params* p, int b, int h, int r0, do
         }
     }
     for (int r = 0; r < rows; ++r) {
-        if (p->dlse && lse[r] != -INFINITY) dsum[r] -= p->dlse[row0 + r]; /* dS = P (dP - Delta + dlse) */
-        float* dq = q + r * D; /* (q's row is no longer needed) */
-        for (int d = 0; d < D; ++d) dq[d] = (float)(p->scale * (pdk[r * D + d] - dsum[r] * pk[r * D + d]));
+        if (lse[r] != -INFINITY) dsum[r] -= dlse_of(p, row0 + r); /* dS = P (dP - Delta + dlse) */
+        double* dq = q + r * D; /* (q's row is no longer needed) */
+        for (int d = 0; d < D; ++d) dq[d] = scale * (pdk[r * D + d] - dsum[r] * pk[r * D + d]);
         store_row(p->dq, dqo + (int64_t)(r0 + r) * p->dq_row_stride, dq, D, p->dtype);
         delta[row0 + r] = dsum[r];
     }
 }
 
-/* scratch of the keys pass, per D: K, V (KC keys) and q, dO (one row) in fp32; dK, dV sums (KC keys) */
-#define BWD_KEYS_SCRATCH_PER_D ((2 * KC + 2) * sizeof(float) + 2 * KC * sizeof(double))
+/* scratch of the keys pass, per D: K, V (KC keys) and q, dO (one row); dK, dV sums (KC keys); all fp64 */
+#define BWD_KEYS_SCRATCH_PER_D ((2 * KC + 2) * sizeof(double) + 2 * KC * sizeof(double))
 
 static void bwd_keys_block(const fc_attn_bwd_params* p, int b, int hk, int c0, const double* delta, void* scratch) {
     const int D = p->D, Dv = FC_DV(*p), G = p->Hq / p->Hkv;  /* (v, dO and dV rows: Dv columns at D's stride) */
@@ -319,13 +348,14 @@ static void bwd_keys_block(const fc_attn_bwd_params* p, int b, int hk, int c0, c
     const fc_band band = FC_BAND(*p);
     const int64_t ko = (int64_t)b * p->k_batch_stride + (int64_t)hk * p->k_head_stride;
     const int64_t vo = (int64_t)b * p->v_batch_stride + (int64_t)hk * p->v_head_stride;
+    const double scale = p->dtype == FC_DTYPE_FP64 ? p->scale64 : p->scale;
 
     double* dk = (double*)scratch; /* (KC, D) */
     double* dv = dk + KC * D;      /* (KC, D) */
-    float* kc = (float*)(dv + KC * D);
-    float* vc = kc + KC * D;
-    float* q = vc + KC * D; /* one query row */
-    float* g = q + D;       /* its dO row */
+    double* kc = dv + KC * D;
+    double* vc = kc + KC * D;
+    double* q = vc + KC * D; /* one query row */
+    double* g = q + D;       /* its dO row */
     load_kv_chunk(kc, vc, p->k, ko, p->k_row_stride, p->v, vo, p->v_row_stride, c0, nk, D, Dv, p->dtype);
     memset(dk, 0, (size_t)2 * KC * D * sizeof(double));
     /* rows that see key c0 or later (i + hi >= c0), up to the last that sees key c0 + nk - 1 or
@@ -338,13 +368,13 @@ static void bwd_keys_block(const fc_attn_bwd_params* p, int b, int hk, int c0, c
         const int64_t go = (int64_t)b * p->do_batch_stride + (int64_t)h * p->do_head_stride;
         const int64_t row0 = ((int64_t)b * p->Hq + h) * p->Sq;
         for (int64_t i = first; i < end; ++i) {
-            const double lse = p->lse[row0 + i];
+            const double lse = lse_of(p, row0 + i);
             if (lse == -INFINITY) continue;
             load_row(q, p->q, qo + i * p->q_row_stride, D, p->dtype);
             load_row(g, p->dout, go + i * p->do_row_stride, Dv, p->dtype);
             for (int j = 0; j < nk; ++j) {
                 if (!visible(band, (int)i, c0 + j)) continue;
-                const double s = fp32_range(fp32_range(dot_d(q, kc + j * D, D)) * p->scale);
+                const double s = score_of(dot_d(q, kc + j * D, D), p->dtype, p->scale, p->scale64);
                 const double pij = exp(s - lse);
                 const double ds = pij * (dot_d(g, vc + j * D, Dv) - delta[row0 + i]); /* delta: Delta - dlse */
                 for (int d = 0; d < Dv; ++d) dv[j * D + d] += pij * g[d];
@@ -355,11 +385,10 @@ static void bwd_keys_block(const fc_attn_bwd_params* p, int b, int hk, int c0, c
     const int64_t dko = (int64_t)b * p->dk_batch_stride + (int64_t)hk * p->dk_head_stride;
     const int64_t dvo = (int64_t)b * p->dv_batch_stride + (int64_t)hk * p->dv_head_stride;
     for (int j = 0; j < nk; ++j) {
-        float* row = kc + j * D; /* (the key's row is no longer needed) */
-        for (int d = 0; d < D; ++d) row[d] = (float)(p->scale * dk[j * D + d]);
+        double* row = kc + j * D; /* (the key's row is no longer needed) */
+        for (int d = 0; d < D; ++d) row[d] = scale * dk[j * D + d];
         store_row(p->dk, dko + (int64_t)(c0 + j) * p->dk_row_stride, row, D, p->dtype);
-        for (int d = 0; d < Dv; ++d) row[d] = (float)dv[j * D + d];
-        store_row(p->dv, dvo + (int64_t)(c0 + j) * p->dv_row_stride, row, Dv, p->dtype);
+        store_row(p->dv, dvo + (int64_t)(c0 + j) * p->dv_row_stride, dv + j * D, Dv, p->dtype);
     }
 }
 
