@@ -74,8 +74,9 @@ Args:
 Dtypes: fp16 and bf16 on CUDA; fp16, bf16, fp32 and fp64 on the CPU
 (fp64 in fp64 throughout, scale and LSE included: torch.autograd.gradcheck
 runs). Meta tensors (the CPU's dtypes) give meta outputs of the right shapes.
-Head dim D: any multiple of 8 from 8 to 256; v's Dv: 0 to 256 (see value;
-the GPU backward's limits apply to the wider of the two).
+Head dim D: 1 to 256 (one that is not a multiple of 8 runs zero-padded to
+the next one: exact, at the cost of the copies); v's Dv: 0 to 256 (see
+value; the GPU backward's limits apply to the wider of the two).
 GPUs: compute capability 8.x and 9.0 (A100, L4/Ada, H100/H200); a newer
 one needs a build with its own code (FLASHCORE_ARCHS).
 Every tensor's last dim must be contiguous (stride 1); other strides are
@@ -238,9 +239,11 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         value_error("k: " + std::to_string(k.size(1)) + " KV heads do not divide q's " +
                     std::to_string(q.size(1)) + " heads; use Hkv that divides Hq (GQA) or Hkv == Hq");
     const int64_t d = q.size(3);
-    if (d < 8 || d % 8 != 0 || d > FC_MAX_HEAD_DIM)
-        value_error("q: head dim D=" + std::to_string(d) +
-                    " is not supported; D must be a multiple of 8 between 8 and 256 (pad the head dim)");
+    if (d < 1 || d > FC_MAX_HEAD_DIM)
+        value_error("q: head dim D=" + std::to_string(d) + " is not supported; D must be from 1 to 256");
+    if (d % 8 != 0)
+        value_error("q: head dim D=" + std::to_string(d) + " is not a multiple of 8, which the kernels need; call "
+                    "flashcore.attention, which pads it with zero columns (or pad q, k and v yourself)");
     for (int i = 0; i < 3; ++i)
         if (ts[i]->size(0) > INT32_MAX || ts[i]->size(1) > INT32_MAX || ts[i]->size(2) > INT32_MAX)
             value_error(std::string(names[i]) + ": a dim exceeds 2^31-1; split the call");
@@ -851,6 +854,15 @@ bool bhsd_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bo
            k.size(1) == v.size(1) && !(q.size(1) == 1 && k.size(1) != 1);
 }
 
+// Whether q's head dim is one no kernel takes but a zero-padded call runs exactly: 1 to 255 and
+// not a multiple of 8. flashcore.attention (_pad_head_dims) pads q, k and v to the next multiple of 8
+// (q . k is unchanged, the scale stays 1/sqrt(D)) and cuts out's extra columns.
+bool pads_head_dim(const at::Tensor& q) {
+    if (q.is_nested() || q.layout() != at::kStrided || q.dim() < 1) return false;  // (check_inputs refuses them)
+    const int64_t d = q.size(-1);
+    return d >= 1 && d < FC_MAX_HEAD_DIM && d % 8 != 0;
+}
+
 // Whether a (B, H, S, D) call whose v has a head dim of its own runs as it is:
 // the kernel it picks takes v's Dv (fc_attn_params: a multiple of 8 below D, on
 // the CPU kernel or the sm90 one at D > 128, not split-KV; fc_attn_fwd_check_args
@@ -914,7 +926,8 @@ pybind11::object attention(const pybind11::handle& query, const pybind11::handle
     at::Tensor q = tensor_arg(query, "q");
     at::Tensor k = tensor_arg(key, "k");
     at::Tensor v = tensor_arg(value, "v");
-    if (!bhsd_call(q, k, v, true)) return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
+    if (!bhsd_call(q, k, v, true) || pads_head_dim(q))
+        return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
     const bool own_dv = !bhsd_call(q, k, v);  // v's head dim its own (native_dv)
     // Meta tensors (shapes without data: a model run on the meta device to count its FLOPs or plan its
     // memory) take the op, whose meta kernel checks the call as its fake implementation does and gives

@@ -112,31 +112,30 @@ def _as_bhsd(query, key, value, scale):
 
 
 def _pad_head_dims(query, key, value, scale):
-    # v's head dim Dv may differ from q's and k's D, as in SDPA (out then has
-    # Dv columns): the call runs at Dp = max(D, Dv rounded up to 8) with zero
-    # columns appended (to q and k where Dv > D, which leaves every q . k as it
-    # is; to v where Dv < D, whose output columns are cut off), at D's scale.
-    # Any rank: the padding precedes _as_bhsd's fold.
+    # v's head dim Dv may differ from q's and k's D, and D need not be a multiple
+    # of 8, as in SDPA (out then has Dv columns): the call runs at Dp = max(D, Dv)
+    # rounded up to 8 with zero columns appended (to q and k where Dp > D, which
+    # leaves every q . k as it is; to v where Dp > Dv, whose output columns are
+    # cut off), at D's scale. Any rank: the padding precedes _as_bhsd's fold.
     # Exact, at the cost of the padded copies and the wider call. Returns
     # (q, k, v) padded, the scale and back(out, lse), which cuts out to Dv
-    # columns; or None where Dv == D or an input is not a strided tensor of
-    # rank >= 1 (the call refuses it).
+    # columns; or None where Dv == D and D is a multiple of 8 (or out of range:
+    # the call refuses it), or an input is not a strided tensor of rank >= 1.
     ts = (query, key, value)
     if not _strided(ts) or any(t.dim() < 1 for t in ts):
         return None
     d, dv = query.shape[-1], value.shape[-1]
-    if dv == d:
+    if dv == d and (d % 8 == 0 or not 1 <= d < _C.MAX_HEAD_DIM):
         return None
     if key.shape[-1] != d:
         raise ValueError(f"k: head dim {key.shape[-1]} differs from q's {d}; q and k need the same D (v's may differ)")
-    if d < 8 or d % 8 != 0 or d > _C.MAX_HEAD_DIM:
-        raise ValueError(f"q: head dim D={d} is not supported; D must be a multiple of 8 between 8 and "
-                         f"{_C.MAX_HEAD_DIM} (pad the head dim)")
+    if d < 1 or d > _C.MAX_HEAD_DIM:
+        raise ValueError(f"q: head dim D={d} is not supported; D must be from 1 to {_C.MAX_HEAD_DIM}")
     _refuse_hidden_views(ts, neg=True)  # (the padded copy would hide them)
     if dv > _C.MAX_HEAD_DIM:
         raise ValueError(f"v: head dim {dv} exceeds {_C.MAX_HEAD_DIM}, the widest flashcore takes; split v's columns "
                          f"into calls of at most {_C.MAX_HEAD_DIM}")
-    dp = max(d, -(-dv // 8) * 8)
+    dp = -(-max(d, dv) // 8) * 8
     return (*(_pad_cols(t, dp) for t in ts), 1.0 / math.sqrt(d) if scale is None else scale,
             lambda out, lse: (out[..., :dv].contiguous(), lse))
 
@@ -355,6 +354,9 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     with torch.no_grad():  # (the autograd formula below records the call, not the binding)
         r = _C.attention(query, key, value, attn_mask, dropout_p, is_causal, scale, False, causal,
                          causal_alignment, return_lse, kernel, num_splits, window)
+    if r is NotImplemented and query.shape[3] % 8 != 0:  # (flashcore.attention pads such a head dim)
+        _C.check_call(query, key, value, attn_mask, dropout_p, is_causal, scale, causal, causal_alignment,
+                      return_lse, kernel, num_splits, window, True)  # (raises the binding's message)
     if r is NotImplemented and value.shape[3] != query.shape[3]:
         _refuse_own_dv(query, value)
     if r is NotImplemented:

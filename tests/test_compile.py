@@ -231,7 +231,7 @@ _QKV = ((1, 2, 9, 64),) * 3
 
 
 @pytest.mark.parametrize("shapes,dtype,kw,exc,match", [
-    (((1, 2, 9, 12),) * 3, torch.float32, {}, ValueError, r"^q: head dim D=12 is not supported"),
+    (((1, 2, 9, 264),) * 3, torch.float32, {}, ValueError, r"^q: head dim D=264 is not supported"),
     (_QKV, torch.complex64, {}, TypeError, r"^q: dtype ComplexFloat is not supported"),
     (((1, 4, 9, 64), (1, 3, 9, 64), (1, 3, 9, 64)), torch.float32, {}, ValueError, r"^k: 3 KV heads do not divide"),
     (_QKV, torch.float32, {"num_splits": -1}, ValueError, r"^num_splits: got -1"),
@@ -240,7 +240,7 @@ _QKV = ((1, 2, 9, 64),) * 3
     (_QKV, torch.float32, {"kernel": "sm80"}, ValueError, r"^kernel: a GPU kernel was forced but q is on the CPU"),
     (_QKV, torch.float32, {"causal_alignment": "middle"}, ValueError, r"^causal_alignment: expected one of"),
     ("transposed", torch.float32, {}, ValueError, r"^q: the last dim must be contiguous"),
-], ids=["D12", "complex", "heads", "num_splits", "scale", "kernel", "kernel_cpu", "alignment", "last_stride"])
+], ids=["D264", "complex", "heads", "num_splits", "scale", "kernel", "kernel_cpu", "alignment", "last_stride"])
 def test_export_refuses_bad_calls(shapes, dtype, kw, exc, match):
     """torch.export refuses a bad call while it traces it, with the eager call's exception and message
     (the op's fake implementation runs the binding's checks that need no data), with static sizes and
@@ -279,9 +279,9 @@ class _ExportedPrefix(torch.nn.Module):
 @pytest.mark.parametrize("dtype,D,kw,exc,match", [
     (torch.float32, 64, {"scale": -1.0}, ValueError, r"^scale: got -1"),
     (torch.complex64, 64, {}, TypeError, r"^q: dtype ComplexFloat is not supported"),
-    (torch.float32, 12, {}, ValueError, r"^q: head dim D=12 is not supported"),
+    (torch.float32, 264, {}, ValueError, r"^q: head dim D=264 is not supported"),
     (torch.float32, 64, {"kernel": "sm80"}, ValueError, r"^kernel: a GPU kernel was forced"),
-], ids=["scale", "complex", "D12", "kernel"])
+], ids=["scale", "complex", "D264", "kernel"])
 def test_export_refuses_bad_calls_of_unbacked_length(dtype, D, kw, exc, match):
     """With a data-dependent Sk (no value in the trace), export still refuses what the eager call
     refuses by name; the good call exports and runs at other lengths."""

@@ -69,9 +69,7 @@ CASES = [
           ValueError, r"\bk\b.*divide"),
     _case("kv_seqlen", lambda d: (qkv(d, k=(B, H, S, D), v=(B, H, S + 1, D)), {}), ValueError,
           r"\bv\b.*sequence length"),
-    _case("headdim_12", lambda d: (qkv(d, *[(B, H, S, 12)] * 3), {}), ValueError, r"head dim.*\b12\b"),
-    _case("headdim_4", lambda d: (qkv(d, *[(B, H, S, 4)] * 3), {}), ValueError, r"head dim.*\b4\b"),
-    _case("headdim_100", lambda d: (qkv(d, *[(B, H, S, 100)] * 3), {}), ValueError, r"head dim.*\b100\b"),
+    # (head dims that are not multiples of 8 run zero-padded: test_shapes.test_head_dims_not_multiple_of_8)
     _case("headdim_264", lambda d: (qkv(d, *[(B, H, S, 264)] * 3), {}), ValueError, r"head dim.*\b264\b"),
     _case("headdim_512", lambda d: (qkv(d, *[(B, H, S, 512)] * 3), {}), ValueError, r"head dim.*\b512\b"),
     # --- strides --------------------------------------------------------

@@ -8,6 +8,8 @@ back. Each case is checked, forward and backward, against an fp64 reference
 written with broadcasting matmuls (independent of the fold) and against SDPA
 on the same low-precision tensors, on the CPU path and on every GPU kernel.
 """
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -506,12 +508,53 @@ def test_v_head_dim_pairs(alignment):
     assert out.shape == (2, 4, 5, 128) and torch.all(out == 0) and torch.all(lse == float("-inf"))
 
 
+@pytest.mark.parametrize("dev,kernel", DEVICES)
+@pytest.mark.parametrize("d,dv", [(1, 1), (4, 4), (12, 12), (20, 20), (100, 100), (250, 250), (12, 64), (100, 96),
+                                  (255, 40)])
+def test_head_dims_not_multiple_of_8(dev, kernel, d, dv):
+    """A head dim D that is not a multiple of 8 (SDPA takes any) runs as the call zero-padded to the next
+    one (q . k unchanged, the scale 1/sqrt(D)): against the fp64 reference, forward (out and LSE) and
+    backward, with GQA, causal masks and a 3-D call; compiled (fullgraph) the same as eager."""
+    dtype = DTYPE[dev]
+    torch.manual_seed(d * 1000 + dv)
+    q = torch.randn(2, 4, 37, d, device=dev).to(dtype).requires_grad_()
+    k = torch.randn(2, 2, 45, d, device=dev).to(dtype).requires_grad_()
+    v = torch.randn(2, 2, 45, dv, device=dev).to(dtype).requires_grad_()
+    out, lse = flashcore.attention(q, k, v, is_causal=True, return_lse=True, kernel=kernel)
+    assert out.shape == (2, 4, 37, dv) and out.dtype == dtype and lse.shape == (2, 4, 37)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    s = (q64 @ k64.repeat_interleave(2, 1).transpose(-1, -2)) / math.sqrt(d)
+    s = s.masked_fill(~visible_mask(37, 45, "top_left", dev), float("-inf"))
+    want, want_lse = torch.softmax(s, -1) @ v64.repeat_interleave(2, 1), torch.logsumexp(s, -1)
+    sd = F.scaled_dot_product_attention(*(t.detach() for t in (q, k, v)), is_causal=True, enable_gqa=True)
+    tol = 2 * err(sd, want) + 1e-5  # (GUIDE's rule: within twice SDPA's own error at this dtype)
+    assert err(out, want) <= tol and err(lse, want_lse) <= 1e-4 * max(1.0, want_lse.abs().max().item())
+    g = torch.randn_like(want)
+    got = torch.autograd.grad(out, (q, k, v), g.to(dtype))
+    ref_g = torch.autograd.grad(want, (q64, k64, v64), g)
+    for a, b, name in zip(got, ref_g, "qkv"):
+        assert a.shape == b.shape and err(a, b) <= (1e-4 if dev == "cpu" else 2e-2) * max(1.0, b.abs().max().item()), name
+    if dev == "cpu":
+        x = q[0].detach()  # (3-D: (H, S, D))
+        torch.testing.assert_close(flashcore.attention(x, x, x), F.scaled_dot_product_attention(x, x, x),
+                                   atol=1e-5, rtol=1e-5)
+        torch._dynamo.reset()  # (each case compiles the same lambda: no recompile limit across cases)
+        f = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, is_causal=True), fullgraph=True,
+                          backend="aot_eager")
+        assert torch.equal(f(*(t.detach() for t in (q, k, v))), out.detach())
+        torch._dynamo.reset()
+
+
 def test_v_head_dim_refusals():
     q = torch.randn(2, 4, 5, 64)
     with pytest.raises(ValueError, match=r"k: head dim 32 differs from q's 64; q and k need the same D \(v's may"):
         flashcore.attention(q, torch.randn(2, 4, 7, 32), torch.randn(2, 4, 7, 128))
-    with pytest.raises(ValueError, match=r"q: head dim D=60 is not supported"):
-        flashcore.attention(torch.randn(2, 4, 5, 60), torch.randn(2, 4, 7, 60), torch.randn(2, 4, 7, 128))
+    with pytest.raises(ValueError, match=r"q: head dim D=300 is not supported; D must be from 1 to 256"):
+        flashcore.attention(torch.randn(2, 4, 5, 300), torch.randn(2, 4, 7, 300), torch.randn(2, 4, 7, 128))
+    with pytest.raises(ValueError, match=r"q: head dim D=12 is not a multiple of 8, which the kernels need; call "
+                                         r"flashcore.attention"):
+        q12 = torch.randn(2, 4, 5, 12)
+        torch.ops.flashcore.attention(q12, q12, q12, None, 0.0, False, None, None, "top_left", False, "auto", None)
     with pytest.raises(ValueError, match=r"v: the last dim must be contiguous"):
         flashcore.attention(q, torch.randn(2, 4, 7, 64), torch.randn(2, 4, 7, 256)[..., ::2])
     with pytest.raises(ValueError, match=r"v: head dim 128 differs from q's 64, which the op runs only where"):

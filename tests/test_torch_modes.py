@@ -298,7 +298,7 @@ def test_meta_tensors_give_sdpa_shapes(case):
      r"or torch.float64"),
     (lambda: (_meta(2, 4, 9, 64), _meta(2, 4, 9, 64, dtype=torch.bfloat16), _meta(2, 4, 9, 64)), TypeError,
      r"^k: dtype BFloat16 differs from q's Half"),
-    (lambda: (_meta(2, 4, 9, 12),) * 3, ValueError, r"^q: head dim D=12 is not supported"),
+    (lambda: (_meta(2, 4, 9, 264),) * 3, ValueError, r"^q: head dim D=264 is not supported"),
     (lambda: (_meta(2, 4, 9, 64), _meta(2, 3, 9, 64), _meta(2, 3, 9, 64)), ValueError,
      r"^k: 3 KV heads do not divide q's 4 heads"),
     (lambda: (_meta(2, 4, 9, 64), _meta(2, 4, 9, 64), _meta(2, 4, 8, 64)), ValueError,
