@@ -40,8 +40,9 @@ Args:
     is_causal / causal: apply a causal mask (the two names are aliases);
         ``True`` or ``False`` (``causal`` also ``None``), as are
         ``enable_gqa`` and ``return_lse``.
-    scale: softmax scale, default ``1/sqrt(D)``; a number, > 0 in fp32
-        and at most 2.3e38.
+    scale: softmax scale, default ``1/sqrt(D)``; a number of magnitude
+        at most 2.3e38, and 0 or at least about 1.4e-45 (fp32's smallest):
+        0 and negative scales run as q * 0 at 1 and -q at -scale (exact).
     enable_gqa: accepted for SDPA compatibility; GQA is always on.
     causal_alignment: ``"top_left"`` (default, SDPA's ``is_causal``: query
         i sees keys j <= i) or ``"bottom_right"`` (FlashAttention's, for KV
@@ -273,7 +274,8 @@ void check_scale(double scale) {
         char got[64];
         snprintf(got, sizeof got, "%g", scale);
         value_error(std::string("scale: got ") + got + "; it must be > 0 in fp32 (from about 1.4e-45) and at most "
-                    "2.3e38; pass None for 1/sqrt(D)");
+                    "2.3e38 (flashcore.attention also takes 0, and a negative scale of that magnitude); pass None "
+                    "for 1/sqrt(D)");
     }
 }
 
@@ -823,6 +825,13 @@ CallArgs parse_args(const pybind11::object& attn_mask, const pybind11::object& d
     return a;
 }
 
+// Whether flashcore.attention runs this scale as another call (_flip_scale): 0 as q * 0 at scale 1,
+// a negative one whose magnitude the kernels take as -q at -scale (SDPA takes both; the kernels, whose
+// softmax subtracts the row's largest score before scaling, take scale > 0).
+bool flips_scale(const CallArgs& a) {
+    return a.has_scale && (a.scale == 0.0 || (a.scale < 0.0 && scale_ok(-a.scale)));
+}
+
 // True for a q, k or v that only torch's dispatcher can run: a tensor
 // subclass (FakeTensor, wrapper subclasses, __torch_function__ overrides) or a
 // functorch wrapper (vmap, jvp: no storage of its own). attention() then
@@ -956,6 +965,7 @@ pybind11::object attention(const pybind11::handle& query, const pybind11::handle
     autocast_inputs(q, k, v);
     const CallArgs a = parse_args(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal, causal_alignment,
                                   return_lse, kernel, num_splits, window);
+    if (flips_scale(a)) return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
     const double d = q.dim() > 0 ? (double)q.size(-1) : 0.0;
     const double scale_v = a.has_scale ? a.scale : (d > 0 ? 1.0 / std::sqrt(d) : 1.0);
     if (own_dv) {

@@ -44,6 +44,12 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                          causal_alignment, return_lse, kernel, num_splits, window)
         if r is not NotImplemented:
             return r
+    flipped = _flip_scale(query, scale)
+    if flipped is not None:
+        q, scale = flipped
+        return attention(q, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal=causal,
+                         causal_alignment=causal_alignment, return_lse=return_lse, kernel=kernel,
+                         num_splits=num_splits, window=window)
     # SDPA's calls that are not one (B, H, S, D) call run as one, rewritten: v's own head dim padded first
     # (so that a broadcast input is padded once, not per batch entry or head), then the shapes folded;
     # unless the kernel runs v's own head dim (an eager call with grad: the op takes it as it is).
@@ -67,6 +73,34 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
 
 
 attention.__doc__ = _C.ATTENTION_DOC
+
+
+# (float)x > 0 in fp32 iff x > 2^-150 (half of fp32's smallest subnormal rounds to even, 0); the kernels'
+# scale range (binding.cpp's scale_ok), for _flip_scale.
+_FP32_ROUNDS_TO_ZERO = 2.0 ** -150
+_MAX_SCALE = 2.3e38
+
+
+def _flip_scale(query, scale):
+    # SDPA takes a scale <= 0; the kernels take scale > 0 (their softmax subtracts a row's largest score
+    # before scaling). softmax(s q k^T) at s < 0 is the call with -q at -s, and at s = 0 the call with
+    # q * 0 at 1 (a NaN or inf in q still makes its row NaN, as s * (q . k) does): exact, for the cost of
+    # q's copy; autograd runs through the negation. Returns (q, scale), or None (scale None, > 0, NaN, a
+    # magnitude the kernels do not take, or not a number: the call refuses those).
+    if not isinstance(query, torch.Tensor) or scale is None or isinstance(scale, (bool, str, torch.Tensor)) \
+            or _is_numpy_bool(scale):
+        return None
+    if torch.compiler.is_compiling() and not isinstance(scale, (int, float)):
+        return None  # (a numpy float32 that dynamo holds as data: comparing it would guard on data)
+    try:
+        s = float(scale)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if s == 0:
+        return query * 0.0, 1.0
+    if s < 0 and _FP32_ROUNDS_TO_ZERO < -s <= _MAX_SCALE:
+        return -query, -s
+    return None
 
 
 def _as_bhsd(query, key, value, scale):
@@ -354,7 +388,8 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     with torch.no_grad():  # (the autograd formula below records the call, not the binding)
         r = _C.attention(query, key, value, attn_mask, dropout_p, is_causal, scale, False, causal,
                          causal_alignment, return_lse, kernel, num_splits, window)
-    if r is NotImplemented and query.shape[3] % 8 != 0:  # (flashcore.attention pads such a head dim)
+    if r is NotImplemented and (query.shape[3] % 8 != 0 or (scale is not None and scale <= 0)):
+        # (flashcore.attention pads such a head dim and flips such a scale)
         _C.check_call(query, key, value, attn_mask, dropout_p, is_causal, scale, causal, causal_alignment,
                       return_lse, kernel, num_splits, window, True)  # (raises the binding's message)
     if r is NotImplemented and value.shape[3] != query.shape[3]:

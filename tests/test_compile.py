@@ -101,7 +101,7 @@ def test_opcheck():
     ({"kernel": "nope"}, r"\bkernel\b"),
     ({"num_splits": -1}, r"\bnum_splits\b"),
     ({"dropout_p": 0.5}, r"\bdropout_p\b"),
-    ({"scale": -1.0}, r"\bscale\b"),
+    ({"scale": float("nan")}, r"\bscale\b"),
     ({"causal": True, "causal_alignment": "middle"}, r"\bcausal_alignment\b"),
 ], ids=["kernel", "num_splits", "dropout_p", "scale", "causal_alignment"])
 def test_compiled_bad_argument(bad, match):
@@ -235,7 +235,7 @@ _QKV = ((1, 2, 9, 64),) * 3
     (_QKV, torch.complex64, {}, TypeError, r"^q: dtype ComplexFloat is not supported"),
     (((1, 4, 9, 64), (1, 3, 9, 64), (1, 3, 9, 64)), torch.float32, {}, ValueError, r"^k: 3 KV heads do not divide"),
     (_QKV, torch.float32, {"num_splits": -1}, ValueError, r"^num_splits: got -1"),
-    (_QKV, torch.float32, {"scale": -1.0}, ValueError, r"^scale: got -1"),
+    (_QKV, torch.float32, {"scale": -1e-50}, ValueError, r"^scale: got -1e-50"),
     (_QKV, torch.float32, {"kernel": "nope"}, ValueError, r"^kernel: expected one of"),
     (_QKV, torch.float32, {"kernel": "sm80"}, ValueError, r"^kernel: a GPU kernel was forced but q is on the CPU"),
     (_QKV, torch.float32, {"causal_alignment": "middle"}, ValueError, r"^causal_alignment: expected one of"),
@@ -277,7 +277,7 @@ class _ExportedPrefix(torch.nn.Module):
 
 
 @pytest.mark.parametrize("dtype,D,kw,exc,match", [
-    (torch.float32, 64, {"scale": -1.0}, ValueError, r"^scale: got -1"),
+    (torch.float32, 64, {"scale": float("nan")}, ValueError, r"^scale: got nan"),
     (torch.complex64, 64, {}, TypeError, r"^q: dtype ComplexFloat is not supported"),
     (torch.float32, 264, {}, ValueError, r"^q: head dim D=264 is not supported"),
     (torch.float32, 64, {"kernel": "sm80"}, ValueError, r"^kernel: a GPU kernel was forced"),

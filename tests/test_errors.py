@@ -86,8 +86,10 @@ CASES = [
     _case("headdim0_empty_batch", lambda d: (qkv(d, *[(0, H, S, 0)] * 3), {}), ValueError, r"\bq\b.*head dim"),
     # --- scale ----------------------------------------------------------
     _case("scale_nan", lambda d: _with(d, scale=float("nan")), ValueError, r"\bscale\b"),
-    _case("scale_zero", lambda d: _with(d, scale=0.0), ValueError, r"\bscale\b"),
-    _case("scale_negative", lambda d: _with(d, scale=-0.125), ValueError, r"\bscale\b"),
+    # (0 and negative scales run: test_scale_zero_and_negative)
+    _case("scale_negative_underflows_fp32", lambda d: _with(d, scale=-1e-50), ValueError,
+          r"\bscale\b: got -1e-50.*fp32"),
+    _case("scale_negative_overflows", lambda d: _with(d, scale=-3e38), ValueError, r"\bscale\b: got -3e\+38"),
     _case("scale_inf", lambda d: _with(d, scale=math.inf), ValueError, r"\bscale\b"),
     _case("scale_neg_inf", lambda d: _with(d, scale=-math.inf), ValueError, r"\bscale\b"),
     _case("scale_underflows_fp32", lambda d: _with(d, scale=1e-50), ValueError, r"\bscale\b: got 1e-50.*fp32"),
@@ -218,10 +220,48 @@ def test_scale_takes_any_real_number():
     assert torch.isfinite(flashcore.attention(q, k, v, scale=1e-40)).all()  # an fp32 denormal is still > 0
 
 
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("scale", [0.0, -0.0, -0.125, -2, np.float32(-0.3)], ids=str)
+def test_scale_zero_and_negative(dev, scale):
+    """A scale <= 0 (SDPA takes one) runs as q * 0 at scale 1, or -q at -scale: against the fp64 softmax
+    of scale * q k^T (SDPA's math backend's result; its default CPU backend gives NaN for causal
+    calls here, torch 2.14), out, LSE and gradients, causal and not, every kernel on the GPU; a NaN in
+    q still makes its row NaN at scale 0; compiled as eager."""
+    kernels = ["auto"] if dev == "cpu" else GPU_KERNELS
+    for causal in (False, True):
+        for kernel in kernels:
+            q, k, v = (x.requires_grad_() for x in qkv(dev))
+            out, lse = flashcore.attention(q, k, v, scale=scale, is_causal=causal, return_lse=True, kernel=kernel)
+            q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+            s = (q64 @ k64.transpose(-1, -2)) * float(scale)
+            if causal:
+                s = s.masked_fill(torch.ones(S, S, dtype=torch.bool, device=dev).triu(1), float("-inf"))
+            want, want_lse = torch.softmax(s, -1) @ v64, torch.logsumexp(s, -1)
+            tol = 1e-5 if dev == "cpu" else 2e-3
+            torch.testing.assert_close(out.double(), want, atol=tol, rtol=tol)
+            torch.testing.assert_close(lse.double(), want_lse, atol=1e-4, rtol=1e-5)
+            g = torch.randn_like(want)
+            got = torch.autograd.grad(out, (q, k, v), g.to(out.dtype))
+            ref = torch.autograd.grad(want, (q64, k64, v64), g)
+            for a, b in zip(got, ref):
+                torch.testing.assert_close(a.double(), b, atol=10 * tol * max(1.0, b.abs().max().item()), rtol=0)
+    q, k, v = qkv(dev)
+    if float(scale) == 0:
+        q[0, 0, 3, 5] = float("nan")
+        out = flashcore.attention(q, k, v, scale=scale)
+        assert out[0, 0, 3].isnan().all() and not out[0, 0, 4].isnan().any()
+    elif dev == "cpu":
+        s = float(scale)  # (a numpy float32 is data to dynamo: the traced call cannot flip it)
+        f = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, scale=s, is_causal=True),
+                          fullgraph=True, backend="aot_eager")
+        assert torch.equal(f(q, k, v), flashcore.attention(q, k, v, scale=s, is_causal=True))
+        torch._dynamo.reset()
+
+
 def test_usable_after_errors():
     """A bad call leaves nothing broken: a good call right after still works."""
     q, k, v = qkv("cpu")
-    for bad in ({"scale": -1.0}, {"kernel": "nope"}, {"dropout_p": 0.5}):
+    for bad in ({"scale": float("nan")}, {"kernel": "nope"}, {"dropout_p": 0.5}):
         with pytest.raises(ValueError):
             flashcore.attention(q, k, v, **bad)
     out = flashcore.attention(q, k, v)

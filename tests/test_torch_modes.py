@@ -320,7 +320,7 @@ def test_meta_refusals_in_eager_words(make, err, match):
     with pytest.raises(err, match=match):
         flashcore.attention(*make())
     q = _meta(2, 4, 9, 64)
-    for kw, match in ((dict(scale=-1.0), r"^scale: got -1"), (dict(num_splits=-3), r"^num_splits: got -3"),
+    for kw, match in ((dict(scale=float("nan")), r"^scale: got nan"), (dict(num_splits=-3), r"^num_splits: got -3"),
                       (dict(kernel="nope"), r"^kernel: expected one of"),
                       (dict(dropout_p=0.5), r"^dropout_p: "), (dict(window=(3,)), r"^window: expected None")):
         with pytest.raises((ValueError, TypeError), match=match):
