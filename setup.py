@@ -27,11 +27,12 @@ if "CUDA_HOME" not in os.environ and _cuda_home():
 import torch  # noqa: E402
 from torch.utils.cpp_extension import BuildExtension, CUDAExtension  # noqa: E402 (needs CUDA_HOME)
 
-# The extension links torch's CUDA libraries, so a CPU-only torch (a "+cpu" wheel) cannot host it;
+# The extension links torch's CUDA libraries, so a torch without CUDA (a "+cpu" or ROCm wheel) cannot host it;
 # torch's own error for this ("CUDA_HOME environment variable is not set") points at the wrong fix.
 if torch.version.cuda is None:
-    raise SystemExit(f"flashcore: this torch ({torch.__version__}) is a CPU-only build; flashcore's extension "
-                     f"needs a CUDA build of torch (pip install torch==2.14.1 from PyPI), even to run on the CPU")
+    raise SystemExit(f"flashcore: this torch ({torch.__version__}) has no CUDA (a CPU-only or ROCm build); "
+                     f"flashcore's extension needs a CUDA build of torch (pip install torch==2.14.1 from PyPI), "
+                     f"even to run on the CPU")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARCHS = os.environ.get("FLASHCORE_ARCHS", "80;90a").split(";")

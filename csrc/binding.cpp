@@ -9,6 +9,7 @@
 #include <torch/csrc/jit/frontend/tracer.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -640,7 +641,8 @@ bool native_dv_bwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
         if (q.is_meta()) return true;  // (as native_dv: the CPU's backward takes it)
         c10::OptionalDeviceGuard guard(q.device());
         fc_attn_bwd_params p = bwd_params(q, q, k, v, q, q, k, v, 1.0, causal, kernel, deterministic, window);
-        p.lse = static_cast<const float*>(q.data_ptr());
+        if (p.dtype == FC_DTYPE_FP64) p.lse64 = static_cast<const double*>(q.data_ptr());  // (bwd's lse64)
+        else p.lse = static_cast<const float*>(q.data_ptr());
         return fc_attn_bwd_check_args(&p, nullptr, 0) == FC_OK;
     } catch (const std::exception&) {
         return false;
@@ -702,8 +704,8 @@ bool bool_arg(const pybind11::handle& o, const char* name) {
 double float_arg(const pybind11::handle& o, const char* name, const char* fix) {
     PyObject* p = o.ptr();
     const bool number = PyFloat_Check(p) || PyLong_Check(p) || PyObject_HasAttrString(p, "__float__");
-    const std::string type = type_name(o);
-    const bool numpy_bool = type == "numpy.bool" || type == "numpy.bool_";  // (numpy 2's name, numpy 1's)
+    const char* type = Py_TYPE(p)->tp_name;
+    const bool numpy_bool = !strcmp(type, "numpy.bool") || !strcmp(type, "numpy.bool_");  // (numpy 2's, 1's)
     if (!number || PyBool_Check(p) || numpy_bool || THPVariable_Check(p) || PyComplex_Check(p))
         type_error(std::string(name) + ": expected a float, got " + type_name(o) + "; " + fix);
     const double d = PyFloat_AsDouble(p);

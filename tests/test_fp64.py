@@ -74,6 +74,21 @@ def test_fp64_gradcheck(kw, dv):
     assert torch.autograd.gradcheck(f, (q, k, v))
 
 
+def test_fp64_native_dv_backward():
+    """v's own head dim runs as it is in the fp64 backward too (as in fp32: no padded copies), with
+    the same gradients as the padded call."""
+    q, k = (torch.randn(1, 2, 9, 16, dtype=F64) for _ in range(2))
+    v = torch.randn(1, 2, 9, 8, dtype=F64)
+    assert flashcore._C.native_dv_bwd(q, k, v, 0, flashcore.KERNELS["cpu"], False, None)
+    g = torch.randn(1, 2, 9, 8, dtype=F64)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    got = torch.autograd.grad(flashcore.attention(*leaves), leaves, g)
+    padded = [t.clone().requires_grad_() for t in (q, k, F.pad(v, (0, 8)))]
+    want = torch.autograd.grad(flashcore.attention(*padded), padded, F.pad(g, (0, 8)))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b[..., :a.shape[-1]], **TIGHT)
+
+
 def test_fp64_gradients_match_sdpa():
     """The backward's dq, dk, dv in fp64 agree with SDPA's fp64 autograd to 1e-11."""
     torch.manual_seed(3)
