@@ -559,7 +559,7 @@ def _attention_backward(ctx, grad_out, grad_lse):
         value, out, grad_out = (_pad_cols(t, query.shape[3]) for t in (value, out, grad_out))
     dq, dk, dv = _attention_backward_op(grad_out, query, key, value, out, lse, dlse, ctx.scale, ctx.causal_mode,
                                         ctx.kernel, det, window)
-    return (dq, dk, dv[..., :dv_cols]) + (None,) * 10
+    return (dq, dk, dv if dv.shape[-1] == dv_cols else dv[..., :dv_cols]) + (None,) * 10
 
 
 def _pad_cols(t, d):
@@ -598,6 +598,27 @@ def _attention_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: tor
 def _attention_backward_fake(grad_out, query, key, value, out, lse, grad_lse, scale, causal_mode, family="auto",
                              deterministic=False, window=None):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (query, key, value))
+
+
+@_attention_backward_op.register_vmap
+def _attention_backward_vmap(info, in_dims, grad_out, query, key, value, out, lse, grad_lse, scale, causal_mode,
+                             family="auto", deterministic=False, window=None):
+    # torch.vmap's batching rule for the backward (batched gradients: gradcheck's check_batched_grad,
+    # autograd.grad(is_grads_batched=True), jacobians with vectorize=True): the N samples fold into B,
+    # an unbatched tensor expanded to N first (copied by the fold), one call for all of them. Samples
+    # never meet in the sums (dK and dV sum over a KV head's query heads within a batch entry), so the
+    # fold is exact.
+    n = info.batch_size
+
+    def fold(t, d):
+        if t is None:
+            return None
+        t = t.movedim(d, 0) if d is not None else t.expand(n, *t.shape)
+        t = t.flatten(0, 1)
+        return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()  # (the binding's last-dim rule)
+    ts = [fold(t, d) for t, d in zip((grad_out, query, key, value, out, lse, grad_lse), in_dims)]
+    dq, dk, dv = _attention_backward_op(*ts, scale, causal_mode, family, deterministic, window)
+    return tuple(g.unflatten(0, (n, -1)) for g in (dq, dk, dv)), (0, 0, 0)
 
 
 _attention_op.register_autograd(_attention_backward, setup_context=_attention_setup_context)

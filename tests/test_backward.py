@@ -610,3 +610,30 @@ def test_gpu_deterministic_reruns(deterministic_algorithms, kernel, D, mode, sha
             assert torch.equal(a, b), f"{name} differs between deterministic reruns"
     torch.use_deterministic_algorithms(False)  # (the reference's own matmuls and SDPA's backward)
     check_grads(q, k, v, mode, first, go)
+
+
+@pytest.mark.parametrize("dev,dtype", [("cpu", torch.float64), ("cpu", torch.float32),
+                                       pytest.param("cuda", torch.float16, marks=requires_gpu)])
+def test_batched_gradients(dev, dtype):
+    """Batched vector-Jacobian products (autograd.grad with is_grads_batched, jacobian with
+    vectorize=True) run the backward op's vmap rule, one call for all samples: equal to one backward
+    per sample, for q, k and v of a GQA call with v's own head dim."""
+    torch.manual_seed(5)
+    q = torch.randn(2, 4, 13, 64, device=dev).to(dtype).requires_grad_()
+    k = torch.randn(2, 2, 11, 64, device=dev).to(dtype).requires_grad_()
+    v = torch.randn(2, 2, 11, 32, device=dev).to(dtype).requires_grad_()
+    out = flashcore.attention(q, k, v, is_causal=True, causal_alignment="bottom_right")
+    gs = torch.randn(3, *out.shape, device=dev).to(dtype)
+    batched = torch.autograd.grad(out, (q, k, v), gs, is_grads_batched=True, retain_graph=True)
+    for i in range(3):
+        one = torch.autograd.grad(out, (q, k, v), gs[i], retain_graph=True)
+        for a, b in zip(batched, one):
+            if dev == "cpu":
+                assert torch.equal(a[i], b)  # (the same sums in the same order: bit for bit)
+            else:  # (a larger grid: the GPU's dq sums (atomic adds) and its tile choice may differ)
+                torch.testing.assert_close(a[i], b, atol=2e-3, rtol=2e-3)
+    if dev == "cpu":
+        x = q.detach()[:1, :2, :5, :16].clone()
+        f = lambda x: flashcore.attention(x, x, x)  # noqa: E731
+        torch.testing.assert_close(torch.autograd.functional.jacobian(f, x, vectorize=True),
+                                   torch.autograd.functional.jacobian(f, x), atol=0, rtol=0)

@@ -112,6 +112,20 @@ def test_compiled_bad_argument(bad, match):
         f(q, k, v)
 
 
+def _type_error_eager_and_compiled(bad, match):
+    """The eager call and the call compiled with graph breaks allowed raise the eager TypeError for the
+    arguments `bad`; returns the call compiled with fullgraph=True, to be run by the caller."""
+    q, k, v = make_qkv(1, 2, 2, 17, 17, 64, torch.float32, "cpu")
+    with pytest.raises(TypeError, match=match):
+        flashcore.attention(q, k, v, **bad)
+    f = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, **bad), backend="aot_eager")
+    with pytest.raises(TypeError, match=match):
+        f(q, k, v)
+    torch._dynamo.reset()
+    g = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, **bad), fullgraph=True, backend="aot_eager")
+    return lambda: g(q, k, v)
+
+
 @pytest.mark.parametrize("bad,match", [
     ({"is_causal": 2}, r"\bis_causal\b: expected a bool, got int"),
     ({"causal": 1}, r"\bcausal\b: expected None or a bool"),
@@ -125,16 +139,9 @@ def test_compiled_bad_argument_type(bad, match):
     """A wrong argument type raises the eager TypeError while torch.compile
     traces (the op's schema would otherwise coerce it); under fullgraph=True
     inside torch.compile's own error, as any exception raised while tracing."""
-    q, k, v = make_qkv(1, 2, 2, 17, 17, 64, torch.float32, "cpu")
-    with pytest.raises(TypeError, match=match):
-        flashcore.attention(q, k, v, **bad)
-    f = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, **bad), backend="aot_eager")
-    with pytest.raises(TypeError, match=match):
-        f(q, k, v)
-    torch._dynamo.reset()
-    g = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, **bad), fullgraph=True, backend="aot_eager")
+    run_fullgraph = _type_error_eager_and_compiled(bad, match)
     with pytest.raises(Exception, match=match) as e:
-        g(q, k, v)
+        run_fullgraph()
     chain, c = [], e.value
     while c is not None:
         chain.append(type(c).__name__)
@@ -148,18 +155,11 @@ def test_compiled_numpy_bool_refused(name):
     """A numpy bool as scale or dropout_p raises the eager TypeError compiled too, as a Python bool does;
     under fullgraph=True the trace stops."""
     np = pytest.importorskip("numpy")
-    q, k, v = make_qkv(1, 2, 2, 17, 17, 64, torch.float32, "cpu")
-    bad = {name: np.bool_(name == "scale")}
-    match = rf"\b{name}\b: expected a float, got numpy\.bool"
-    with pytest.raises(TypeError, match=match):
-        flashcore.attention(q, k, v, **bad)
-    f = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, **bad), backend="aot_eager")
-    with pytest.raises(TypeError, match=match):
-        f(q, k, v)
-    torch._dynamo.reset()
-    g = torch.compile(lambda q, k, v: flashcore.attention(q, k, v, **bad), fullgraph=True, backend="aot_eager")
+    run_fullgraph = _type_error_eager_and_compiled({name: np.bool_(name == "scale")},
+                                                   rf"\b{name}\b: expected a float, got numpy\.bool")
     with pytest.raises(Exception):  # (dynamo reads the numpy bool as data and stops the trace in its own words)
-        g(q, k, v)
+        run_fullgraph()
+    torch._dynamo.reset()
 
 
 def test_compiled_numpy_scale():

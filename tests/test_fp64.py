@@ -71,7 +71,7 @@ def test_fp64_gradcheck(kw, dv):
         out, lse = flashcore.attention(q, k, v, return_lse=True, **kw)
         return out, lse.masked_fill(lse == float("-inf"), 0.0)  # (a row with no key: its lse has no gradient)
 
-    assert torch.autograd.gradcheck(f, (q, k, v))
+    assert torch.autograd.gradcheck(f, (q, k, v), check_batched_grad=True)  # (batched: the backward's vmap rule)
 
 
 def test_fp64_native_dv_backward():
