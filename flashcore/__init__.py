@@ -597,6 +597,12 @@ def _attention_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: tor
 @_attention_backward_op.register_fake
 def _attention_backward_fake(grad_out, query, key, value, out, lse, grad_lse, scale, causal_mode, family="auto",
                              deterministic=False, window=None):
+    # (the LSE's dtype as the binding's bwd checks it, so a traced call refuses what the run would; its
+    # shapes are the run's to check: comparing symbolic sizes here would guard on them)
+    for name, t in (("lse", lse), ("dlse", grad_lse)):
+        if t is not None and t.dtype != _lse_dtype(query):
+            raise ValueError(f"{name}: expected a {str(_lse_dtype(query)).removeprefix('torch.')} tensor for "
+                             f"{str(query.dtype).removeprefix('torch.')} inputs, got {t.dtype}")
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (query, key, value))
 
 

@@ -118,6 +118,22 @@ def test_fp64_compiled_and_refusals():
         flashcore.attention(q, k.float(), v)
 
 
+def test_backward_op_lse_dtype():
+    """The backward op refuses an LSE of the wrong dtype (fp32 for fp64 inputs, fp64 for fp32 ones) when
+    it runs and when it is traced (its fake implementation, e.g. under torch.export or FakeTensorMode)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    for dtype, other in ((F64, torch.float32), (torch.float32, F64)):
+        q, k, v = make_qkv(1, 2, 2, 5, 7, 64, dtype, "cpu")
+        out, lse = flashcore.attention(q, k, v, return_lse=True)
+        bad = lse.to(other)
+        with pytest.raises(ValueError, match=r"^lse: expected a float"):
+            torch.ops.flashcore.attention_backward(out, q, k, v, out, bad, None, 0.125, 0)
+        with FakeTensorMode() as mode:
+            fq, fk, fv, fo, fl = (mode.from_tensor(t) for t in (q, k, v, out, bad))
+            with pytest.raises(ValueError, match=r"^lse: expected a float"):
+                torch.ops.flashcore.attention_backward(fo, fq, fk, fv, fo, fl, None, 0.125, 0)
+
+
 def test_c_api_fp64_fields():
     """fc_attn_fwd_check: an fp64 call writes lse64 (lse set is refused), other dtypes may not set
     lse64, and scale64 must be > 0 with scale its fp32 rounding."""
