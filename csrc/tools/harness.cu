@@ -113,8 +113,8 @@ static void fill_params(fc_attn_params* p, const Case& c, const void* q, const v
     strides(c, c.Hkv, c.Sk, s);
     p->k_batch_stride = p->v_batch_stride = s[0]; p->k_head_stride = p->v_head_stride = s[1];
     p->k_row_stride = p->v_row_stride = s[2];
-    Case oc = c; oc.bshd = false;  // output is always contiguous (B, H, S, D)
-    strides(oc, c.Hq, c.Sq, s); p->o_batch_stride = s[0]; p->o_head_stride = s[1]; p->o_row_stride = s[2];
+    // o in the case's layout too (BSHD cases: a strided O, as a caller's view of a (B, S, H, D) buffer)
+    strides(c, c.Hq, c.Sq, s); p->o_batch_stride = s[0]; p->o_head_stride = s[1]; p->o_row_stride = s[2];
     p->B = c.B; p->Hq = c.Hq; p->Hkv = c.Hkv; p->Sq = c.Sq; p->Sk = c.Sk; p->D = c.D;
     p->dtype = dt; p->scale = 1.f / sqrtf((float)c.D); p->causal = c.causal; p->kernel = kernel;
     p->window = c.win; p->window_left = c.win ? c.wl : 0; p->window_right = c.win ? c.wr : 0;
@@ -360,8 +360,8 @@ static bool bwd_deterministic() {
     return e && atoi(e) != 0;
 }
 
-// Strides of the backward's tensors: q, k, v, dout, dq, dk, dv in the case's
-// layout, o contiguous (B, Hq, Sq, D) as fill_params makes the forward write it.
+// Strides of the backward's tensors: q, k, v, o, dout, dq, dk, dv in the case's
+// layout (o as fill_params makes the forward write it).
 static void fill_bwd_params(fc_attn_bwd_params* p, const Case& c, const void* q, const void* k, const void* v,
                             const void* o, const void* dout, const float* lse, const float* dlse, void* dq,
                             void* dk, void* dv, fc_dtype dt, fc_kernel kernel) {
@@ -377,8 +377,7 @@ static void fill_bwd_params(fc_attn_bwd_params* p, const Case& c, const void* q,
     p->k_batch_stride = p->v_batch_stride = p->dk_batch_stride = p->dv_batch_stride = s[0];
     p->k_head_stride = p->v_head_stride = p->dk_head_stride = p->dv_head_stride = s[1];
     p->k_row_stride = p->v_row_stride = p->dk_row_stride = p->dv_row_stride = s[2];
-    Case oc = c; oc.bshd = false;
-    strides(oc, c.Hq, c.Sq, s); p->o_batch_stride = s[0]; p->o_head_stride = s[1]; p->o_row_stride = s[2];
+    strides(c, c.Hq, c.Sq, s); p->o_batch_stride = s[0]; p->o_head_stride = s[1]; p->o_row_stride = s[2];
     p->B = c.B; p->Hq = c.Hq; p->Hkv = c.Hkv; p->Sq = c.Sq; p->Sk = c.Sk; p->D = c.D;
     p->dtype = dt; p->scale = 1.f / sqrtf((float)c.D); p->causal = c.causal; p->kernel = kernel;
     p->window = c.win; p->window_left = c.win ? c.wl : 0; p->window_right = c.win ? c.wr : 0;
