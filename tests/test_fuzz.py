@@ -1,4 +1,4 @@
-"""Random cases: shapes, head dims, GQA groups, layouts, scales, causal modes,
+"""Random cases: shapes, head dims (any from 1 to 256), GQA groups, layouts, scales, causal modes,
 kernels and split counts drawn together, so that combinations no fixed list
 names get checked too (GUIDE section 3's rules, through check_attention).
 
@@ -63,7 +63,8 @@ def draw_len(rng, cap):
 def draw_call(rng, gpu, cap, budget, p_decode):
     """A call's parameters (a dict) from rng: shape, dtype, layouts, causal mode, scale, kernel and
     split count. Longer sides shrink until B * Hq * Sq * Sk <= budget (the reference's cost)."""
-    D = rng.choice([64, 128, 256] * 3 + [8 * rng.randint(1, 32)])
+    # (a head dim that is no multiple of 8 runs as the call zero-padded to one: flashcore.attention's rewrite)
+    D = rng.choice([64, 128, 256] * 3 + [8 * rng.randint(1, 32)] * 2 + [rng.randint(1, 255)])
     dtype = rng.choice([torch.float16, torch.bfloat16] + ([] if gpu else [torch.float32]))
     wide = rng.random() < 0.3  # many (batch, head) pairs: the persistent grids' several tiles per CTA
     Hkv = rng.randint(1, 8 if wide else 4)
