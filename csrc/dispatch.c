@@ -361,6 +361,16 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
     if (p->num_splits < 0)
         fail(&r, FC_ERR_INVALID_ARGUMENT, "num_splits: %d is negative; use 0 (heuristic), 1 (no split) or n > 1 "
              "(split Sk n ways)", p->num_splits);
+    if (p->mask_kind != FC_MASK_NONE && p->mask_kind != FC_MASK_BOOL && p->mask_kind != FC_MASK_ADD)
+        fail(&r, FC_ERR_INVALID_ARGUMENT, "mask_kind: unknown value %d", (int)p->mask_kind);
+    else if (p->mask_kind == FC_MASK_NONE && p->mask)
+        fail(&r, FC_ERR_INVALID_ARGUMENT, "mask: set, but mask_kind is FC_MASK_NONE; name its kind (FC_MASK_BOOL or "
+             "FC_MASK_ADD) or set it to NULL");
+    else if (p->mask_kind != FC_MASK_NONE && !p->mask && !no_rows && p->Sk > 0)
+        fail(&r, FC_ERR_NULL_POINTER, "mask: NULL with mask_kind %d; pass the (B, Hq, Sq, Sk) mask", (int)p->mask_kind);
+    if (p->mask_batch_stride < 0 || p->mask_head_stride < 0 || p->mask_row_stride < 0)
+        fail(&r, FC_ERR_INVALID_STRIDE, "mask: strides %lld, %lld, %lld must be >= 0 (0 broadcasts a dim)",
+             (long long)p->mask_batch_stride, (long long)p->mask_head_stride, (long long)p->mask_row_stride);
     if (p->counters_zeroed != 0 && p->counters_zeroed != 1)
         fail(&r, FC_ERR_INVALID_ARGUMENT, "counters_zeroed: %d; use 1 for a workspace whose counters are zero "
              "(see flashcore.h) or 0", p->counters_zeroed);
@@ -375,6 +385,9 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
     }
 
     /* GPU kernels */
+    if (p->mask_kind != FC_MASK_NONE)
+        fail(&r, FC_ERR_INVALID_ARGUMENT, "mask: only the CPU kernel takes a mask so far; run the call on the CPU "
+             "(kernel FC_KERNEL_CPU on host memory)");
     const int own_dv = FC_DV(*p) != p->D;  /* v's head dim is not D: the sm90 tile kernel at D > 128 only */
     check_dv_kernel(&r, p->Dv, p->D, k, "kernel", "pad v to D and cut o's extra columns");
     if (p->dtype == FC_DTYPE_FP32 || p->dtype == FC_DTYPE_FP64)
@@ -565,6 +578,9 @@ static fc_attn_params bwd_forward_view(const fc_attn_bwd_params* p) {
     f.B = p->B; f.Hq = p->Hq; f.Hkv = p->Hkv; f.Sq = p->Sq; f.Sk = p->Sk; f.D = p->D;
     f.dtype = p->dtype; f.scale = p->scale; f.scale64 = p->scale64; f.causal = p->causal;
     f.window = p->window; f.window_left = p->window_left; f.window_right = p->window_right;
+    f.mask = p->mask; f.mask_kind = p->mask_kind;
+    f.mask_batch_stride = p->mask_batch_stride; f.mask_head_stride = p->mask_head_stride;
+    f.mask_row_stride = p->mask_row_stride;
     f.kernel = p->kernel == FC_KERNEL_CPU ? FC_KERNEL_CPU : FC_KERNEL_SM80;
     f.num_splits = 1;
     return f;

@@ -60,6 +60,14 @@ typedef enum {
 } fc_causal;
 
 typedef enum {
+    FC_MASK_NONE = 0,  /* no mask (the default); mask must be NULL */
+    FC_MASK_BOOL = 1,  /* uint8 elements: 0 hides key j from query i (as the causal mask hides it), any other
+                          value leaves it visible */
+    FC_MASK_ADD = 2,   /* elements of the call's dtype, added to scale * q . k (natural log): -inf hides the
+                          key, a NaN makes the row NaN (as SDPA's additive attn_mask) */
+} fc_mask_kind;
+
+typedef enum {
     FC_KERNEL_AUTO = 0,  /* best kernel for the current CUDA device */
     FC_KERNEL_SM80 = 1,  /* portable mma.sync kernel, sm80..sm90 */
     FC_KERNEL_SM90 = 2,  /* Hopper wgmma + TMA kernel, sm90a (not built yet) */
@@ -115,6 +123,10 @@ typedef struct {
                          rounded to fp32, for the checks); ignored for the other dtypes */
     double* lse64;    /* FC_DTYPE_FP64: (B, Hq, Sq) contiguous fp64 LSE in place of lse (which must then be
                          NULL), or NULL; must be NULL for the other dtypes */
+    const void* mask; /* (B, Hq, Sq, Sk) attention mask of mask_kind, applied with the causal mode and the
+                         window, or NULL (FC_MASK_NONE); its columns contiguous. The CPU kernel only, so far */
+    int64_t mask_batch_stride, mask_head_stride, mask_row_stride; /* in elements, >= 0: 0 broadcasts the dim */
+    fc_mask_kind mask_kind; /* FC_MASK_NONE (zero-initialized), FC_MASK_BOOL or FC_MASK_ADD */
 } fc_attn_params;
 
 /* Short English name of a status code. Never NULL. */
@@ -245,6 +257,9 @@ typedef struct {
     double scale64;   /* FC_DTYPE_FP64: the forward's scale in fp64 (as in fc_attn_params) */
     const double* lse64;  /* FC_DTYPE_FP64: the forward's LSE in fp64, in place of lse (then NULL) */
     const double* dlse64; /* FC_DTYPE_FP64: dlse in fp64, in place of dlse (then NULL), or NULL */
+    const void* mask; /* the forward's mask (fc_attn_params), or NULL; the CPU path only, so far */
+    int64_t mask_batch_stride, mask_head_stride, mask_row_stride; /* in elements, >= 0 */
+    fc_mask_kind mask_kind; /* the forward's */
 } fc_attn_bwd_params;
 
 /* Says whether fc_attn_bwd would accept p; reasons as in fc_attn_fwd_check. */

@@ -239,7 +239,9 @@ class Params(ctypes.Structure):
                    ("num_splits", ctypes.c_int), ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
                    ("counters_zeroed", ctypes.c_int), ("window", ctypes.c_int), ("window_left", ctypes.c_int),
                    ("window_right", ctypes.c_int), ("Dv", ctypes.c_int), ("scale64", ctypes.c_double),
-                   ("lse64", ctypes.c_void_p)])
+                   ("lse64", ctypes.c_void_p), ("mask", ctypes.c_void_p), ("mask_batch_stride", ctypes.c_int64),
+                   ("mask_head_stride", ctypes.c_int64), ("mask_row_stride", ctypes.c_int64),
+                   ("mask_kind", ctypes.c_int)])
 
 
 def _lib():

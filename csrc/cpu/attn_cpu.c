@@ -11,8 +11,11 @@
  * over D = 256 terms it did not, by 25 % in one fp32 case). For fp16/bf16/fp32
  * inputs a dot product or score past the fp32 range becomes +-inf, as in the
  * kernels, at the fp32 scale; fp64 calls keep fp64's range and take scale64,
- * and write the LSE to lse64. Each thread mallocs one scratch (QB + 2 KC rows
- * of D doubles for q, K and V, QB for the O accumulator: 192 KiB at D = 256) for its blocks' rows and chunks, so
+ * and write the LSE to lse64. An attention mask (fc_attn_params' mask, so far
+ * this path's alone) applies on top of the causal mode and window: a bool
+ * mask's 0 hides a key as the causal mask does, an additive one's value is
+ * added to the score. Each thread mallocs one scratch (QB + 2 KC rows of D
+ * doubles for q, K and V, QB for the O accumulator: 192 KiB at D = 256) for its blocks' rows and chunks, so
  * the stack use is small whatever the thread's stack size; a failed malloc
  * returns FC_ERR_HOST_MEMORY. Parallel over (batch, head, row block) with
  * OpenMP when built with it. Used by flashcore.attention for CPU tensors and
@@ -115,6 +118,11 @@ static void store_row(void* base, int64_t off, const double* src, int n, fc_dtyp
     }
 }
 
+/* bytes per element of dt */
+static size_t elem_bytes(fc_dtype dt) {
+    return dt == FC_DTYPE_FP64 ? 8 : dt == FC_DTYPE_FP32 ? 4 : 2;
+}
+
 /* x, or +-inf where x is past the fp32 range (as an fp32 result overflows) */
 static double fp32_range(double x) { return fabs(x) > FLT_MAX ? copysign(INFINITY, x) : x; }
 
@@ -132,6 +140,37 @@ static double dot_d(const double* a, const double* b, int D) {
  * fp32's overflow (+-inf past its range); fp64 calls at scale64 in fp64. */
 static double score_of(double dot, fc_dtype dt, float scale, double scale64) {
     return dt == FC_DTYPE_FP64 ? dot * scale64 : fp32_range(fp32_range(dot) * scale);
+}
+
+/* One (batch, head)'s rows of the attention mask (fc_attn_params' mask), or none. */
+typedef struct {
+    const void* base;    /* element (b, h, 0, 0), or NULL: no mask */
+    int64_t row_stride;  /* elements between rows */
+    fc_mask_kind kind;   /* FC_MASK_BOOL (uint8) or FC_MASK_ADD (the call's dtype) */
+    fc_dtype dtype;      /* the call's dtype */
+} mask_rows;
+
+static mask_rows mask_of(const void* mask, fc_mask_kind kind, int64_t bs, int64_t hs, int64_t rs, fc_dtype dt,
+                         int b, int h) {
+    mask_rows m = {NULL, rs, kind, dt};
+    if (kind == FC_MASK_NONE || !mask) return m;
+    const size_t bytes = kind == FC_MASK_BOOL ? 1 : elem_bytes(dt);  /* (uint8, or the call's dtype) */
+    m.base = (const char*)mask + ((int64_t)b * bs + (int64_t)h * hs) * (int64_t)bytes;
+    return m;
+}
+
+/* whether the mask hides key j from query i (a bool mask's 0) */
+static int mask_hides(const mask_rows* m, int64_t i, int j) {
+    return m->base && m->kind == FC_MASK_BOOL && ((const uint8_t*)m->base)[i * m->row_stride + j] == 0;
+}
+
+/* the score s of query i and key j with an additive mask's term added (as the kernels form it in fp32
+ * for fp16/bf16/fp32 calls: +-inf past fp32's range) */
+static double mask_add(const mask_rows* m, int64_t i, int j, double s) {
+    if (!m->base || m->kind != FC_MASK_ADD) return s;
+    double t;
+    load_row(&t, m->base, i * m->row_stride + j, 1, m->dtype);
+    return m->dtype == FC_DTYPE_FP64 ? s + t : fp32_range(s + t);
 }
 
 /* whether key j is visible to query i (kernels.h's band: causal mode and window) */
@@ -174,6 +213,8 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0, void* scra
     double* kc = q + QB * D;        /* (KC, D) */
     double* vc = kc + KC * D;       /* (KC, D) */
     double m[QB], l[QB], s[KC];        /* running max and sum per row; one chunk's scores */
+    const mask_rows mr = mask_of(p->mask, p->mask_kind, p->mask_batch_stride, p->mask_head_stride,
+                                 p->mask_row_stride, p->dtype, b, h);
     for (int r = 0; r < rows; ++r) {
         load_row(q + r * D, p->q, qo + (int64_t)(r0 + r) * p->q_row_stride, D, p->dtype);
         memset(acc + r * D, 0, (size_t)Dv * sizeof(double));
@@ -191,11 +232,11 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0, void* scra
             double mx = -INFINITY;
             for (int j = 0; j < nk; ++j) {
                 const int key = c0 + j;
-                if (!visible(band, i, key)) { s[j] = -INFINITY; continue; }
-                s[j] = score_of(dot_d(qr, kc + j * D, D), p->dtype, p->scale, p->scale64);
+                if (!visible(band, i, key) || mask_hides(&mr, i, key)) { s[j] = -INFINITY; continue; }
+                s[j] = mask_add(&mr, i, key, score_of(dot_d(qr, kc + j * D, D), p->dtype, p->scale, p->scale64));
                 if (s[j] > mx || isnan(s[j])) mx = s[j];  /* a NaN score sticks: the row's result is NaN */
             }
-            if (mx == -INFINITY) continue;  /* no visible key in this chunk */
+            if (mx == -INFINITY) continue;  /* no visible key in this chunk (or every score -inf) */
             const double m_new = mx > m[r] || isnan(mx) ? mx : m[r];
             const double corr = exp(m[r] - m_new);  /* exp(-inf) = 0 on the first visible chunk */
             l[r] *= corr;
@@ -294,6 +335,8 @@ static void bwd_rows_block(const fc_attn_bwd_params* p, int b, int h, int r0, do
     const int64_t dqo = (int64_t)b * p->dq_batch_stride + (int64_t)h * p->dq_head_stride;
     const int64_t row0 = ((int64_t)b * p->Hq + h) * p->Sq + r0; /* index of row r0 in lse and delta */
     const double scale = p->dtype == FC_DTYPE_FP64 ? p->scale64 : p->scale;
+    const mask_rows mr = mask_of(p->mask, p->mask_kind, p->mask_batch_stride, p->mask_head_stride,
+                                 p->mask_row_stride, p->dtype, b, h);
 
     double* pdk = (double*)scratch; /* (QB, D): sum_j P_ij dP_ij k_j */
     double* pk = pdk + QB * D;      /* (QB, D): sum_j P_ij k_j */
@@ -317,9 +360,10 @@ static void bwd_rows_block(const fc_attn_bwd_params* p, int b, int h, int r0, do
         for (int r = 0; r < rows; ++r) {
             if (lse[r] == -INFINITY) continue; /* the row sees no key */
             for (int j = 0; j < nk; ++j) {
-                if (!visible(band, r0 + r, c0 + j)) continue;
+                if (!visible(band, r0 + r, c0 + j) || mask_hides(&mr, r0 + r, c0 + j)) continue;
                 const double* kj = kc + j * D;
-                const double s = score_of(dot_d(q + r * D, kj, D), p->dtype, p->scale, p->scale64);
+                const double s = mask_add(&mr, r0 + r, c0 + j,
+                                          score_of(dot_d(q + r * D, kj, D), p->dtype, p->scale, p->scale64));
                 const double pij = exp(s - lse[r]);
                 const double pdp = pij * dot_d(g + r * D, vc + j * D, Dv);
                 dsum[r] += pdp;
@@ -364,6 +408,8 @@ static void bwd_keys_block(const fc_attn_bwd_params* p, int b, int hk, int c0, c
     if (first < 0) first = 0;
     if (band.has_lo && (int64_t)c0 + nk - band.lo < end) end = (int64_t)c0 + nk - band.lo;
     for (int h = hk * G; h < (hk + 1) * G; ++h) {
+        const mask_rows mr = mask_of(p->mask, p->mask_kind, p->mask_batch_stride, p->mask_head_stride,
+                                     p->mask_row_stride, p->dtype, b, h);
         const int64_t qo = (int64_t)b * p->q_batch_stride + (int64_t)h * p->q_head_stride;
         const int64_t go = (int64_t)b * p->do_batch_stride + (int64_t)h * p->do_head_stride;
         const int64_t row0 = ((int64_t)b * p->Hq + h) * p->Sq;
@@ -373,8 +419,9 @@ static void bwd_keys_block(const fc_attn_bwd_params* p, int b, int hk, int c0, c
             load_row(q, p->q, qo + i * p->q_row_stride, D, p->dtype);
             load_row(g, p->dout, go + i * p->do_row_stride, Dv, p->dtype);
             for (int j = 0; j < nk; ++j) {
-                if (!visible(band, (int)i, c0 + j)) continue;
-                const double s = score_of(dot_d(q, kc + j * D, D), p->dtype, p->scale, p->scale64);
+                if (!visible(band, (int)i, c0 + j) || mask_hides(&mr, i, c0 + j)) continue;
+                const double s = mask_add(&mr, i, c0 + j, score_of(dot_d(q, kc + j * D, D), p->dtype, p->scale,
+                                                                   p->scale64));
                 const double pij = exp(s - lse);
                 const double ds = pij * (dot_d(g, vc + j * D, Dv) - delta[row0 + i]); /* delta: Delta - dlse */
                 for (int d = 0; d < Dv; ++d) dv[j * D + d] += pij * g[d];
