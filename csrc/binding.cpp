@@ -35,9 +35,14 @@ Args:
         zero-padded.
         B, H and S may be 0, as with SDPA: the output is then empty, or
         all zeros (LSE -inf) when Sk = 0.
-    attn_mask, dropout_p: accepted for SDPA compatibility; only ``None``
-        and ``0.0`` are supported: another value raises ``ValueError``, a
-        wrong type (a bool, a string) ``TypeError``.
+    attn_mask: ``None``, or SDPA's mask: bool (True: the key is seen) or
+        of q's dtype (added to the scaled scores), broadcasting to
+        (B, Hq, Sq, Sk); with the causal mode and window on top. So far the
+        CPU path runs it (forward and backward); on CUDA it raises
+        ``ValueError``. A row it hides entirely gives 0 and LSE -inf.
+    dropout_p: accepted for SDPA compatibility; only ``0.0`` is supported:
+        another value raises ``ValueError``, a wrong type (a bool, a
+        string) ``TypeError``.
     is_causal / causal: apply a causal mask (the two names are aliases);
         ``True`` or ``False`` (``causal`` also ``None``), as are
         ``enable_gqa`` and ``return_lse``.
@@ -435,16 +440,73 @@ void check_kernel_id(const at::Tensor& q, int kernel) {
                    "the forced kernel runs; use torch.float16 or torch.bfloat16, or kernel='auto' or 'cpu'");
 }
 
+// attn_mask as the C API's mask: a bool tensor, or a floating one of q's dtype (added to the scaled
+// scores; under autocast a floating mask takes the autocast dtype, as SDPA's does), on q's device, that
+// broadcasts to (B, Hq, Sq, Sk), viewed at that shape (zero strides where it broadcasts; a mask whose
+// columns broadcast or are strided is copied). Undefined (FC_MASK_NONE) for None. sizes false: the
+// checks that read no size (a traced call's). So far only the CPU path runs a mask (the C checks
+// refuse it on the GPU, by name).
+bool autocast_on(c10::DeviceType dev);  // (below, with the inputs' cast)
+std::string type_name(const pybind11::handle& o);  // (below, with the argument readers)
+
+struct Mask {
+    at::Tensor t;       // (B, Hq, Sq, Sk) view, or undefined
+    fc_mask_kind kind;  // FC_MASK_NONE, FC_MASK_BOOL or FC_MASK_ADD
+};
+
+Mask mask_arg(const pybind11::handle& m, const at::Tensor& q, const at::Tensor& k, bool sizes = true) {
+    if (m.is_none()) return {at::Tensor(), FC_MASK_NONE};
+    if (!THPVariable_Check(m.ptr()))
+        type_error("attn_mask: expected None or a tensor, got " + type_name(m) + "; pass a bool mask (True: "
+                   "the key is seen) or a float one added to the scores");
+    at::Tensor t = THPVariable_Unpack(m.ptr());
+    if (t.is_nested() || t.layout() != at::kStrided)
+        value_error("attn_mask: nested and non-strided tensors are not supported; pass a dense mask");
+    if (t.requires_grad() && at::GradMode::is_enabled())
+        value_error("attn_mask: requires grad, but flashcore has no gradient for the mask; pass "
+                    "attn_mask.detach()");
+    if (autocast_on(q.device().type()) && t.is_floating_point() && t.scalar_type() != at::kDouble)
+        t = at::autocast::cached_cast(at::autocast::get_autocast_dtype(q.device().type()), t, q.device().type());
+    const bool is_bool = t.scalar_type() == at::kBool;
+    if (!is_bool && t.scalar_type() != q.scalar_type())
+        type_error("attn_mask: dtype " + std::string(c10::toString(t.scalar_type())) + " is neither bool nor q's " +
+                   std::string(c10::toString(q.scalar_type())) + "; pass a bool mask or attn_mask.to(q.dtype)");
+    if (t.device() != q.device() && !(t.is_meta() && q.is_meta()))
+        value_error("attn_mask: on " + t.device().str() + " but q is on " + q.device().str() +
+                    "; move the mask to q's device");
+    const fc_mask_kind kind = is_bool ? FC_MASK_BOOL : FC_MASK_ADD;
+    if (!sizes) return {at::Tensor(), kind};
+    const std::vector<int64_t> shape = {q.size(0), q.size(1), q.size(2), k.size(2)};
+    if (t.dim() > 4 || !at::is_expandable_to(t.sizes(), shape))
+        value_error("attn_mask: shape " + shape_str(t) + " does not broadcast to (B, Hq, Sq, Sk) = (" +
+                    std::to_string(shape[0]) + ", " + std::to_string(shape[1]) + ", " + std::to_string(shape[2]) +
+                    ", " + std::to_string(shape[3]) + "); pass a mask of that shape or one that broadcasts to it");
+    t = t.expand(shape);
+    if (t.size(3) > 1 && t.stride(3) != 1) t = t.contiguous();  // (the C API reads the columns contiguous)
+    return {t, kind};
+}
+
+// (P: fc_attn_params or fc_attn_bwd_params, whose mask fields are the same)
+template <typename P>
+void set_mask(P& p, const Mask& m) {
+    if (m.kind == FC_MASK_NONE) return;
+    p.mask = m.t.data_ptr();
+    p.mask_batch_stride = m.t.stride(0); p.mask_head_stride = m.t.stride(1); p.mask_row_stride = m.t.stride(2);
+    p.mask_kind = m.kind;
+}
+
 // Checks, allocates out (and lse), runs the C API; lse is undefined unless return_lse.
 std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                           double scale, int causal, int kernel, bool return_lse,
-                                          int64_t num_splits, const Window& w) {
+                                          int64_t num_splits, const Window& w,
+                                          const pybind11::handle& attn_mask = pybind11::none()) {
     check_inputs(q, k, v, true);
     check_num_splits(num_splits);
     check_scale(scale);
     if (causal < FC_CAUSAL_NONE || causal > FC_CAUSAL_BOTTOM_RIGHT)
         value_error("causal: unknown mode " + std::to_string(causal));
     check_kernel_id(q, kernel);
+    const Mask mask = mask_arg(attn_mask, q, k);
 
     c10::OptionalDeviceGuard guard(q.device());
     at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());  // (B, Hq, Sq, Dv)
@@ -452,6 +514,7 @@ std::pair<at::Tensor, at::Tensor> run_fwd(const at::Tensor& q, const at::Tensor&
     if (return_lse) lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(lse_dtype(q.scalar_type())));
 
     fc_attn_params p = fill_params(q, k, v, scale, causal, kernel, num_splits, w);
+    set_mask(p, mask);
     p.o = out.data_ptr();
     p.o_batch_stride = out.stride(0); p.o_head_stride = out.stride(1); p.o_row_stride = out.stride(2);
     if (return_lse && p.dtype == FC_DTYPE_FP64) p.lse64 = lse.data_ptr<double>();
@@ -553,7 +616,8 @@ fc_attn_bwd_params bwd_params(const at::Tensor& g, const at::Tensor& q, const at
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                                    const c10::optional<at::Tensor>& dlse, double scale, int causal,
-                                                   int kernel, bool deterministic, const pybind11::object& window) {
+                                                   int kernel, bool deterministic, const pybind11::object& window,
+                                                   const pybind11::object& attn_mask) {
     at::NoGradGuard no_grad;  // (a create_graph backward: the op itself has no derivative)
     check_inputs(q, k, v, true);  // (v's own head dim Dv: dout and out have Dv columns too)
     check_kernel_id(q, kernel);
@@ -588,6 +652,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
                         q.device().str() + ", got " + shape_str(*t.first) + " " +
                         std::string(c10::toString(t.first->scalar_type())) + " on " + t.first->device().str());
     }
+    const Mask mask = mask_arg(attn_mask, q, k);
     c10::OptionalDeviceGuard guard(q.device());
     const at::Tensor g = rows_usable(dout), o = rows_usable(out), l = lse.contiguous();
     const at::Tensor dl = dlse ? dlse->contiguous() : at::Tensor();
@@ -596,6 +661,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
     at::Tensor dv = at::empty(v.sizes(), v.options());
 
     fc_attn_bwd_params p = bwd_params(g, q, k, v, o, dq, dk, dv, scale, causal, kernel, deterministic, window);
+    set_mask(p, mask);
     if (p.dtype == FC_DTYPE_FP64) {
         p.lse64 = l.data_ptr<double>();
         p.dlse64 = dl.defined() ? dl.data_ptr<double>() : nullptr;
@@ -794,9 +860,9 @@ CallArgs parse_args(const pybind11::object& attn_mask, const pybind11::object& d
                     const pybind11::object& kernel, const pybind11::object& num_splits,
                     const pybind11::object& window) {
     CallArgs a = {};
-    if (!attn_mask.is_none())
-        value_error("attn_mask: flashcore supports no explicit mask; pass attn_mask=None "
-                    "(use causal=True for a causal mask)");
+    if (!attn_mask.is_none() && !THPVariable_Check(attn_mask.ptr()))  // (a tensor's checks: mask_arg, with q and k)
+        type_error("attn_mask: expected None or a tensor, got " + type_name(attn_mask) + "; pass a bool mask "
+                   "(True: the key is seen) or a float one added to the scores");
     if (float_arg(dropout_p, "dropout_p", "pass 0.0") != 0.0)
         value_error("dropout_p: flashcore has no dropout; got " + pybind11::str(dropout_p).cast<std::string>() +
                     ", pass 0.0");
@@ -980,7 +1046,7 @@ pybind11::object attention(const pybind11::handle& query, const pybind11::handle
         if (!native_dv(q, k, v, a.causal_mode, a.kernel, a.splits, a.window))
             return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);  // (padded by flashcore.attention)
     }
-    auto r = run_fwd(q, k, v, scale_v, a.causal_mode, a.kernel, a.return_lse, a.splits, a.window);
+    auto r = run_fwd(q, k, v, scale_v, a.causal_mode, a.kernel, a.return_lse, a.splits, a.window, attn_mask);
     if (a.return_lse) return pybind11::make_tuple(r.first, r.second);
     return pybind11::cast(r.first);
 }
@@ -1007,6 +1073,7 @@ bool check_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
     check_num_splits(a.splits);
     if (sizes || a.has_scale) check_scale(a.has_scale ? a.scale : 1.0 / std::sqrt((double)q.size(3)));
     check_kernel_id(q, a.kernel);
+    mask_arg(attn_mask, q, k, sizes && q.dim() == 4 && k.dim() == 4);
     return true;
 }
 
@@ -1100,7 +1167,8 @@ PYBIND11_MODULE(_C, m) {
     m.def("bwd", &bwd, "attention backward: (dout, q, k, v, out, lse, dlse | None, scale, causal_mode, "
           "kernel id, deterministic) -> (dq, dk, dv)", py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"),
           py::arg("out"), py::arg("lse"), py::arg("dlse"), py::arg("scale"), py::arg("causal"), py::arg("kernel") = 0,
-          py::arg("deterministic") = false, py::arg("window") = pybind11::none());
+          py::arg("deterministic") = false, py::arg("window") = pybind11::none(),
+          py::arg("attn_mask") = pybind11::none());
     m.def("native_dv", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int causal, int kernel,
                           int64_t num_splits, const pybind11::object& window) {
         // (inputs the call refuses: false, and the padded call raises; requiring grad is the op's to handle)

@@ -54,7 +54,8 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     # (so that a broadcast input is padded once, not per batch entry or head), then the shapes folded;
     # unless the kernel runs v's own head dim (an eager call with grad: the op takes it as it is).
     own_dv = _own_dv_op(query, key, value, is_causal, causal, causal_alignment, kernel, num_splits, window)
-    rewrite = None if own_dv else _pad_head_dims(query, key, value, scale) or _as_bhsd(query, key, value, scale)
+    rewrite = None if own_dv else _pad_head_dims(query, key, value, scale) or _as_bhsd(query, key, value, scale,
+                                                                                      attn_mask)
     if rewrite is not None:
         q, k, v, scale, back = rewrite
         r = attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal=causal,
@@ -103,7 +104,7 @@ def _flip_scale(query, scale):
     return None
 
 
-def _as_bhsd(query, key, value, scale):
+def _as_bhsd(query, key, value, scale, attn_mask=None):
     # SDPA's shapes beyond one (B, H, S, D) call: q (..., Sq, D), k and v
     # (..., Sk, D), each of rank >= 2, with dim -3 (where there is one) the
     # heads and the dims before it batch dims, broadcast against each other as
@@ -117,6 +118,10 @@ def _as_bhsd(query, key, value, scale):
     ts = (query, key, value)
     if not _strided(ts) or _one_call(*ts):
         return None
+    if attn_mask is not None:
+        raise ValueError(f"attn_mask: taken with one (B, H, S, D) call of q, k and v so far (got q of shape "
+                         f"{tuple(query.shape)}); reshape q, k and v to 4-D, with the mask broadcasting to "
+                         f"(B, Hq, Sq, Sk)")
     for name, t in zip("qkv", ts):
         if t.dim() < 2:
             raise ValueError(f"{name}: expected a tensor of at least 2 dims (..., S, D), got {t.dim()}-D of shape "
@@ -304,8 +309,8 @@ def _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
     # as the op's list of two ints (-1: no bound) or None. Their values (kernel="nope", a mask tensor, a window's
     # sides), and the tensors, are checked when the op runs.
     if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
-        raise ValueError("attn_mask: flashcore supports no explicit mask; pass attn_mask=None "
-                         "(use causal=True for a causal mask)")
+        raise TypeError(f"attn_mask: expected None or a tensor, got {type(attn_mask).__name__}; pass a bool mask "
+                        f"(True: the key is seen) or a float one added to the scores")
     for name, val, table in (("causal_alignment", causal_alignment, CAUSAL_ALIGNMENTS), ("kernel", kernel, KERNELS)):
         if not isinstance(val, str):
             raise ValueError(f"{name}: expected one of {', '.join(map(repr, table))}, got {val!r}")
@@ -491,6 +496,9 @@ def _attention_vmap(info, in_dims, query, key, value, attn_mask, dropout_p, is_c
     # is copied. What an unbatched call would refuse is refused by sample 0's
     # own call, so the message names per-sample shapes.
     n = info.batch_size
+    if attn_mask is not None:
+        raise ValueError("attn_mask: not taken under torch.vmap so far; call flashcore.attention per sample, or "
+                         "fold the samples into the batch dim with the mask broadcast to match")
     args = (dropout_p, is_causal, scale, causal, causal_alignment, return_lse, kernel, num_splits, window)
     ts = [t.movedim(d, 0) if d is not None else t.expand(n, *t.shape) for t, d in zip((query, key, value), in_dims)]
     _refuse_transforms(*ts)  # (a transform below this vmap level, e.g. grad(vmap(f)))
@@ -558,7 +566,7 @@ def _attention_backward(ctx, grad_out, grad_lse):
     if dv_cols != query.shape[3] and not _native_dv_bwd(query, key, value, ctx, det, window):
         value, out, grad_out = (_pad_cols(t, query.shape[3]) for t in (value, out, grad_out))
     dq, dk, dv = _attention_backward_op(grad_out, query, key, value, out, lse, dlse, ctx.scale, ctx.causal_mode,
-                                        ctx.kernel, det, window)
+                                        ctx.kernel, det, window, ctx.forward_args[0])
     return (dq, dk, dv if dv.shape[-1] == dv_cols else dv[..., :dv_cols]) + (None,) * 10
 
 
@@ -580,23 +588,25 @@ def _native_dv_bwd(query, key, value, ctx, det, window):
 def _attention_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                            out: torch.Tensor, lse: torch.Tensor, grad_lse: Optional[torch.Tensor], scale: float,
                            causal_mode: int, family: str = "auto", deterministic: bool = False,
-                           window: Optional[List[int]] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           window: Optional[List[int]] = None,
+                           attn_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward of flashcore::attention: (dq, dk, dv), contiguous, in q's dtype, on the
     forward's kernel family (``family``: the forward's ``kernel``, as flashcore.attention takes it;
     not named ``kernel``, which inductor's fallback passes as a keyword of its own).
     ``deterministic`` (the autograd formula passes torch.are_deterministic_algorithms_enabled()):
     dq summed in a fixed order on CUDA (both GPU backward kernels). ``window``: the forward's
-    sliding window as the C API takes it, [window_left, window_right] (-1: no bound), or None."""
+    sliding window as the C API takes it, [window_left, window_right] (-1: no bound), or None. ``attn_mask``: the
+    forward's mask (the CPU path's so far), or None."""
     if family not in KERNELS:
         raise ValueError(f"family: expected one of {sorted(KERNELS)}, got {family!r}")
     ts = [t.as_subclass(torch.Tensor) if t is not None and type(t) is not torch.Tensor else t
-          for t in (grad_out, query, key, value, out, lse, grad_lse)]
-    return _C.bwd(*ts, scale, causal_mode, KERNELS[family], deterministic, window)
+          for t in (grad_out, query, key, value, out, lse, grad_lse, attn_mask)]
+    return _C.bwd(*ts[:7], scale, causal_mode, KERNELS[family], deterministic, window, ts[7])
 
 
 @_attention_backward_op.register_fake
 def _attention_backward_fake(grad_out, query, key, value, out, lse, grad_lse, scale, causal_mode, family="auto",
-                             deterministic=False, window=None):
+                             deterministic=False, window=None, attn_mask=None):
     # (the LSE's dtype as the binding's bwd checks it, so a traced call refuses what the run would; its
     # shapes are the run's to check: comparing symbolic sizes here would guard on them)
     for name, t in (("lse", lse), ("dlse", grad_lse)):
@@ -608,7 +618,7 @@ def _attention_backward_fake(grad_out, query, key, value, out, lse, grad_lse, sc
 
 @_attention_backward_op.register_vmap
 def _attention_backward_vmap(info, in_dims, grad_out, query, key, value, out, lse, grad_lse, scale, causal_mode,
-                             family="auto", deterministic=False, window=None):
+                             family="auto", deterministic=False, window=None, attn_mask=None):
     # torch.vmap's batching rule for the backward (batched gradients: gradcheck's check_batched_grad,
     # autograd.grad(is_grads_batched=True), jacobians with vectorize=True): the N samples fold into B,
     # an unbatched tensor expanded to N first (copied by the fold), one call for all of them. Samples
@@ -622,8 +632,15 @@ def _attention_backward_vmap(info, in_dims, grad_out, query, key, value, out, ls
         t = t.movedim(d, 0) if d is not None else t.expand(n, *t.shape)
         t = t.flatten(0, 1)
         return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()  # (the binding's last-dim rule)
+    mask = None
+    if attn_mask is not None:  # (the forward's mask, broadcast to its (B, Hq, Sq, Sk), then to the N samples)
+        if in_dims[-1] is not None:
+            raise ValueError("attn_mask: a mask batched by torch.vmap is not taken so far")
+        per_sample = [t.shape if d is None else t.movedim(d, 0).shape[1:] for t, d in ((query, in_dims[1]),
+                                                                                     (key, in_dims[2]))]
+        mask = fold(attn_mask.expand(*per_sample[0][:3], per_sample[1][2]), None)
     ts = [fold(t, d) for t, d in zip((grad_out, query, key, value, out, lse, grad_lse), in_dims)]
-    dq, dk, dv = _attention_backward_op(*ts, scale, causal_mode, family, deterministic, window)
+    dq, dk, dv = _attention_backward_op(*ts, scale, causal_mode, family, deterministic, window, mask)
     return tuple(g.unflatten(0, (n, -1)) for g in (dq, dk, dv)), (0, 0, 0)
 
 

@@ -192,13 +192,21 @@ def test_compiled_numpy_ints():
     assert not torch.equal(want, flashcore.attention(q, k, v, is_causal=True, window=(4, 0)))
 
 
-def test_compiled_attn_mask_refused():
-    q, k, v = make_qkv(1, 2, 2, 17, 17, 64, torch.float32, "cpu")
-    mask = torch.ones(17, 17, dtype=torch.bool)
+def test_compiled_attn_mask():
+    """A mask (the CPU path's so far) runs compiled as in eager, forward and backward; a mask that does not
+    broadcast is refused in the eager words."""
+    q, k, v = make_qkv(1, 2, 2, 17, 19, 64, torch.float32, "cpu")
+    mask = torch.rand(17, 19) < 0.8
     f = torch.compile(lambda q, k, v, m: flashcore.attention(q, k, v, attn_mask=m), fullgraph=True,
                       backend="aot_eager")
-    with pytest.raises(ValueError, match=r"\battn_mask\b"):
-        f(q, k, v, mask)
+    assert torch.equal(f(q, k, v, mask), flashcore.attention(q, k, v, attn_mask=mask))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    grads = torch.autograd.grad(f(*leaves, mask).sum(), leaves)
+    eager = [t.clone().requires_grad_() for t in (q, k, v)]
+    for a, b in zip(grads, torch.autograd.grad(flashcore.attention(*eager, attn_mask=mask).sum(), eager)):
+        assert torch.equal(a, b)
+    with pytest.raises(Exception, match=r"attn_mask: shape \(3, 19\) does not broadcast"):
+        f(q, k, v, torch.ones(3, 19, dtype=torch.bool))
 
 
 @requires_gpu

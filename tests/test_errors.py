@@ -114,10 +114,7 @@ CASES = [
     _case("scale_array", lambda d: _with(d, scale=np.array([0.5, 1.0])), TypeError,
           r"\bscale\b: expected a float, got numpy.ndarray that does not convert"),
     # --- unsupported SDPA arguments --------------------------------------
-    _case("attn_mask_bool", lambda d: _with(d, attn_mask=torch.ones(S, S, dtype=torch.bool, device=d)),
-          ValueError, r"\battn_mask\b"),
-    _case("attn_mask_float", lambda d: _with(d, attn_mask=torch.zeros(B, H, S, S, device=d)),
-          ValueError, r"\battn_mask\b"),
+    # (attn_mask: tests/test_attn_mask.py)
     _case("dropout", lambda d: _with(d, dropout_p=0.1), ValueError, r"\bdropout_p\b"),
     _case("dropout_one", lambda d: _with(d, dropout_p=1.0), ValueError, r"\bdropout_p\b"),
     _case("dropout_tensor", lambda d: _with(d, dropout_p=torch.tensor([0.0, 0.0])), TypeError,
