@@ -462,6 +462,9 @@ Mask mask_arg(const pybind11::handle& m, const at::Tensor& q, const at::Tensor& 
     at::Tensor t = THPVariable_Unpack(m.ptr());
     if (t.is_nested() || t.layout() != at::kStrided)
         value_error("attn_mask: nested and non-strided tensors are not supported; pass a dense mask");
+    if (!t.has_storage())
+        value_error("attn_mask: a tensor with no storage of its own (a wrapper subclass, or one batched by "
+                    "torch.vmap or another torch.func transform) is not taken; pass a plain tensor");
     if (t.requires_grad() && at::GradMode::is_enabled())
         value_error("attn_mask: requires grad, but flashcore has no gradient for the mask; pass "
                     "attn_mask.detach()");
@@ -481,9 +484,17 @@ Mask mask_arg(const pybind11::handle& m, const at::Tensor& q, const at::Tensor& 
         value_error("attn_mask: shape " + shape_str(t) + " does not broadcast to (B, Hq, Sq, Sk) = (" +
                     std::to_string(shape[0]) + ", " + std::to_string(shape[1]) + ", " + std::to_string(shape[2]) +
                     ", " + std::to_string(shape[3]) + "); pass a mask of that shape or one that broadcasts to it");
-    t = t.expand(shape);
-    if (t.size(3) > 1 && t.stride(3) != 1) t = t.contiguous();  // (the C API reads the columns contiguous)
-    return {t, kind};
+    // The C API reads the columns contiguous: a strided last dim is made so over the mask's own dims, a
+    // broadcast one (size 1, or a 0-D mask) over its own dims widened to Sk, before the zero-stride expand.
+    if (t.dim() == 0) t = t.reshape({1});
+    if (t.size(-1) == 1 && shape[3] > 1) {
+        std::vector<int64_t> own = t.sizes().vec();
+        own.back() = shape[3];
+        t = t.expand(own).contiguous();
+    } else if (t.size(-1) > 1 && t.stride(-1) != 1) {
+        t = t.contiguous();
+    }
+    return {t.expand(shape), kind};
 }
 
 // (P: fc_attn_params or fc_attn_bwd_params, whose mask fields are the same)

@@ -5,7 +5,8 @@
     out = flashcore.attention(q, k, v, causal=True, window=(4095, 0))  # sliding window
 
 ``flashcore.attention`` is a drop-in for
-``torch.nn.functional.scaled_dot_product_attention`` without a mask or dropout.
+``torch.nn.functional.scaled_dot_product_attention`` without dropout (its attn_mask
+runs on the CPU so far).
 It also works under ``torch.compile`` (``fullgraph=True`` included): there it
 runs as the custom op ``torch.ops.flashcore.attention``.
 """
@@ -66,6 +67,10 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     dropout_p, scale, num_splits, window = _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
                                                 causal_alignment, return_lse, kernel, num_splits, window)
     grad = _needs_grad(query, key, value, kernel)
+    if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
+        raise ValueError("attn_mask: requires grad, but flashcore has no gradient for the mask; pass "
+                         "attn_mask.detach()")
+    attn_mask = _autocast_mask(query, attn_mask)  # (before q's cast: the op saves the mask it ran with)
     query, key, value = _autocast(query, key, value)
     # With grad the op always returns the LSE: the backward reads it.
     out, lse = _attention_op(query, key, value, attn_mask, dropout_p, is_causal, scale, causal,
@@ -119,8 +124,9 @@ def _as_bhsd(query, key, value, scale, attn_mask=None):
     if not _strided(ts) or _one_call(*ts):
         return None
     if attn_mask is not None:
-        raise ValueError(f"attn_mask: taken with one (B, H, S, D) call of q, k and v so far (got q of shape "
-                         f"{tuple(query.shape)}); reshape q, k and v to 4-D, with the mask broadcasting to "
+        raise ValueError(f"attn_mask: taken so far with q, k, v of one (B, H, S, D) call (4-D, one batch size, "
+                         f"k's and v's heads dividing q's), got shapes {tuple(query.shape)}, {tuple(key.shape)}, "
+                         f"{tuple(value.shape)}; expand or reshape them to such a call, the mask broadcasting to "
                          f"(B, Hq, Sq, Sk)")
     for name, t in zip("qkv", ts):
         if t.dim() < 2:
@@ -299,6 +305,18 @@ def _autocast(query, key, value):
                  for t in (query, key, value))
 
 
+def _autocast_mask(query, attn_mask):
+    # binding.cpp's mask_arg cast for the op path: under torch.autocast a floating mask other than fp64 takes
+    # the autocast dtype, as SDPA's does (q, k and v take it in _autocast).
+    if not isinstance(query, torch.Tensor) or not isinstance(attn_mask, torch.Tensor):
+        return attn_mask
+    dev = query.device.type
+    if dev not in ("cuda", "cpu") or not torch.is_autocast_enabled(dev) or not attn_mask.is_floating_point() \
+            or attn_mask.dtype == torch.float64:
+        return attn_mask
+    return attn_mask.to(torch.get_autocast_dtype(dev))
+
+
 def _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal, causal_alignment, return_lse,
                      kernel, num_splits, window):
     # The argument checks that the binding's parse_args makes in eager calls,
@@ -446,12 +464,29 @@ def _attention_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, c
             # call's refusal of shapes that do not broadcast, else the op's of another call)
             _as_bhsd(*ts, scale)
         _refuse_not_one_call(*ts, traced=True)
-        if not _C.check_call(*ts, attn_mask, dropout_p, is_causal, scale, causal, causal_alignment, return_lse,
-                             kernel, num_splits, window, sizes):
+        if not _C.check_call(*ts, _mask_at_hints(attn_mask), dropout_p, is_causal, scale, causal, causal_alignment,
+                             return_lse, kernel, num_splits, window, sizes):
             _refuse_own_dv(query, value)
     out = query.new_empty((*query.shape[:3], value.shape[3]))  # (B, Hq, Sq, Dv)
     lse = query.new_empty(tuple(query.shape[:3]) if return_lse else (0,), dtype=_lse_dtype(query))
     return out, lse
+
+
+def _hint(d):
+    # a size as an int: itself, or a symbolic size's value in the traced example (None for none: unbacked)
+    x = d if type(d) is int else getattr(d.node, "hint", None)
+    return x if type(x) is int else None
+
+
+def _mask_at_hints(mask):
+    # attn_mask for _C.check_call, as _at_hints gives q, k and v: itself where its sizes are ints, else a
+    # stand-in of its dtype and device at its sizes' hints (reading a symbolic size would guard on it,
+    # which fails an export whose mask has a dynamic dim), or of ones where a size has no hint (the op's
+    # run checks it).
+    if not isinstance(mask, torch.Tensor) or all(type(d) is int for d in mask.shape):
+        return mask
+    sizes = [_hint(d) for d in mask.shape]
+    return mask.new_empty([1] * mask.dim() if None in sizes else sizes)
 
 
 def _at_hints(ts):
@@ -464,13 +499,10 @@ def _at_hints(ts):
     # with) or a stride of dims 0-2 (1; only the last dim's is read). Returns
     # (tensors, True), or (ts, False) where another size has no value
     # (check_call then reads no size or stride).
-    def value(d):
-        x = d if type(d) is int else getattr(d.node, "hint", None)
-        return x if type(x) is int else None
     if all(type(d) is int for t in ts for d in (*t.shape, *t.stride())):
         return ts, True
-    sizes = [[value(d) for d in t.shape] for t in ts]
-    strides = [[value(d) for d in t.stride()] for t in ts]
+    sizes = [[_hint(d) for d in t.shape] for t in ts]
+    strides = [[_hint(d) for d in t.stride()] for t in ts]
     (q, k, v) = sizes
     q[2] = 1 if q[2] is None else q[2]
     k[2] = k[2] if k[2] is not None else v[2] if v[2] is not None else 1
@@ -544,18 +576,19 @@ def _attention_setup_context(ctx, inputs, output):
     ctx.causal_mode, ctx.window = _C.causal_window(is_causal if causal is None else causal, causal_alignment, window)
     # (a direct op call without return_lse leaves lse empty: the backward recomputes it)
     ctx.set_materialize_grads(False)  # an unused lse (or out) gradient comes as None, not zeros
-    ctx.forward_args = (attn_mask, dropout_p, is_causal, scale, causal, causal_alignment, True, kernel, num_splits,
-                        window)
+    ctx.forward_args = (dropout_p, is_causal, scale, causal, causal_alignment, True, kernel, num_splits, window)
     ctx.kernel = kernel  # the backward runs the same family
-    ctx.save_for_backward(query, key, value, out, lse)
+    # (the mask with the tensors: an in-place change of it before backward() is then an error, not a wrong
+    # gradient)
+    ctx.save_for_backward(query, key, value, out, lse, attn_mask)
 
 
 def _attention_backward(ctx, grad_out, grad_lse):
-    query, key, value, out, lse = ctx.saved_tensors
+    query, key, value, out, lse, attn_mask = ctx.saved_tensors
     if grad_out is None:  # (only lse was used)
         grad_out = torch.zeros_like(out)
     if lse.dim() != 3:
-        out, lse = _attention_op(query, key, value, *ctx.forward_args)
+        out, lse = _attention_op(query, key, value, attn_mask, *ctx.forward_args)
     dlse = grad_lse if grad_lse is not None and grad_lse.dim() == 3 else None
     det = torch.are_deterministic_algorithms_enabled()  # on: dQ summed in a fixed order
     window = None if ctx.window is None else list(ctx.window)
@@ -566,7 +599,7 @@ def _attention_backward(ctx, grad_out, grad_lse):
     if dv_cols != query.shape[3] and not _native_dv_bwd(query, key, value, ctx, det, window):
         value, out, grad_out = (_pad_cols(t, query.shape[3]) for t in (value, out, grad_out))
     dq, dk, dv = _attention_backward_op(grad_out, query, key, value, out, lse, dlse, ctx.scale, ctx.causal_mode,
-                                        ctx.kernel, det, window, ctx.forward_args[0])
+                                        ctx.kernel, det, window, attn_mask)
     return (dq, dk, dv if dv.shape[-1] == dv_cols else dv[..., :dv_cols]) + (None,) * 10
 
 
@@ -635,7 +668,8 @@ def _attention_backward_vmap(info, in_dims, grad_out, query, key, value, out, ls
     mask = None
     if attn_mask is not None:  # (the forward's mask, broadcast to its (B, Hq, Sq, Sk), then to the N samples)
         if in_dims[-1] is not None:
-            raise ValueError("attn_mask: a mask batched by torch.vmap is not taken so far")
+            raise ValueError("attn_mask: a mask batched by torch.vmap is not taken so far; compute the batched "
+                             "gradients of a mask shared by the samples, or one sample at a time")
         per_sample = [t.shape if d is None else t.movedim(d, 0).shape[1:] for t, d in ((query, in_dims[1]),
                                                                                      (key, in_dims[2]))]
         mask = fold(attn_mask.expand(*per_sample[0][:3], per_sample[1][2]), None)

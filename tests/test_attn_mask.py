@@ -90,7 +90,7 @@ def test_mask_refusals():
     for mask, exc, match in cases:
         with pytest.raises(exc, match=match):
             flashcore.attention(q, k, v, attn_mask=mask)
-    with pytest.raises(ValueError, match=r"^attn_mask: taken with one \(B, H, S, D\) call"):
+    with pytest.raises(ValueError, match=r"^attn_mask: taken so far with q, k, v of one \(B, H, S, D\) call"):
         flashcore.attention(q[0], k[0], v[0], attn_mask=torch.ones(SQ, SK, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"^attn_mask: on cpu but q is on meta"):
         flashcore.attention(*(t.to("meta") for t in (q, k, v)), attn_mask=torch.ones(SQ, SK, dtype=torch.bool))
@@ -122,3 +122,52 @@ def test_mask_refused_on_cuda():
     q, k, v = make_qkv(B, HQ, HKV, SQ, SK, D, torch.float16, "cuda")
     with pytest.raises(ValueError, match=r"mask: only the CPU kernel takes a mask so far"):
         flashcore.attention(q, k, v, attn_mask=torch.ones(SQ, SK, dtype=torch.bool, device="cuda"))
+
+
+def test_mask_review_cases():
+    """A mask that requires grad is refused with q requiring grad too; under CPU autocast a float mask
+    takes bf16 (as SDPA's) and the backward runs after the autocast block; an in-place change of the
+    mask before backward() is torch's version error, not a wrong gradient; a vmapped mask is refused by
+    name; a mask broadcast along the keys (Sq, 1) or 0-D runs, without a (B, Hq, Sq, Sk) copy."""
+    q, k, v = make_qkv(1, 2, 2, 9, 11, 16, torch.float32, "cpu")
+    with pytest.raises(ValueError, match=r"^attn_mask: requires grad"):
+        flashcore.attention(q.clone().requires_grad_(), k, v, attn_mask=torch.zeros(9, 11, requires_grad=True))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    bias = torch.randn(9, 11)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = flashcore.attention(*leaves, attn_mask=bias)
+        want = F.scaled_dot_product_attention(*leaves, attn_mask=bias, enable_gqa=True)
+    assert out.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), want.float(), atol=2e-2, rtol=2e-2)
+    out.float().sum().backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in leaves)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    mask = torch.rand(9, 11) < 0.8
+    out = flashcore.attention(*leaves, attn_mask=mask)
+    mask.fill_(True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+    with pytest.raises(ValueError, match=r"^attn_mask: a tensor with no storage of its own"):
+        torch.vmap(lambda m: flashcore.attention(q, k, v, attn_mask=m))(torch.randn(3, 9, 11))
+    rowwise = torch.randn(9, 1)  # (adds a constant per row: the softmax is unchanged)
+    torch.testing.assert_close(flashcore.attention(q, k, v, attn_mask=rowwise), flashcore.attention(q, k, v),
+                               atol=1e-6, rtol=1e-6)
+    assert torch.equal(flashcore.attention(q, k, v, attn_mask=torch.tensor(True)), flashcore.attention(q, k, v))
+    assert torch.all(flashcore.attention(q, k, v, attn_mask=torch.tensor(False)) == 0)
+
+
+def test_mask_export_dynamic_keys():
+    """torch.export with a dynamic Sk shared by k, v and the mask exports (the fake's checks read the
+    mask at its example sizes, with no guard on them) and runs at another length."""
+    q, k, v = make_qkv(1, 2, 2, 9, 11, 16, torch.float32, "cpu")
+    mask = torch.rand(9, 11) < 0.8
+    mask[:, 0] = True
+
+    class M(torch.nn.Module):
+        def forward(self, q, k, v, m):
+            return flashcore.attention(q, k, v, attn_mask=m)
+    sk = torch.export.Dim("sk", min=2)
+    ep = torch.export.export(M(), (q, k, v, mask), dynamic_shapes=({}, {2: sk}, {2: sk}, {1: sk}))
+    _, k2, v2 = make_qkv(1, 2, 2, 9, 20, 16, torch.float32, "cpu")
+    m2 = torch.rand(9, 20) < 0.8
+    assert torch.equal(ep.module()(q, k2, v2, m2), flashcore.attention(q, k2, v2, attn_mask=m2))
