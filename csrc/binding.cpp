@@ -36,7 +36,7 @@ Args:
         B, H and S may be 0, as with SDPA: the output is then empty, or
         all zeros (LSE -inf) when Sk = 0.
     attn_mask: ``None``, or SDPA's mask: bool (True: the key is seen) or
-        of q's dtype (added to the scaled scores), broadcasting to
+        of q's dtype or float32 (added to the scaled scores), broadcasting to
         (B, Hq, Sq, Sk); with the causal mode and window on top. So far the
         CPU path runs it (forward and backward); on CUDA it raises
         ``ValueError``. A row it hides entirely gives 0 and LSE -inf.
@@ -440,7 +440,7 @@ void check_kernel_id(const at::Tensor& q, int kernel) {
                    "the forced kernel runs; use torch.float16 or torch.bfloat16, or kernel='auto' or 'cpu'");
 }
 
-// attn_mask as the C API's mask: a bool tensor, or a floating one of q's dtype (added to the scaled
+// attn_mask as the C API's mask: a bool tensor, or a floating one of q's dtype or fp32 (added to the scaled
 // scores; under autocast a floating mask takes the autocast dtype, as SDPA's does), on q's device, that
 // broadcasts to (B, Hq, Sq, Sk), viewed at that shape (zero strides where it broadcasts; a mask whose
 // columns broadcast or are strided is copied). Undefined (FC_MASK_NONE) for None. sizes false: the
@@ -470,14 +470,17 @@ Mask mask_arg(const pybind11::handle& m, const at::Tensor& q, const at::Tensor& 
                     "attn_mask.detach()");
     if (autocast_on(q.device().type()) && t.is_floating_point() && t.scalar_type() != at::kDouble)
         t = at::autocast::cached_cast(at::autocast::get_autocast_dtype(q.device().type()), t, q.device().type());
+    // (SDPA's rule: bool, float32, or q's dtype)
     const bool is_bool = t.scalar_type() == at::kBool;
-    if (!is_bool && t.scalar_type() != q.scalar_type())
-        type_error("attn_mask: dtype " + std::string(c10::toString(t.scalar_type())) + " is neither bool nor q's " +
-                   std::string(c10::toString(q.scalar_type())) + "; pass a bool mask or attn_mask.to(q.dtype)");
+    if (!is_bool && t.scalar_type() != q.scalar_type() && t.scalar_type() != at::kFloat)
+        type_error("attn_mask: dtype " + std::string(c10::toString(t.scalar_type())) + " is neither bool, float32 "
+                   "nor q's " + std::string(c10::toString(q.scalar_type())) + "; pass a bool mask or "
+                   "attn_mask.to(q.dtype)");
     if (t.device() != q.device() && !(t.is_meta() && q.is_meta()))
         value_error("attn_mask: on " + t.device().str() + " but q is on " + q.device().str() +
                     "; move the mask to q's device");
-    const fc_mask_kind kind = is_bool ? FC_MASK_BOOL : FC_MASK_ADD;
+    const fc_mask_kind kind = is_bool ? FC_MASK_BOOL : t.scalar_type() == q.scalar_type() ? FC_MASK_ADD
+                                                                                          : FC_MASK_ADD_FP32;
     if (!sizes) return {at::Tensor(), kind};
     const std::vector<int64_t> shape = {q.size(0), q.size(1), q.size(2), k.size(2)};
     if (t.dim() > 4 || !at::is_expandable_to(t.sizes(), shape))

@@ -361,7 +361,8 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
     if (p->num_splits < 0)
         fail(&r, FC_ERR_INVALID_ARGUMENT, "num_splits: %d is negative; use 0 (heuristic), 1 (no split) or n > 1 "
              "(split Sk n ways)", p->num_splits);
-    if (p->mask_kind != FC_MASK_NONE && p->mask_kind != FC_MASK_BOOL && p->mask_kind != FC_MASK_ADD)
+    if (p->mask_kind != FC_MASK_NONE && p->mask_kind != FC_MASK_BOOL && p->mask_kind != FC_MASK_ADD &&
+        p->mask_kind != FC_MASK_ADD_FP32)
         fail(&r, FC_ERR_INVALID_ARGUMENT, "mask_kind: unknown value %d", (int)p->mask_kind);
     else if (p->mask_kind == FC_MASK_NONE && p->mask)
         fail(&r, FC_ERR_INVALID_ARGUMENT, "mask: set, but mask_kind is FC_MASK_NONE; name its kind (FC_MASK_BOOL or "

@@ -65,6 +65,8 @@ typedef enum {
                           value leaves it visible */
     FC_MASK_ADD = 2,   /* elements of the call's dtype, added to scale * q . k (natural log): -inf hides the
                           key, a NaN makes the row NaN (as SDPA's additive attn_mask) */
+    FC_MASK_ADD_FP32 = 3, /* as FC_MASK_ADD, with fp32 elements whatever the call's dtype (SDPA takes a float
+                             mask with any q) */
 } fc_mask_kind;
 
 typedef enum {

@@ -65,6 +65,24 @@ def test_mask_matches_sdpa(name, dtype, causal):
         torch.testing.assert_close(a.double(), b, atol=10 * tol * max(1.0, b.abs().max().item()), rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_fp32_mask_with_other_dtypes(dtype):
+    """A float32 additive mask with q of another dtype (SDPA takes one) is added as it is, in fp32, not
+    rounded to q's dtype: against the same call with the mask in fp64 folded into the reference."""
+    torch.manual_seed(7)
+    q, k, v = make_qkv(B, HQ, HKV, SQ, SK, D, dtype, "cpu")
+    bias = (torch.randn(1, HQ, SQ, SK) * 3).masked_fill(torch.rand(1, HQ, SQ, SK) < 0.2, float("-inf"))
+    out, lse = flashcore.attention(q, k, v, attn_mask=bias, is_causal=True, return_lse=True)
+    s = (q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2)) / D ** 0.5 + bias.double()
+    s = s.masked_fill(~_tril(SQ, SK), float("-inf"))
+    live = torch.isfinite(s).any(-1)
+    want, want_lse = torch.softmax(s, -1) @ v.double().repeat_interleave(2, 1), torch.logsumexp(s, -1)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(out.double()[live], want[live], atol=tol if dtype == torch.float64 else 2e-2,
+                               rtol=tol if dtype == torch.float64 else 2e-2)
+    torch.testing.assert_close(lse.double()[live], want_lse[live], atol=tol, rtol=tol)  # (fp32 bias, not rounded)
+
+
 def test_mask_with_window_and_bottom_right():
     """The mask applies on top of a sliding window with the bottom-right diagonal (Sq < Sk)."""
     q, k, v = make_qkv(1, 2, 2, 20, 50, 64, torch.float32, "cpu")
@@ -81,8 +99,9 @@ def test_mask_refusals():
     """A mask of another dtype, one that does not broadcast, one that requires grad, a non-tensor and a mask
     with SDPA's other shapes (folded calls) or under vmap are refused by name."""
     q, k, v = make_qkv(B, HQ, HKV, SQ, SK, D, torch.float32, "cpu")
-    cases = ((torch.ones(SQ, SK, dtype=torch.int32), TypeError, r"^attn_mask: dtype Int is neither bool nor q's"),
+    cases = ((torch.ones(SQ, SK, dtype=torch.int32), TypeError, r"^attn_mask: dtype Int is neither bool, float32"),
              (torch.ones(SQ, SK, dtype=torch.float64), TypeError, r"^attn_mask: dtype Double is neither"),
+             (torch.ones(SQ, SK, dtype=torch.float16), TypeError, r"^attn_mask: dtype Half is neither"),
              (torch.ones(3, SK, dtype=torch.bool), ValueError, r"^attn_mask: shape \(3, 45\) does not broadcast"),
              (torch.ones(2, B, HQ, SQ, SK, dtype=torch.bool), ValueError, r"^attn_mask: shape .* does not broadcast"),
              (torch.zeros(SQ, SK, requires_grad=True), ValueError, r"^attn_mask: requires grad"),

@@ -146,15 +146,16 @@ static double score_of(double dot, fc_dtype dt, float scale, double scale64) {
 typedef struct {
     const void* base;    /* element (b, h, 0, 0), or NULL: no mask */
     int64_t row_stride;  /* elements between rows */
-    fc_mask_kind kind;   /* FC_MASK_BOOL (uint8) or FC_MASK_ADD (the call's dtype) */
+    fc_mask_kind kind;   /* FC_MASK_BOOL (uint8), FC_MASK_ADD or FC_MASK_ADD_FP32 */
     fc_dtype dtype;      /* the call's dtype */
+    fc_dtype elem;       /* an additive mask's element type: the call's dtype, or fp32 */
 } mask_rows;
 
 static mask_rows mask_of(const void* mask, fc_mask_kind kind, int64_t bs, int64_t hs, int64_t rs, fc_dtype dt,
                          int b, int h) {
-    mask_rows m = {NULL, rs, kind, dt};
+    mask_rows m = {NULL, rs, kind, dt, kind == FC_MASK_ADD_FP32 ? FC_DTYPE_FP32 : dt};
     if (kind == FC_MASK_NONE || !mask) return m;
-    const size_t bytes = kind == FC_MASK_BOOL ? 1 : elem_bytes(dt);  /* (uint8, or the call's dtype) */
+    const size_t bytes = kind == FC_MASK_BOOL ? 1 : elem_bytes(m.elem);  /* (uint8, or the elements' type) */
     m.base = (const char*)mask + ((int64_t)b * bs + (int64_t)h * hs) * (int64_t)bytes;
     return m;
 }
@@ -167,9 +168,9 @@ static int mask_hides(const mask_rows* m, int64_t i, int j) {
 /* the score s of query i and key j with an additive mask's term added (as the kernels form it in fp32
  * for fp16/bf16/fp32 calls: +-inf past fp32's range) */
 static double mask_add(const mask_rows* m, int64_t i, int j, double s) {
-    if (!m->base || m->kind != FC_MASK_ADD) return s;
+    if (!m->base || m->kind == FC_MASK_BOOL) return s;
     double t;
-    load_row(&t, m->base, i * m->row_stride + j, 1, m->dtype);
+    load_row(&t, m->base, i * m->row_stride + j, 1, m->elem);
     return m->dtype == FC_DTYPE_FP64 ? s + t : fp32_range(s + t);
 }
 
