@@ -451,7 +451,7 @@ std::string type_name(const pybind11::handle& o);  // (below, with the argument 
 
 struct Mask {
     at::Tensor t;       // (B, Hq, Sq, Sk) view, or undefined
-    fc_mask_kind kind;  // FC_MASK_NONE, FC_MASK_BOOL or FC_MASK_ADD
+    fc_mask_kind kind;  // FC_MASK_NONE, FC_MASK_BOOL, FC_MASK_ADD or FC_MASK_ADD_FP32
 };
 
 Mask mask_arg(const pybind11::handle& m, const at::Tensor& q, const at::Tensor& k, bool sizes = true) {
@@ -621,6 +621,17 @@ fc_attn_bwd_params bwd_params(const at::Tensor& g, const at::Tensor& q, const at
     return p;
 }
 
+// The backward's LSE and dLSE pointers in p's dtype's fields: lse64 / dlse64 for fp64, lse / dlse otherwise.
+void set_bwd_lse(fc_attn_bwd_params& p, const void* lse, const void* dlse) {
+    if (p.dtype == FC_DTYPE_FP64) {
+        p.lse64 = static_cast<const double*>(lse);
+        p.dlse64 = static_cast<const double*>(dlse);
+    } else {
+        p.lse = static_cast<const float*>(lse);
+        p.dlse = static_cast<const float*>(dlse);
+    }
+}
+
 // bwd(dout, q, k, v, out, lse, dlse | None, scale, causal_mode, kernel=0, deterministic=False,
 // window=None) -> (dq, dk, dv):
 // the backward of a forward call with these q, k, v, scale, causal mode and window that
@@ -676,13 +687,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout, const
 
     fc_attn_bwd_params p = bwd_params(g, q, k, v, o, dq, dk, dv, scale, causal, kernel, deterministic, window);
     set_mask(p, mask);
-    if (p.dtype == FC_DTYPE_FP64) {
-        p.lse64 = l.data_ptr<double>();
-        p.dlse64 = dl.defined() ? dl.data_ptr<double>() : nullptr;
-    } else {
-        p.lse = l.data_ptr<float>();
-        p.dlse = dl.defined() ? dl.data_ptr<float>() : nullptr;
-    }
+    set_bwd_lse(p, l.data_ptr(), dl.defined() ? dl.data_ptr() : nullptr);
 
     fc_stream_t stream = q.is_cuda() ? (fc_stream_t)c10::cuda::getCurrentCUDAStream().stream() : nullptr;
     at::Tensor workspace;
@@ -721,8 +726,7 @@ bool native_dv_bwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
         if (q.is_meta()) return true;  // (as native_dv: the CPU's backward takes it)
         c10::OptionalDeviceGuard guard(q.device());
         fc_attn_bwd_params p = bwd_params(q, q, k, v, q, q, k, v, 1.0, causal, kernel, deterministic, window);
-        if (p.dtype == FC_DTYPE_FP64) p.lse64 = static_cast<const double*>(q.data_ptr());  // (bwd's lse64)
-        else p.lse = static_cast<const float*>(q.data_ptr());
+        set_bwd_lse(p, q.data_ptr(), nullptr);
         return fc_attn_bwd_check_args(&p, nullptr, 0) == FC_OK;
     } catch (const std::exception&) {
         return false;
@@ -1205,6 +1209,7 @@ PYBIND11_MODULE(_C, m) {
           py::arg("kernel"), py::arg("deterministic") = false, py::arg("window") = pybind11::none());
     m.attr("BWD_MAX_GPU_HEAD_DIM") = FC_BWD_MAX_GPU_HEAD_DIM;
     m.attr("MAX_HEAD_DIM") = FC_MAX_HEAD_DIM;
+    m.attr("MAX_SCALE") = (double)FC_MAX_SCALE;  // (scale_ok's bound, for the op path's _flip_scale)
     m.def("picked_kernel", &picked_kernel, "kernel that kernel='auto' runs for (q, k)");
     m.def("bwd_device_check", &bwd_device_check, "why the GPU backward cannot run at head dim D with this kernel "
           "id on this CUDA device; empty if it can", py::arg("D"), py::arg("kernel"), py::arg("device"));

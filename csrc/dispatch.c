@@ -365,8 +365,8 @@ static fc_status check_impl(const fc_attn_params* p, fc_reasons* rp, int check_w
         p->mask_kind != FC_MASK_ADD_FP32)
         fail(&r, FC_ERR_INVALID_ARGUMENT, "mask_kind: unknown value %d", (int)p->mask_kind);
     else if (p->mask_kind == FC_MASK_NONE && p->mask)
-        fail(&r, FC_ERR_INVALID_ARGUMENT, "mask: set, but mask_kind is FC_MASK_NONE; name its kind (FC_MASK_BOOL or "
-             "FC_MASK_ADD) or set it to NULL");
+        fail(&r, FC_ERR_INVALID_ARGUMENT, "mask: set, but mask_kind is FC_MASK_NONE; name its kind (FC_MASK_BOOL, "
+             "FC_MASK_ADD or FC_MASK_ADD_FP32) or set it to NULL");
     else if (p->mask_kind != FC_MASK_NONE && !p->mask && !no_rows && p->Sk > 0)
         fail(&r, FC_ERR_NULL_POINTER, "mask: NULL with mask_kind %d; pass the (B, Hq, Sq, Sk) mask", (int)p->mask_kind);
     if (p->mask_batch_stride < 0 || p->mask_head_stride < 0 || p->mask_row_stride < 0)

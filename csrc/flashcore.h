@@ -128,7 +128,7 @@ typedef struct {
     const void* mask; /* (B, Hq, Sq, Sk) attention mask of mask_kind, applied with the causal mode and the
                          window, or NULL (FC_MASK_NONE); its columns contiguous. The CPU kernel only, so far */
     int64_t mask_batch_stride, mask_head_stride, mask_row_stride; /* in elements, >= 0: 0 broadcasts the dim */
-    fc_mask_kind mask_kind; /* FC_MASK_NONE (zero-initialized), FC_MASK_BOOL or FC_MASK_ADD */
+    fc_mask_kind mask_kind; /* FC_MASK_NONE (zero-initialized), FC_MASK_BOOL, FC_MASK_ADD or FC_MASK_ADD_FP32 */
 } fc_attn_params;
 
 /* Short English name of a status code. Never NULL. */

@@ -70,8 +70,8 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
         raise ValueError("attn_mask: requires grad, but flashcore has no gradient for the mask; pass "
                          "attn_mask.detach()")
-    attn_mask = _autocast_mask(query, attn_mask)  # (before q's cast: the op saves the mask it ran with)
-    query, key, value = _autocast(query, key, value)
+    # (the mask cast here too, not only in the binding: the op saves the mask it ran with)
+    query, key, value, attn_mask = _autocast(query, key, value, attn_mask)
     # With grad the op always returns the LSE: the backward reads it.
     out, lse = _attention_op(query, key, value, attn_mask, dropout_p, is_causal, scale, causal,
                              causal_alignment, return_lse or grad, kernel, num_splits, window)
@@ -81,10 +81,9 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
 attention.__doc__ = _C.ATTENTION_DOC
 
 
-# (float)x > 0 in fp32 iff x > 2^-150 (half of fp32's smallest subnormal rounds to even, 0); the kernels'
-# scale range (binding.cpp's scale_ok), for _flip_scale.
+# (float)x > 0 in fp32 iff x > 2^-150 (half of fp32's smallest subnormal rounds to even, 0): with
+# _C.MAX_SCALE the kernels' scale range (binding.cpp's scale_ok), for _flip_scale.
 _FP32_ROUNDS_TO_ZERO = 2.0 ** -150
-_MAX_SCALE = 2.3e38
 
 
 def _flip_scale(query, scale):
@@ -104,7 +103,7 @@ def _flip_scale(query, scale):
         return None
     if s == 0:
         return query * 0.0, 1.0
-    if s < 0 and _FP32_ROUNDS_TO_ZERO < -s <= _MAX_SCALE:
+    if s < 0 and _FP32_ROUNDS_TO_ZERO < -s <= _C.MAX_SCALE:
         return -query, -s
     return None
 
@@ -291,30 +290,19 @@ def _refuse_transforms(query, key, value):
                              f"loss.backward(), or scaled_dot_product_attention under torch.func")
 
 
-def _autocast(query, key, value):
-    # binding.cpp's autocast_inputs for the op path: under torch.autocast,
-    # floating inputs other than fp64 on the autocast device take its dtype,
-    # as SDPA's do.
+def _autocast(query, *others):
+    # binding.cpp's autocast_inputs (and mask_arg's cast of a float mask) for the op path: under
+    # torch.autocast, floating tensors other than fp64 on q's device take the autocast dtype, as SDPA's
+    # do. Returns (query, *others), cast; a None among others stays None.
+    ts = (query, *others)
     if not isinstance(query, torch.Tensor):
-        return query, key, value  # (the op refuses it with the binding's TypeError)
+        return ts  # (the op refuses it with the binding's TypeError)
     dev = query.device.type
     if dev not in ("cuda", "cpu") or not torch.is_autocast_enabled(dev):
-        return query, key, value
+        return ts
     dtype = torch.get_autocast_dtype(dev)
-    return tuple(t.to(dtype) if t.device.type == dev and t.is_floating_point() and t.dtype != torch.float64 else t
-                 for t in (query, key, value))
-
-
-def _autocast_mask(query, attn_mask):
-    # binding.cpp's mask_arg cast for the op path: under torch.autocast a floating mask other than fp64 takes
-    # the autocast dtype, as SDPA's does (q, k and v take it in _autocast).
-    if not isinstance(query, torch.Tensor) or not isinstance(attn_mask, torch.Tensor):
-        return attn_mask
-    dev = query.device.type
-    if dev not in ("cuda", "cpu") or not torch.is_autocast_enabled(dev) or not attn_mask.is_floating_point() \
-            or attn_mask.dtype == torch.float64:
-        return attn_mask
-    return attn_mask.to(torch.get_autocast_dtype(dev))
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.device.type == dev and t.is_floating_point() and
+                 t.dtype != torch.float64 else t for t in ts)
 
 
 def _check_arg_types(attn_mask, dropout_p, is_causal, scale, enable_gqa, causal, causal_alignment, return_lse,
@@ -446,7 +434,7 @@ def _refuse_own_dv(query, value):
 def _attention_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, causal, causal_alignment,
                     return_lse, kernel, num_splits, window=None):
     # The shapes the binding allocates: out like q (contiguous), lse (B, Hq, Sq)
-    # fp32. While torch.export traces (and for direct fake-tensor calls, and
+    # fp32 (fp64 for fp64 inputs). While torch.export traces (and for direct fake-tensor calls, and
     # meta tensors: the op's meta kernel), the binding's checks that need no
     # data and no GPU (_C.check_call) refuse a bad call with the eager message,
     # so an exported program cannot hold one.

@@ -136,42 +136,47 @@ static double dot_d(const double* a, const double* b, int D) {
     return s;
 }
 
-/* The score of a dot product: fp16/bf16/fp32 calls as the kernels form it, at the fp32 scale with
- * fp32's overflow (+-inf past its range); fp64 calls at scale64 in fp64. */
-static double score_of(double dot, fc_dtype dt, float scale, double scale64) {
-    return dt == FC_DTYPE_FP64 ? dot * scale64 : fp32_range(fp32_range(dot) * scale);
-}
-
-/* One (batch, head)'s rows of the attention mask (fc_attn_params' mask), or none. */
+/* How one (batch, head)'s scores are formed: the scale, and the attention mask's rows (fc_attn_params'
+ * mask), if any. */
 typedef struct {
-    const void* base;    /* element (b, h, 0, 0), or NULL: no mask */
-    int64_t row_stride;  /* elements between rows */
-    fc_mask_kind kind;   /* FC_MASK_BOOL (uint8), FC_MASK_ADD or FC_MASK_ADD_FP32 */
     fc_dtype dtype;      /* the call's dtype */
+    float scale;         /* fp16/bf16/fp32 calls: the fp32 scale */
+    double scale64;      /* fp64 calls: the fp64 scale */
+    const void* mask;    /* the mask's element (b, h, 0, 0), or NULL: no mask */
+    int64_t row_stride;  /* the mask's elements between rows */
+    fc_mask_kind kind;   /* FC_MASK_BOOL (uint8), FC_MASK_ADD or FC_MASK_ADD_FP32 */
     fc_dtype elem;       /* an additive mask's element type: the call's dtype, or fp32 */
-} mask_rows;
+} scorer;
 
-static mask_rows mask_of(const void* mask, fc_mask_kind kind, int64_t bs, int64_t hs, int64_t rs, fc_dtype dt,
-                         int b, int h) {
-    mask_rows m = {NULL, rs, kind, dt, kind == FC_MASK_ADD_FP32 ? FC_DTYPE_FP32 : dt};
-    if (kind == FC_MASK_NONE || !mask) return m;
-    const size_t bytes = kind == FC_MASK_BOOL ? 1 : elem_bytes(m.elem);  /* (uint8, or the elements' type) */
-    m.base = (const char*)mask + ((int64_t)b * bs + (int64_t)h * hs) * (int64_t)bytes;
-    return m;
+static scorer scorer_make(fc_dtype dt, float scale, double scale64, const void* mask, fc_mask_kind kind,
+                          int64_t bs, int64_t hs, int64_t rs, int b, int h) {
+    scorer c = {dt, scale, scale64, NULL, rs, kind, kind == FC_MASK_ADD_FP32 ? FC_DTYPE_FP32 : dt};
+    if (kind == FC_MASK_NONE || !mask) return c;
+    const size_t bytes = kind == FC_MASK_BOOL ? 1 : elem_bytes(c.elem);  /* (uint8, or the elements' type) */
+    c.mask = (const char*)mask + ((int64_t)b * bs + (int64_t)h * hs) * (int64_t)bytes;
+    return c;
 }
+/* (p: fc_attn_params or fc_attn_bwd_params, whose dtype, scale and mask fields are the same) */
+#define SCORER(p, b, h) scorer_make((p)->dtype, (p)->scale, (p)->scale64, (p)->mask, (p)->mask_kind, \
+                                    (p)->mask_batch_stride, (p)->mask_head_stride, (p)->mask_row_stride, b, h)
+/* the call's scale as the CPU path applies it: scale64 for fp64 calls, the fp32 scale otherwise */
+#define SCALE_OF(p) ((p)->dtype == FC_DTYPE_FP64 ? (p)->scale64 : (double)(p)->scale)
 
 /* whether the mask hides key j from query i (a bool mask's 0) */
-static int mask_hides(const mask_rows* m, int64_t i, int j) {
-    return m->base && m->kind == FC_MASK_BOOL && ((const uint8_t*)m->base)[i * m->row_stride + j] == 0;
+static int mask_hides(const scorer* c, int64_t i, int j) {
+    return c->mask && c->kind == FC_MASK_BOOL && ((const uint8_t*)c->mask)[i * c->row_stride + j] == 0;
 }
 
-/* the score s of query i and key j with an additive mask's term added (as the kernels form it in fp32
- * for fp16/bf16/fp32 calls: +-inf past fp32's range) */
-static double mask_add(const mask_rows* m, int64_t i, int j, double s) {
-    if (!m->base || m->kind == FC_MASK_BOOL) return s;
+/* The score of query i and key j from their dot product, with an additive mask's term added:
+ * fp16/bf16/fp32 calls as the kernels form it, at the fp32 scale with fp32's overflow (+-inf past its
+ * range); fp64 calls at scale64 in fp64. */
+static double score(const scorer* c, int64_t i, int j, double dot) {
+    const int fp64 = c->dtype == FC_DTYPE_FP64;
+    const double s = fp64 ? dot * c->scale64 : fp32_range(fp32_range(dot) * c->scale);
+    if (!c->mask || c->kind == FC_MASK_BOOL) return s;
     double t;
-    load_row(&t, m->base, i * m->row_stride + j, 1, m->elem);
-    return m->dtype == FC_DTYPE_FP64 ? s + t : fp32_range(s + t);
+    load_row(&t, c->mask, i * c->row_stride + j, 1, c->elem);
+    return fp64 ? s + t : fp32_range(s + t);
 }
 
 /* whether key j is visible to query i (kernels.h's band: causal mode and window) */
@@ -214,8 +219,7 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0, void* scra
     double* kc = q + QB * D;        /* (KC, D) */
     double* vc = kc + KC * D;       /* (KC, D) */
     double m[QB], l[QB], s[KC];        /* running max and sum per row; one chunk's scores */
-    const mask_rows mr = mask_of(p->mask, p->mask_kind, p->mask_batch_stride, p->mask_head_stride,
-                                 p->mask_row_stride, p->dtype, b, h);
+    const scorer sc = SCORER(p, b, h);
     for (int r = 0; r < rows; ++r) {
         load_row(q + r * D, p->q, qo + (int64_t)(r0 + r) * p->q_row_stride, D, p->dtype);
         memset(acc + r * D, 0, (size_t)Dv * sizeof(double));
@@ -233,8 +237,8 @@ static void attn_block(const fc_attn_params* p, int b, int h, int r0, void* scra
             double mx = -INFINITY;
             for (int j = 0; j < nk; ++j) {
                 const int key = c0 + j;
-                if (!visible(band, i, key) || mask_hides(&mr, i, key)) { s[j] = -INFINITY; continue; }
-                s[j] = mask_add(&mr, i, key, score_of(dot_d(qr, kc + j * D, D), p->dtype, p->scale, p->scale64));
+                if (!visible(band, i, key) || mask_hides(&sc, i, key)) { s[j] = -INFINITY; continue; }
+                s[j] = score(&sc, i, key, dot_d(qr, kc + j * D, D));
                 if (s[j] > mx || isnan(s[j])) mx = s[j];  /* a NaN score sticks: the row's result is NaN */
             }
             if (mx == -INFINITY) continue;  /* no visible key in this chunk (or every score -inf) */
@@ -335,9 +339,8 @@ static void bwd_rows_block(const fc_attn_bwd_params* p, int b, int h, int r0, do
     const int64_t vo = (int64_t)b * p->v_batch_stride + (int64_t)hk * p->v_head_stride;
     const int64_t dqo = (int64_t)b * p->dq_batch_stride + (int64_t)h * p->dq_head_stride;
     const int64_t row0 = ((int64_t)b * p->Hq + h) * p->Sq + r0; /* index of row r0 in lse and delta */
-    const double scale = p->dtype == FC_DTYPE_FP64 ? p->scale64 : p->scale;
-    const mask_rows mr = mask_of(p->mask, p->mask_kind, p->mask_batch_stride, p->mask_head_stride,
-                                 p->mask_row_stride, p->dtype, b, h);
+    const double scale = SCALE_OF(p);
+    const scorer sc = SCORER(p, b, h);
 
     double* pdk = (double*)scratch; /* (QB, D): sum_j P_ij dP_ij k_j */
     double* pk = pdk + QB * D;      /* (QB, D): sum_j P_ij k_j */
@@ -361,10 +364,9 @@ static void bwd_rows_block(const fc_attn_bwd_params* p, int b, int h, int r0, do
         for (int r = 0; r < rows; ++r) {
             if (lse[r] == -INFINITY) continue; /* the row sees no key */
             for (int j = 0; j < nk; ++j) {
-                if (!visible(band, r0 + r, c0 + j) || mask_hides(&mr, r0 + r, c0 + j)) continue;
+                if (!visible(band, r0 + r, c0 + j) || mask_hides(&sc, r0 + r, c0 + j)) continue;
                 const double* kj = kc + j * D;
-                const double s = mask_add(&mr, r0 + r, c0 + j,
-                                          score_of(dot_d(q + r * D, kj, D), p->dtype, p->scale, p->scale64));
+                const double s = score(&sc, r0 + r, c0 + j, dot_d(q + r * D, kj, D));
                 const double pij = exp(s - lse[r]);
                 const double pdp = pij * dot_d(g + r * D, vc + j * D, Dv);
                 dsum[r] += pdp;
@@ -393,7 +395,7 @@ static void bwd_keys_block(const fc_attn_bwd_params* p, int b, int hk, int c0, c
     const fc_band band = FC_BAND(*p);
     const int64_t ko = (int64_t)b * p->k_batch_stride + (int64_t)hk * p->k_head_stride;
     const int64_t vo = (int64_t)b * p->v_batch_stride + (int64_t)hk * p->v_head_stride;
-    const double scale = p->dtype == FC_DTYPE_FP64 ? p->scale64 : p->scale;
+    const double scale = SCALE_OF(p);
 
     double* dk = (double*)scratch; /* (KC, D) */
     double* dv = dk + KC * D;      /* (KC, D) */
@@ -409,8 +411,7 @@ static void bwd_keys_block(const fc_attn_bwd_params* p, int b, int hk, int c0, c
     if (first < 0) first = 0;
     if (band.has_lo && (int64_t)c0 + nk - band.lo < end) end = (int64_t)c0 + nk - band.lo;
     for (int h = hk * G; h < (hk + 1) * G; ++h) {
-        const mask_rows mr = mask_of(p->mask, p->mask_kind, p->mask_batch_stride, p->mask_head_stride,
-                                     p->mask_row_stride, p->dtype, b, h);
+        const scorer sc = SCORER(p, b, h);
         const int64_t qo = (int64_t)b * p->q_batch_stride + (int64_t)h * p->q_head_stride;
         const int64_t go = (int64_t)b * p->do_batch_stride + (int64_t)h * p->do_head_stride;
         const int64_t row0 = ((int64_t)b * p->Hq + h) * p->Sq;
@@ -420,9 +421,8 @@ static void bwd_keys_block(const fc_attn_bwd_params* p, int b, int hk, int c0, c
             load_row(q, p->q, qo + i * p->q_row_stride, D, p->dtype);
             load_row(g, p->dout, go + i * p->do_row_stride, Dv, p->dtype);
             for (int j = 0; j < nk; ++j) {
-                if (!visible(band, (int)i, c0 + j) || mask_hides(&mr, i, c0 + j)) continue;
-                const double s = mask_add(&mr, i, c0 + j, score_of(dot_d(q, kc + j * D, D), p->dtype, p->scale,
-                                                                   p->scale64));
+                if (!visible(band, (int)i, c0 + j) || mask_hides(&sc, i, c0 + j)) continue;
+                const double s = score(&sc, i, c0 + j, dot_d(q, kc + j * D, D));
                 const double pij = exp(s - lse);
                 const double ds = pij * (dot_d(g, vc + j * D, Dv) - delta[row0 + i]); /* delta: Delta - dlse */
                 for (int d = 0; d < Dv; ++d) dv[j * D + d] += pij * g[d];
